@@ -1,0 +1,3 @@
+from mmm_orch.cli import main
+
+raise SystemExit(main())

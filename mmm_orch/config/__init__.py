@@ -1,0 +1,1 @@
+"""Machine profiles and workload specs: YAML files validated by pydantic models."""

@@ -1,0 +1,240 @@
+"""Machine profile: scheduler, node shape, queues, environment, launcher, binding.
+
+Modelled on ReFrame's system/partition/launcher/environment split, with the facility
+facts (and their sources) in machines/*.yaml rather than in code.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mmm_orch.config.common import (
+    EnvName,
+    NonEmptyStr,
+    ShellValue,
+    Strict,
+    Templated,
+    Walltime,
+)
+from mmm_orch.walltime import format_walltime
+
+
+class Scheduler(Strict):
+    kind: Literal["pbs", "slurm", "local"]
+    # Directive for the chosen queue unless the queue lists its own, e.g. "-q {queue}".
+    queue_directive: str = ""
+    # Where the scheduler starts the script; the script cd's there ("" = the plan's workdir).
+    submit_dir_var: str = ""
+    # Directives that must never appear (e.g. PBS -V, which breaks startup on ALCF systems).
+    forbidden_directives: list[str] = []
+
+
+class NodeShape(Strict):
+    cores: int = Field(ge=1)
+    threads_per_core: int = Field(1, ge=1)
+    reserved_cores: list[int] = []
+    # Accelerators as the launcher counts them: GPUs, PVC tiles or MI250X GCDs.
+    gpus: int = Field(ge=0)
+    device: Literal["cuda", "rocm", "xpu", "cpu"]
+    gpu_model: str = ""
+    gpu_memory_gib: float | None = None
+    memory_gib: float | None = None
+
+    @property
+    def usable_cores(self) -> int:
+        return self.cores - len(self.reserved_cores)
+
+
+class Tier(Strict):
+    """An execution queue behind a routing queue, or a node-count bin with its own walltime."""
+
+    name: str = ""
+    min_nodes: int = Field(ge=1)
+    max_nodes: int = Field(ge=1)
+    max_walltime: Walltime
+
+
+class Queue(Strict):
+    name: NonEmptyStr
+    min_nodes: int = Field(1, ge=1)
+    max_nodes: int = Field(ge=1)
+    max_walltime: Walltime
+    tiers: list[Tier] = []
+    # May be picked when the user gives no --queue (preemptable queues should not be).
+    automatic: bool = True
+    # Needs an allocation or request first; never picked automatically.
+    by_request: bool = False
+    # Overrides Scheduler.queue_directive, e.g. Frontier's debug QOS on the batch partition.
+    directives: list[str] | None = None
+    notes: str = ""
+
+    def limits(self) -> str:
+        text = f"{self.min_nodes}-{self.max_nodes} nodes, <= {format_walltime(self.max_walltime)}"
+        if self.tiers:
+            text += "; " + ", ".join(
+                f"{t.name + ' ' if t.name else ''}{t.min_nodes}-{t.max_nodes}: "
+                f"<= {format_walltime(t.max_walltime)}"
+                for t in self.tiers
+            )
+        return text
+
+
+class EnvVar(Strict):
+    value: ShellValue
+    source: str = ""
+
+
+class Preset(Strict):
+    """A named, cited group of environment variables (e.g. the oneCCL minimal set)."""
+
+    name: NonEmptyStr
+    description: str = ""
+    source: str = ""
+    default: bool = False
+    # Applies only within this node-count range (e.g. NCCL_NET=Socket on one node).
+    min_nodes: int = 1
+    max_nodes: int | None = None
+    set: dict[EnvName, ShellValue | EnvVar] = {}
+    unset: list[EnvName] = []
+
+    def applies_to(self, nodes: int) -> bool:
+        return self.min_nodes <= nodes and (self.max_nodes is None or nodes <= self.max_nodes)
+
+
+class Launcher(Strict):
+    kind: Literal["mpiexec", "srun", "torchrun"]
+    command: Templated
+    args: list[Templated] = []
+    # mpiexec/srun start "python -m trainer"; torchrun takes "-m trainer" itself.
+    python_prefix: bool = True
+    # PALS-style per-rank CPU list "list:a-b:c-d:...", one entry per rank on a node.
+    cpu_bind: str = ""
+    source: str = ""
+
+
+class Devices(Strict):
+    """How a rank finds its accelerator."""
+
+    # Exported order of visible devices, e.g. [3, 2, 1, 0] when CPU affinity is reversed.
+    visible: list[int] = []
+    visible_env: str = "CUDA_VISIBLE_DEVICES"
+    # Each rank sees only its own device (srun --gpus-per-task=1): index 0 for every rank.
+    one_per_rank: bool = False
+    source: str = ""
+
+    def index_for(self, local_rank: int, gpus_per_node: int) -> int:
+        """Device index a rank passes to set_device (local rank modulo visible devices)."""
+        visible = 1 if self.one_per_rank else (len(self.visible) or gpus_per_node or 1)
+        return local_rank % visible
+
+    def physical_for(self, local_rank: int, gpus_per_node: int) -> int | None:
+        """Physical device a rank ends up on, where the profile pins it."""
+        if self.one_per_rank:
+            return None  # chosen by the launcher (e.g. --gpu-bind=closest)
+        index = self.index_for(local_rank, gpus_per_node)
+        return self.visible[index] if self.visible else index
+
+
+class Rendezvous(Strict):
+    # Shell expressions evaluated in the job script on the first node.
+    master_addr: str = ""
+    master_port: str = ""
+    source: str = ""
+
+
+class Account(Strict):
+    required: bool = False
+    default: str = ""
+
+
+class Machine(Strict):
+    name: NonEmptyStr
+    facility: str = ""
+    description: str = ""
+    extends: str = ""  # only meaningful in user override files; resolved by the registry
+    scheduler: Scheduler
+    login_hosts: list[str] = []
+    node: NodeShape
+    max_nodes: int = Field(ge=1)
+    ranks_per_node: int | None = Field(None, ge=1)  # default: one per accelerator
+    min_walltime: Walltime | None = None
+    account: Account = Account()
+    directives: list[Templated] = []
+    queues: list[Queue] = []
+    setup: list[str] = []
+    presets: list[Preset] = []
+    launcher: Launcher
+    devices: Devices = Devices()
+    backend: Literal["nccl", "xccl", "ccl", "gloo"]
+    rendezvous: Rendezvous = Rendezvous()
+    python: str = "python3"  # "auto": the interpreter running mmm-orch
+    notes: list[str] = []
+
+    @property
+    def default_ranks_per_node(self) -> int:
+        return self.ranks_per_node or self.node.gpus or 1
+
+    def preset(self, name: str) -> Preset | None:
+        return next((p for p in self.presets if p.name == name), None)
+
+    def queue(self, name: str) -> Queue | None:
+        return next((q for q in self.queues if q.name == name), None)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Machine:
+        names = [p.name for p in self.presets]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"preset names repeat: {', '.join(sorted(dupes))}")
+        qnames = [q.name for q in self.queues]
+        if len(set(qnames)) != len(qnames):
+            raise ValueError("queue names repeat")
+        for q in self.queues:
+            if q.min_nodes > q.max_nodes:
+                raise ValueError(f"queue {q.name}: min_nodes {q.min_nodes} > max_nodes {q.max_nodes}")
+        for line in self.directives:
+            for bad in self.scheduler.forbidden_directives:
+                if line.split()[:1] == [bad] or line == bad:
+                    raise ValueError(f"directive {line!r} is forbidden on {self.name}")
+        if self.launcher.cpu_bind:
+            check_cpu_bind(self.launcher.cpu_bind, self.default_ranks_per_node,
+                           set(self.node.reserved_cores))
+        return self
+
+
+def parse_cpu_bind(text: str) -> list[set[int]]:
+    """Cores of each rank in a PALS list ("[verbose,]list:4-7:8-11,12"); ':' separates ranks."""
+    body = text.split("list:", 1)
+    if len(body) != 2:
+        return []
+    ranks = []
+    for rank_spec in body[1].split(":"):
+        cores: set[int] = set()
+        for part in rank_spec.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ValueError(f"cpu_bind {text!r}: cannot read {rank_spec!r}")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+        ranks.append(cores)
+    return ranks
+
+
+def check_cpu_bind(text: str, ranks_per_node: int, reserved: set[int]) -> None:
+    ranks = parse_cpu_bind(text)
+    if not ranks:
+        return  # depth/core/none bindings carry no list to check
+    if len(ranks) != ranks_per_node:
+        raise ValueError(
+            f"cpu_bind lists {len(ranks)} ranks but the node runs {ranks_per_node} ranks"
+        )
+    for i, cores in enumerate(ranks):
+        if cores & reserved:
+            raise ValueError(
+                f"cpu_bind gives rank {i} reserved cores {sorted(cores & reserved)}"
+            )
+    for i, a in enumerate(ranks):
+        for b in ranks[i + 1:]:
+            if a & b:
+                raise ValueError(f"cpu_bind gives cores {sorted(a & b)} to two ranks")

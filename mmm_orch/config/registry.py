@@ -1,0 +1,88 @@
+"""Find, load and validate machine profiles and workload specs along the search path."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.config.yamlio import YamlDoc, load_yaml, validate
+from mmm_orch.errors import ConfigError, MmmError
+from mmm_orch.paths import search_dirs
+
+
+def _files(kind: str) -> dict[str, Path]:
+    """name -> file, the highest-priority directory winning."""
+    found: dict[str, Path] = {}
+    for directory in search_dirs(kind):
+        for path in sorted(directory.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def names(kind: str) -> list[str]:
+    return sorted(_files(kind))
+
+
+def unknown_name(what: str, name: str, choices: list[str]) -> MmmError:
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return MmmError(f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})")
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _packaged_file(kind: str, name: str) -> Path | None:
+    path = search_dirs(kind)[-1] / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
+def _resolve_extends(kind: str, doc: YamlDoc, depth: int = 0) -> dict[str, Any]:
+    """A user file with `extends: NAME` is deep-merged over NAME (lists are replaced)."""
+    parent = doc.data.get("extends")
+    if not parent:
+        return doc.data
+    if depth > 4:
+        raise ConfigError(f"{doc.where(('extends',))}: extends chain is too deep")
+    files = _files(kind)
+    base_path = files.get(parent)
+    if base_path == doc.path:  # a user file extending the packaged one of the same name
+        base_path = _packaged_file(kind, parent)
+    if base_path is None:
+        raise ConfigError(f"{doc.where(('extends',))}: extends unknown {kind[:-1]} {parent!r}")
+    base = _resolve_extends(kind, load_yaml(base_path), depth + 1)
+    merged = _deep_merge(base, doc.data)
+    merged.pop("extends", None)
+    merged["name"] = doc.data.get("name", doc.path.stem)
+    return merged
+
+
+def load(kind: str, name: str, model: type) -> Any:
+    files = _files(kind)
+    if name not in files:
+        raise unknown_name(kind[:-1], name, sorted(files))
+    doc = load_yaml(files[name])
+    obj = validate(model, doc, _resolve_extends(kind, doc))
+    if obj.name != name:
+        raise ConfigError(f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}")
+    return obj
+
+
+def load_machine(name: str):
+    from mmm_orch.config.machine import Machine
+
+    return load("machines", name, Machine)
+
+
+def load_workload(name: str):
+    from mmm_orch.config.workload import Workload
+
+    return load("workloads", name, Workload)

@@ -1,0 +1,136 @@
+"""Load a YAML file into plain data plus a map from key paths to line numbers,
+so that validation errors can name the file, the line and the key."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mmm_orch.errors import ConfigError
+
+try:  # libyaml is several times faster when present
+    _Loader = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - depends on the PyYAML build
+    _Loader = yaml.SafeLoader
+
+Path_ = tuple[Any, ...]
+
+
+class YamlDoc(typing.NamedTuple):
+    path: Path
+    data: Any
+    lines: dict[Path_, int]
+
+    def line_of(self, loc: Path_) -> int | None:
+        """Line of the deepest key on `loc` that the file has."""
+        for end in range(len(loc), -1, -1):
+            if loc[:end] in self.lines:
+                return self.lines[loc[:end]]
+        return None
+
+    def where(self, loc: Path_) -> str:
+        line = self.line_of(loc)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _index(node: yaml.Node, loc: Path_, lines: dict[Path_, int], path: Path) -> None:
+    lines.setdefault(loc, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise ConfigError(
+                    f"{path}:{key_node.start_mark.line + 1}: duplicate key {format_loc(loc + (key,))!r}"
+                )
+            seen.add(key)
+            lines[loc + (key,)] = key_node.start_mark.line + 1
+            _index(value_node, loc + (key,), lines, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index(item, loc + (i,), lines, path)
+
+
+def load_yaml(path: Path) -> YamlDoc:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise ConfigError(f"{path}: the file is empty")
+        lines: dict[Path_, int] = {}
+        _index(node, (), lines, path)
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: YAML error: {exc.problem or exc.context}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML error: {exc}") from exc
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: expected a mapping of keys at the top level")
+    return YamlDoc(path, data, lines)
+
+
+def format_loc(loc: Path_) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _field_model(model: Any, loc: Path_) -> Any:
+    """The model class found by walking `loc` through field annotations (best effort)."""
+    current = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(part)
+            if field is None:
+                return None
+            current = field.annotation
+            continue
+        args = [a for a in typing.get_args(current) if a is not type(None)]
+        origin = typing.get_origin(current)
+        if origin in (list, tuple) and isinstance(part, int) and args:
+            current = args[0]
+        elif origin is dict and len(args) == 2:
+            current = args[1]
+        elif args:  # Optional / Union: take the first model member
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            current = models[0] if models else None
+            if current is None:
+                return None
+            current = _field_model(current, (part,))
+        else:
+            return None
+    return current
+
+
+def validate(model: type[BaseModel], doc: YamlDoc, data: Any = None) -> Any:
+    """Validate `data` (default: the document) against `model`; one clear error on failure."""
+    try:
+        return model.model_validate(doc.data if data is None else data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = _field_model(model, loc[:-1])
+            allowed = ""
+            if isinstance(parent, type) and issubclass(parent, BaseModel):
+                allowed = f" (allowed: {', '.join(parent.model_fields)})"
+            msg = f"unknown key {format_loc(loc)!r}{allowed}"
+        else:
+            value = err.get("input")
+            shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+            msg = f"{format_loc(loc) or 'document'}: {err['msg']}{shown}"
+        more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{doc.where(loc)}: {msg}{more}") from None

@@ -1,0 +1,39 @@
+"""Where machine profiles, workload specs and templates are looked up.
+
+Search order, first match wins: ./.mmm-orch/<kind>/, then ~/.config/mmm-orch/<kind>/
+(or $XDG_CONFIG_HOME), then the copies shipped with the package. $MMM_ORCH_PATH may
+prepend more roots (colon-separated), each holding machines/, workloads/, templates/.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KINDS = ("machines", "workloads", "templates")
+
+
+def packaged_dir(kind: str) -> Path:
+    """The directory shipped with mmm-orch (a symlink to the repository's top level in a checkout)."""
+    return Path(__file__).parent / kind
+
+
+def user_roots() -> list[Path]:
+    roots = [Path(p) for p in os.environ.get("MMM_ORCH_PATH", "").split(os.pathsep) if p]
+    roots.append(Path.cwd() / ".mmm-orch")
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    roots.append(Path(config_home) / "mmm-orch")
+    return roots
+
+
+def search_dirs(kind: str) -> list[Path]:
+    """Existing directories for `kind`, highest priority first, the packaged one last."""
+    if kind not in KINDS:
+        raise ValueError(kind)
+    dirs = [root / kind for root in user_roots()]
+    dirs.append(packaged_dir(kind))
+    seen: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
+            seen.append(d)
+    return seen

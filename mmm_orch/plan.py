@@ -1,0 +1,396 @@
+"""Resolve a request (machine, workload, CLI options) into one validated, immutable plan.
+
+Data flows one way: Request -> Plan -> script -> submission -> record. A Plan holds every
+decision (queue, layout, environment, launch line) so the script template only formats it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmm_orch import __version__
+from mmm_orch.config.common import ENV_NAME
+from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.config.registry import load_machine, load_workload, unknown_name
+from mmm_orch.config.workload import Workload
+from mmm_orch.errors import MmmError
+from mmm_orch.walltime import format_walltime, parse_walltime
+
+# Account, queue and job names reach scheduler directives, which are not shell-quoted.
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
+_JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+# Scripts, logs and the job database are readable: secrets never go into them.
+LAYOUT_OPTIONS = ("tp", "pp")
+_SECRET = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, as typed."""
+
+    machine: str
+    workload: str
+    nodes: int | None = None
+    queue: str | None = None
+    walltime: str | None = None
+    account: str | None = None
+    name: str | None = None
+    sets: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    presets: tuple[str, ...] = ()
+    no_presets: tuple[str, ...] = ()
+    workdir: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    value: str
+    # literal: a user value, single-quoted; otherwise a profile value in double quotes ($VARS expand)
+    literal: bool = False
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class EnvGroup:
+    name: str
+    description: str = ""
+    source: str = ""
+    set: tuple[EnvEntry, ...] = ()
+    unset: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision about one job; built only by resolve() from validated inputs."""
+
+    mmm_orch_version: str
+    machine: str
+    facility: str
+    scheduler: str
+    workload: str
+    trainer: str
+    name: str
+    nodes: int
+    ranks_per_node: int
+    ranks: int
+    gpus_per_node: int
+    cpus_per_rank: int
+    mesh: dict[str, int] = field(hash=False)
+    queue: str | None
+    queue_tier: str | None
+    queue_reason: str
+    queue_directives: tuple[str, ...]
+    walltime: int
+    account: str | None
+    directives: tuple[str, ...]
+    submit_dir_var: str
+    workdir: str
+    setup: tuple[str, ...]
+    env: tuple[EnvGroup, ...]
+    launcher: tuple[str, ...]
+    program: tuple[str, ...]
+    trainer_args: dict[str, Any] = field(hash=False)
+    device: str
+    torch_device: str
+    backend: str
+    device_index: tuple[int, ...]
+    physical_devices: tuple[int | None, ...]
+    log_path: str | None = None
+
+    @property
+    def walltime_hms(self) -> str:
+        return format_walltime(self.walltime)
+
+    @property
+    def launch_line(self) -> str:
+        """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted."""
+        return " ".join([*self.launcher, *(shlex.quote(a) for a in self.program)])
+
+    def with_log_path(self, path: str) -> Plan:
+        return dataclasses.replace(self, log_path=path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _fail(field: str, value: Any, allowed: str) -> MmmError:
+    return MmmError(f"{field} {value!r} is invalid: {allowed}")
+
+
+def _pairs(items: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(flag, item, "expected KEY=VALUE")
+        out.append((key.strip(), value))
+    return out
+
+
+def _pick_queue(machine: Machine, request: Request, nodes: int, walltime: int):
+    """(queue, tier name, reason) for the request, or an error that names the limits."""
+    if not machine.queues:
+        if request.queue:
+            raise _fail("--queue", request.queue, f"{machine.name} has no queues")
+        return None, None, "no scheduler queue on this machine"
+
+    def fit(queue: Queue) -> tuple[bool, str | None, str]:
+        if not queue.min_nodes <= nodes <= queue.max_nodes:
+            return False, None, f"takes {queue.min_nodes}-{queue.max_nodes} nodes"
+        if queue.tiers:
+            tier = next((t for t in queue.tiers if t.min_nodes <= nodes <= t.max_nodes), None)
+            if tier is None:
+                return False, None, "no tier for this node count"
+            if walltime > tier.max_walltime:
+                label = f"tier {tier.name}" if tier.name else f"{tier.min_nodes}-{tier.max_nodes} nodes"
+                return False, tier.name or None, (
+                    f"allows at most {format_walltime(tier.max_walltime)} for {label}")
+            return True, tier.name or None, ""
+        if walltime > queue.max_walltime:
+            return False, None, f"allows at most {format_walltime(queue.max_walltime)}"
+        return True, None, ""
+
+    if request.queue:
+        queue = machine.queue(request.queue)
+        if queue is None:
+            raise unknown_name(f"queue on {machine.name}", request.queue,
+                               [q.name for q in machine.queues])
+        ok, tier, why = fit(queue)
+        if not ok:
+            raise MmmError(
+                f"--queue {queue.name!r} cannot run {nodes} nodes for {format_walltime(walltime)}: "
+                f"it {why} ({queue.limits()})")
+        return queue, tier, "requested"
+    tried = []
+    for queue in machine.queues:
+        if not queue.automatic or queue.by_request:
+            continue
+        ok, tier, why = fit(queue)
+        if ok:
+            return queue, tier, "first queue that fits nodes and walltime"
+        tried.append(f"{queue.name} ({queue.limits()})")
+    raise MmmError(
+        f"no queue on {machine.name} fits {nodes} nodes for {format_walltime(walltime)}; "
+        f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue")
+
+
+def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dict[str, Any]:
+    # Layout options are always explicit so that the trainer's mesh matches the plan's.
+    args: dict[str, Any] = {
+        key: workload.options[key].coerce(key, workload.options[key].default)
+        for key in LAYOUT_OPTIONS
+        if key in workload.options and workload.options[key].default is not None
+    }
+    for source in (workload.args, machine_args):
+        for key, value in source.items():
+            args[key] = workload.options[key].coerce(key, value)
+    for key, value in sets:
+        option = workload.options.get(key)
+        if option is None:
+            raise unknown_name(f"--set key for workload {workload.name}", key,
+                               sorted(workload.options))
+        try:
+            args[key] = option.coerce(key, value)
+        except ValueError as exc:
+            raise MmmError(f"--set {exc}") from None
+    return args
+
+
+def _argv(args: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: int,
+                override_presets: list[str], override_no_presets: list[str],
+                device_env: list[EnvEntry], workload_env: dict[str, str]) -> list[EnvGroup]:
+    for name in (*request.presets, *request.no_presets, *override_presets, *override_no_presets):
+        if machine.preset(name) is None:
+            raise unknown_name(f"preset on {machine.name}", name, [p.name for p in machine.presets])
+    wanted = {p.name for p in machine.presets if p.default}
+    wanted |= set(override_presets)
+    wanted -= set(override_no_presets)
+    wanted |= set(request.presets)
+    wanted -= set(request.no_presets)
+
+    groups: list[EnvGroup] = []
+    owner: dict[str, tuple[str, str]] = {}
+    for preset in machine.presets:
+        if preset.name not in wanted or not preset.applies_to(nodes):
+            continue
+        entries = []
+        for var, spec in preset.set.items():
+            value, source = (spec, "") if isinstance(spec, str) else (spec.value, spec.source)
+            if var in owner and owner[var][1] != value:
+                raise MmmError(
+                    f"presets {owner[var][0]!r} and {preset.name!r} set {var} to "
+                    f"{owner[var][1]!r} and {value!r}: disable one with --no-preset")
+            owner[var] = (preset.name, value)
+            entries.append(EnvEntry(name=var, value=value, source=source))
+        groups.append(EnvGroup(name=f"preset {preset.name}", description=preset.description,
+                               source=preset.source, set=tuple(entries),
+                               unset=tuple(preset.unset)))
+    groups.append(EnvGroup(name="device and rendezvous", description="read by mmm_orch.runtime",
+                           source=machine.devices.source or machine.rendezvous.source,
+                           set=tuple(device_env)))
+    if workload_env:
+        groups.append(EnvGroup(
+            name=f"workload {workload.name}",
+            set=tuple(EnvEntry(name=k, value=v) for k, v in workload_env.items())))
+    user = []
+    for key, value in _pairs(request.envs, "--env"):
+        if not ENV_NAME.match(key):
+            raise _fail("--env", key, "names are letters, digits and _, not starting with a digit")
+        if _SECRET.search(key):
+            raise MmmError(
+                f"--env {key}: refusing to write a secret into the job script, its log and the job "
+                f"database; set it in your shell startup file on {machine.name} instead")
+        user.append(EnvEntry(name=key, value=value, literal=True))
+    if user:
+        groups.append(EnvGroup(name="user --env", set=tuple(user)))
+    return groups
+
+
+def resolve(request: Request) -> Plan:
+    """The plan for `request`, or MmmError naming the field, the value and what is allowed."""
+    machine = load_machine(request.machine)
+    workload = load_workload(request.workload)
+    override = workload.machines.get(machine.name)
+
+    nodes = request.nodes
+    if nodes is None:
+        nodes = (override and override.nodes) or min(workload.defaults.nodes, machine.max_nodes)
+    if nodes < 1:
+        raise _fail("--nodes", nodes, "must be at least 1")
+    if nodes > machine.max_nodes:
+        raise _fail("--nodes", nodes, f"{machine.name} has at most {machine.max_nodes} nodes")
+
+    if request.walltime is not None:
+        try:
+            walltime = parse_walltime(request.walltime)
+        except ValueError as exc:
+            raise MmmError(f"--walltime: {exc}") from None
+    else:
+        walltime = (override and override.walltime) or workload.defaults.walltime
+    if machine.min_walltime and walltime < machine.min_walltime:
+        raise _fail("--walltime", format_walltime(walltime),
+                    f"{machine.name} needs at least {format_walltime(machine.min_walltime)}")
+
+    if workload.resources.accelerator and machine.node.gpus == 0:
+        raise MmmError(
+            f"workload {workload.name} needs an accelerator and {machine.name} has none "
+            f"(device {machine.node.device})")
+    need = workload.resources.min_gpu_memory_gib
+    have = machine.node.gpu_memory_gib
+    if need and have and have < need:
+        raise MmmError(f"workload {workload.name} needs {need} GiB per device; "
+                       f"{machine.name} has {have} GiB")
+
+    queue, tier, reason = _pick_queue(machine, request, nodes, walltime)
+
+    account = request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
+    if machine.account.required and not account:
+        raise MmmError(f"--account is required on {machine.name} (or set MMM_ORCH_ACCOUNT)")
+    if account and not _SAFE_WORD.match(account):
+        raise _fail("--account", account, "use letters, digits, '_', '.', '+', '-'")
+
+    name = request.name or workload.name
+    if not _JOB_NAME.match(name):
+        raise _fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")
+
+    args = _trainer_args(workload, override.args if override else {}, _pairs(request.sets, "--set"))
+    ranks_per_node = machine.default_ranks_per_node
+    ranks = nodes * ranks_per_node
+    tp = workload.layout_value("tp", args)
+    pp = workload.layout_value("pp", args)
+    if tp < 1 or ranks_per_node % tp:
+        raise _fail("tp", tp, f"must divide the {ranks_per_node} ranks per node on {machine.name} "
+                    "(tensor-parallel groups stay inside a node)")
+    if pp < 1 or ranks % (tp * pp):
+        raise _fail("pp", pp, f"tp x pp = {tp * pp} must divide the {ranks} ranks")
+    mesh = {"dp": ranks // (tp * pp), "tp": tp, "pp": pp}
+
+    gpus = machine.node.gpus
+    cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core // ranks_per_node)
+    python = sys.executable if machine.python == "auto" else machine.python
+    fields = {"nodes": nodes, "ranks": ranks, "ranks_per_node": ranks_per_node,
+              "gpus_per_node": gpus, "cpus_per_rank": cpus_per_rank,
+              "cpu_bind": machine.launcher.cpu_bind, "python": shlex.quote(python)}
+    launcher = [machine.launcher.command.format(**fields)]
+    launcher += [arg.format(**fields) for arg in machine.launcher.args]
+    program = [python] if machine.launcher.python_prefix else []
+    program += ["-m", workload.trainer, *_argv(args)]
+
+    torch_device = "cuda" if machine.node.device == "rocm" else machine.node.device
+    device_env = [EnvEntry(name="MMM_DEVICE", value=torch_device),
+                  EnvEntry(name="MMM_BACKEND", value=machine.backend)]
+    if machine.devices.visible:
+        device_env.append(EnvEntry(name=machine.devices.visible_env,
+                                   value=",".join(map(str, machine.devices.visible))))
+    if machine.devices.one_per_rank:
+        device_env.append(EnvEntry(name="MMM_DEVICE_PER_RANK", value="1"))
+    if machine.rendezvous.master_addr:
+        device_env.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
+    if machine.rendezvous.master_port:
+        device_env.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
+
+    workload_env = dict(workload.env)
+    if override:
+        workload_env.update(override.env)
+    env = _env_groups(machine, workload, request, nodes,
+                      list(override.presets) if override else [],
+                      list(override.no_presets) if override else [],
+                      device_env, workload_env)
+
+    queue_directives: tuple[str, ...] = ()
+    if queue is not None:
+        templates = queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
+        queue_directives = tuple(t.format(queue=queue.name) for t in templates if t)
+
+    return Plan(
+        mmm_orch_version=__version__,
+        machine=machine.name,
+        facility=machine.facility,
+        scheduler=machine.scheduler.kind,
+        workload=workload.name,
+        trainer=workload.trainer,
+        name=name,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        ranks=ranks,
+        gpus_per_node=gpus,
+        cpus_per_rank=cpus_per_rank,
+        mesh=mesh,
+        queue=queue.name if queue else None,
+        queue_tier=tier,
+        queue_reason=reason,
+        queue_directives=queue_directives,
+        walltime=walltime,
+        account=account,
+        directives=tuple(d.format(**fields) for d in machine.directives),
+        submit_dir_var=machine.scheduler.submit_dir_var,
+        workdir=os.path.abspath(request.workdir or os.getcwd()),
+        setup=tuple(machine.setup),
+        env=tuple(env),
+        launcher=tuple(launcher),
+        program=tuple(program),
+        trainer_args=args,
+        device=machine.node.device,
+        torch_device=torch_device,
+        backend=machine.backend,
+        device_index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
+        physical_devices=tuple(machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)),
+    )
