@@ -136,11 +136,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
+    from mmm_orch.config.yamlio import adapter
+
     if args.kind == "machine":
-        from mmm_orch.config.machine import Machine as model
+        from mmm_orch.config.machine import Machine as cls
     else:
-        from mmm_orch.config.workload import Workload as model
-    print(json.dumps(model.model_json_schema(), indent=2))
+        from mmm_orch.config.workload import Workload as cls
+    print(json.dumps(adapter(cls).json_schema(), indent=2))
     return 0
 
 

@@ -6,8 +6,6 @@ import json
 import sys
 from typing import Any
 
-from pydantic import BaseModel
-
 from mmm_orch.config import registry
 from mmm_orch.walltime import format_walltime
 
@@ -65,8 +63,10 @@ def print_rows(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
     _console().print(table)
 
 
-def print_model(obj: BaseModel, as_json: bool) -> None:
-    data = obj.model_dump(mode="json", exclude_defaults=not as_json)
+def print_model(obj: Any, as_json: bool) -> None:
+    from mmm_orch.config.yamlio import adapter
+
+    data = adapter(type(obj)).dump_python(obj, mode="json", exclude_defaults=not as_json)
     if as_json:
         print(json.dumps(data, indent=2))
         return

@@ -1,50 +1,69 @@
-"""Building blocks shared by machine profiles and workload specs."""
+"""Building blocks shared by machine profiles and workload specs.
+
+Config objects are frozen stdlib dataclasses. pydantic validates them (and exports their JSON
+Schema) only when a file is new or has changed: the metadata below tells pydantic what to check
+without importing it, which keeps `mmm-orch render` fast.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import string
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    WithJsonSchema,
-)
+import annotated_types as at
 
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class Strict(BaseModel):
-    """Unknown keys are errors; loaded objects never change."""
+def config(cls):
+    """A frozen, keyword-only dataclass whose unknown keys are validation errors."""
+    cls.__pydantic_config__ = {"extra": "forbid"}
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class Check:
+    """Annotated metadata: a validator, serializer and JSON Schema that pydantic resolves lazily."""
+
+    def __init__(self, before: Callable | None = None, after: Callable | None = None,
+                 serialize: Callable | None = None, json_schema: dict | None = None):
+        self.before, self.after, self.serialize, self.json_schema = before, after, serialize, json_schema
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema as cs
+
+        schema = handler(source)
+        if self.after:
+            schema = cs.no_info_after_validator_function(self.after, schema)
+        if self.before:
+            schema = cs.no_info_before_validator_function(self.before, schema)
+        if self.serialize:
+            schema["serialization"] = cs.plain_serializer_function_ser_schema(
+                self.serialize, when_used="json")
+        return schema
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
+        return dict(self.json_schema) if self.json_schema else handler(core_schema)
 
 
 def _walltime(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError("expected a walltime string such as '01:00:00'")
-    if isinstance(value, int):  # YAML reads 01:00:00 unquoted as sexagesimal seconds
+    if isinstance(value, int):  # YAML 1.1 reads 01:00:00 unquoted as sexagesimal seconds
         if value <= 0:
             raise ValueError("walltime must be longer than zero")
         return value
     return parse_walltime(value)
 
 
-# Seconds in Python, "HH:MM:SS" in YAML, JSON and the schema.
-Walltime = Annotated[
-    int,
-    BeforeValidator(_walltime),
-    PlainSerializer(format_walltime, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": r"^(\d+-)?\d{1,3}:[0-5]\d(:[0-5]\d)?$",
-                    "examples": ["01:00:00"]}),
-]
+# Seconds in Python; "HH:MM:SS" in YAML, JSON output and the schema.
+Walltime = Annotated[int, Check(
+    before=_walltime, serialize=format_walltime,
+    json_schema={"type": "string", "pattern": r"^(\d+-)?\d{1,3}:[0-5]\d(:[0-5]\d)?$",
+                 "examples": ["01:00:00"]})]
 
 
 def _env_name(value: str) -> str:
@@ -53,10 +72,10 @@ def _env_name(value: str) -> str:
     return value
 
 
-EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvName = Annotated[str, Check(after=_env_name)]
 
 
-def _env_value(value: Any) -> Any:
+def _scalar_to_str(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("a YAML boolean is ambiguous here: quote the value, e.g. 'FALSE'")
     if isinstance(value, (int, float)):
@@ -71,7 +90,7 @@ def _trusted_shell_value(value: str) -> str:
     return value
 
 
-ShellValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_trusted_shell_value)]
+ShellValue = Annotated[str, Check(before=_scalar_to_str, after=_trusted_shell_value)]
 
 PLACEHOLDERS = {
     "nodes": 2,
@@ -86,15 +105,16 @@ PLACEHOLDERS = {
 
 def check_placeholders(text: str) -> str:
     """Reject {names} that a plan cannot fill (caught when the file is loaded, not at submit)."""
-    for _, field, spec, conv in string.Formatter().parse(text):
-        if field is None:
+    for _, name, spec, conv in string.Formatter().parse(text):
+        if name is None:
             continue
-        if field not in PLACEHOLDERS or spec or conv:
+        if name not in PLACEHOLDERS or spec or conv:
             allowed = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
-            raise ValueError(f"unknown placeholder {{{field}}} in {text!r} (allowed: {allowed})")
+            raise ValueError(f"unknown placeholder {{{name}}} in {text!r} (allowed: {allowed})")
     return text
 
 
-Templated = Annotated[str, AfterValidator(check_placeholders)]
-
-NonEmptyStr = Annotated[str, Field(min_length=1)]
+Templated = Annotated[str, Check(after=check_placeholders)]
+NonEmptyStr = Annotated[str, at.MinLen(1)]
+PositiveInt = Annotated[int, at.Ge(1)]
+NonNegativeInt = Annotated[int, at.Ge(0)]

@@ -6,37 +6,40 @@ facts (and their sources) in machines/*.yaml rather than in code.
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Literal
-
-from pydantic import Field, model_validator
 
 from mmm_orch.config.common import (
     EnvName,
     NonEmptyStr,
+    NonNegativeInt,
+    PositiveInt,
     ShellValue,
-    Strict,
     Templated,
     Walltime,
+    config,
 )
 from mmm_orch.walltime import format_walltime
 
 
-class Scheduler(Strict):
+@config
+class Scheduler:
     kind: Literal["pbs", "slurm", "local"]
     # Directive for the chosen queue unless the queue lists its own, e.g. "-q {queue}".
     queue_directive: str = ""
     # Where the scheduler starts the script; the script cd's there ("" = the plan's workdir).
     submit_dir_var: str = ""
     # Directives that must never appear (e.g. PBS -V, which breaks startup on ALCF systems).
-    forbidden_directives: list[str] = []
+    forbidden_directives: list[str] = field(default_factory=list)
 
 
-class NodeShape(Strict):
-    cores: int = Field(ge=1)
-    threads_per_core: int = Field(1, ge=1)
-    reserved_cores: list[int] = []
+@config
+class NodeShape:
+    cores: PositiveInt
+    threads_per_core: PositiveInt = 1
+    reserved_cores: list[NonNegativeInt] = field(default_factory=list)
     # Accelerators as the launcher counts them: GPUs, PVC tiles or MI250X GCDs.
-    gpus: int = Field(ge=0)
+    gpus: NonNegativeInt
     device: Literal["cuda", "rocm", "xpu", "cpu"]
     gpu_model: str = ""
     gpu_memory_gib: float | None = None
@@ -47,21 +50,23 @@ class NodeShape(Strict):
         return self.cores - len(self.reserved_cores)
 
 
-class Tier(Strict):
+@config
+class Tier:
     """An execution queue behind a routing queue, or a node-count bin with its own walltime."""
 
     name: str = ""
-    min_nodes: int = Field(ge=1)
-    max_nodes: int = Field(ge=1)
+    min_nodes: PositiveInt
+    max_nodes: PositiveInt
     max_walltime: Walltime
 
 
-class Queue(Strict):
+@config
+class Queue:
     name: NonEmptyStr
-    min_nodes: int = Field(1, ge=1)
-    max_nodes: int = Field(ge=1)
+    min_nodes: PositiveInt = 1
+    max_nodes: PositiveInt
     max_walltime: Walltime
-    tiers: list[Tier] = []
+    tiers: list[Tier] = field(default_factory=list)
     # May be picked when the user gives no --queue (preemptable queues should not be).
     automatic: bool = True
     # Needs an allocation or request first; never picked automatically.
@@ -81,12 +86,14 @@ class Queue(Strict):
         return text
 
 
-class EnvVar(Strict):
+@config
+class EnvVar:
     value: ShellValue
     source: str = ""
 
 
-class Preset(Strict):
+@config
+class Preset:
     """A named, cited group of environment variables (e.g. the oneCCL minimal set)."""
 
     name: NonEmptyStr
@@ -94,19 +101,20 @@ class Preset(Strict):
     source: str = ""
     default: bool = False
     # Applies only within this node-count range (e.g. NCCL_NET=Socket on one node).
-    min_nodes: int = 1
-    max_nodes: int | None = None
-    set: dict[EnvName, ShellValue | EnvVar] = {}
-    unset: list[EnvName] = []
+    min_nodes: PositiveInt = 1
+    max_nodes: PositiveInt | None = None
+    set: dict[EnvName, ShellValue | EnvVar] = field(default_factory=dict)
+    unset: list[EnvName] = field(default_factory=list)
 
     def applies_to(self, nodes: int) -> bool:
         return self.min_nodes <= nodes and (self.max_nodes is None or nodes <= self.max_nodes)
 
 
-class Launcher(Strict):
+@config
+class Launcher:
     kind: Literal["mpiexec", "srun", "torchrun"]
     command: Templated
-    args: list[Templated] = []
+    args: list[Templated] = field(default_factory=list)
     # mpiexec/srun start "python -m trainer"; torchrun takes "-m trainer" itself.
     python_prefix: bool = True
     # PALS-style per-rank CPU list "list:a-b:c-d:...", one entry per rank on a node.
@@ -114,11 +122,12 @@ class Launcher(Strict):
     source: str = ""
 
 
-class Devices(Strict):
+@config
+class Devices:
     """How a rank finds its accelerator."""
 
     # Exported order of visible devices, e.g. [3, 2, 1, 0] when CPU affinity is reversed.
-    visible: list[int] = []
+    visible: list[NonNegativeInt] = field(default_factory=list)
     visible_env: str = "CUDA_VISIBLE_DEVICES"
     # Each rank sees only its own device (srun --gpus-per-task=1): index 0 for every rank.
     one_per_rank: bool = False
@@ -137,40 +146,43 @@ class Devices(Strict):
         return self.visible[index] if self.visible else index
 
 
-class Rendezvous(Strict):
+@config
+class Rendezvous:
     # Shell expressions evaluated in the job script on the first node.
     master_addr: str = ""
     master_port: str = ""
     source: str = ""
 
 
-class Account(Strict):
+@config
+class Account:
     required: bool = False
     default: str = ""
 
 
-class Machine(Strict):
+@config
+class Machine:
     name: NonEmptyStr
     facility: str = ""
     description: str = ""
     extends: str = ""  # only meaningful in user override files; resolved by the registry
     scheduler: Scheduler
-    login_hosts: list[str] = []
+    login_hosts: list[str] = field(default_factory=list)
     node: NodeShape
-    max_nodes: int = Field(ge=1)
-    ranks_per_node: int | None = Field(None, ge=1)  # default: one per accelerator
-    min_walltime: Walltime | None = None
-    account: Account = Account()
-    directives: list[Templated] = []
-    queues: list[Queue] = []
-    setup: list[str] = []
-    presets: list[Preset] = []
+    max_nodes: PositiveInt
     launcher: Launcher
-    devices: Devices = Devices()
     backend: Literal["nccl", "xccl", "ccl", "gloo"]
-    rendezvous: Rendezvous = Rendezvous()
+    ranks_per_node: PositiveInt | None = None  # default: one per accelerator
+    min_walltime: Walltime | None = None
+    account: Account = field(default_factory=Account)
+    directives: list[Templated] = field(default_factory=list)
+    queues: list[Queue] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    presets: list[Preset] = field(default_factory=list)
+    devices: Devices = field(default_factory=Devices)
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
     python: str = "python3"  # "auto": the interpreter running mmm-orch
-    notes: list[str] = []
+    notes: list[str] = field(default_factory=list)
 
     @property
     def default_ranks_per_node(self) -> int:
@@ -182,8 +194,7 @@ class Machine(Strict):
     def queue(self, name: str) -> Queue | None:
         return next((q for q in self.queues if q.name == name), None)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Machine:
+    def __post_init__(self) -> None:
         names = [p.name for p in self.presets]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -201,7 +212,6 @@ class Machine(Strict):
         if self.launcher.cpu_bind:
             check_cpu_bind(self.launcher.cpu_bind, self.default_ranks_per_node,
                            set(self.node.reserved_cores))
-        return self
 
 
 def parse_cpu_bind(text: str) -> list[set[int]]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 from pathlib import Path
 from typing import Any
 
-from mmm_orch.config.yamlio import YamlDoc, load_yaml, validate
+from mmm_orch.config import cache
 from mmm_orch.errors import ConfigError, MmmError
 from mmm_orch.paths import search_dirs
 
@@ -45,34 +46,45 @@ def _packaged_file(kind: str, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _resolve_extends(kind: str, doc: YamlDoc, depth: int = 0) -> dict[str, Any]:
-    """A user file with `extends: NAME` is deep-merged over NAME (lists are replaced)."""
+def _resolve_extends(kind: str, path: Path, depth: int = 0) -> tuple[Any, dict[str, Any], list[Path]]:
+    """(document, data, files read). A user file with `extends: NAME` is deep-merged over NAME
+    (lists are replaced)."""
+    from mmm_orch.config.yamlio import load_yaml
+
+    doc = load_yaml(path)
     parent = doc.data.get("extends")
     if not parent:
-        return doc.data
+        return doc, doc.data, [path]
     if depth > 4:
         raise ConfigError(f"{doc.where(('extends',))}: extends chain is too deep")
-    files = _files(kind)
-    base_path = files.get(parent)
-    if base_path == doc.path:  # a user file extending the packaged one of the same name
+    base_path = _files(kind).get(parent)
+    if base_path == path:  # a user file extending the packaged one of the same name
         base_path = _packaged_file(kind, parent)
     if base_path is None:
         raise ConfigError(f"{doc.where(('extends',))}: extends unknown {kind[:-1]} {parent!r}")
-    base = _resolve_extends(kind, load_yaml(base_path), depth + 1)
+    _, base, deps = _resolve_extends(kind, base_path, depth + 1)
     merged = _deep_merge(base, doc.data)
     merged.pop("extends", None)
-    merged["name"] = doc.data.get("name", doc.path.stem)
-    return merged
+    merged["name"] = doc.data.get("name", path.stem)
+    return doc, merged, [path, *deps]
 
 
-def load(kind: str, name: str, model: type) -> Any:
+def load(kind: str, name: str, cls: type) -> Any:
     files = _files(kind)
     if name not in files:
         raise unknown_name(kind[:-1], name, sorted(files))
-    doc = load_yaml(files[name])
-    obj = validate(model, doc, _resolve_extends(kind, doc))
+    path = files[name]
+    search = hashlib.sha256("\n".join(map(str, files.values())).encode()).hexdigest()
+    obj = cache.get(kind, path, cls, search)
+    if obj is not None:
+        return obj
+    from mmm_orch.config.yamlio import validate
+
+    doc, data, deps = _resolve_extends(kind, path)
+    obj = validate(cls, doc, data)
     if obj.name != name:
         raise ConfigError(f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}")
+    cache.put(kind, path, obj, deps, search)
     return obj
 
 

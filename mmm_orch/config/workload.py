@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import re
+from dataclasses import field
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-
-from mmm_orch.config.common import EnvName, NonEmptyStr, Strict, Walltime
+from mmm_orch.config.common import EnvName, NonEmptyStr, PositiveInt, Walltime, config
 
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-class Option(Strict):
+@config
+class Option:
     """One trainer option that --set may give; passed as --name value (bools as --name/--no-name)."""
 
     type: Literal["int", "float", "str", "bool", "choice"]
     default: Any = None
-    choices: list[str] = []
+    choices: list[str] = field(default_factory=list)
     help: str = ""
 
     def coerce(self, name: str, value: Any) -> Any:
@@ -57,39 +57,42 @@ class Option(Strict):
             raise ValueError(f"option {name}={value!r} is not {allowed}") from None
 
 
-class Defaults(Strict):
-    nodes: int = Field(1, ge=1)
+@config
+class Defaults:
+    nodes: PositiveInt = 1
     walltime: Walltime = 3600
 
 
-class Resources(Strict):
+@config
+class Resources:
     # Refuse machines whose nodes have no accelerator (e.g. an 8B model on a laptop CPU).
     accelerator: bool = False
     min_gpu_memory_gib: float | None = None
 
 
-class MachineOverride(Strict):
-    args: dict[str, Any] = {}
-    env: dict[EnvName, str] = {}
-    presets: list[str] = []
-    no_presets: list[str] = []
-    nodes: int | None = Field(None, ge=1)
+@config
+class MachineOverride:
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[EnvName, str] = field(default_factory=dict)
+    presets: list[str] = field(default_factory=list)
+    no_presets: list[str] = field(default_factory=list)
+    nodes: PositiveInt | None = None
     walltime: Walltime | None = None
 
 
-class Workload(Strict):
+@config
+class Workload:
     name: NonEmptyStr
     description: str = ""
     trainer: NonEmptyStr  # python -m <trainer>
-    options: dict[str, Option] = {}
-    args: dict[str, Any] = {}  # options always passed, before per-machine args and --set
-    defaults: Defaults = Defaults()
-    resources: Resources = Resources()
-    env: dict[EnvName, str] = {}
-    machines: dict[str, MachineOverride] = {}
+    options: dict[str, Option] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)  # options always passed, before per-machine args and --set
+    defaults: Defaults = field(default_factory=Defaults)
+    resources: Resources = field(default_factory=Resources)
+    env: dict[EnvName, str] = field(default_factory=dict)
+    machines: dict[str, MachineOverride] = field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Workload:
+    def __post_init__(self) -> None:
         if not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
         for name, option in self.options.items():
@@ -106,7 +109,6 @@ class Workload(Strict):
                 if key not in self.options:
                     raise ValueError(f"{where}: {key!r} is not one of the workload's options")
                 self.options[key].coerce(key, value)
-        return self
 
     def layout_value(self, name: str, args: dict[str, Any]) -> int:
         """tp/pp as set in args, else the option default, else 1."""

@@ -3,12 +3,13 @@ so that validation errors can name the file, the line and the key."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
 
 from mmm_orch.errors import ConfigError
 
@@ -88,15 +89,15 @@ def format_loc(loc: Path_) -> str:
     return out
 
 
-def _field_model(model: Any, loc: Path_) -> Any:
-    """The model class found by walking `loc` through field annotations (best effort)."""
-    current = model
+def _field_type(cls: Any, loc: Path_) -> Any:
+    """The dataclass found by walking `loc` through field annotations (best effort)."""
+    current = cls
     for part in loc:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(part)
-            if field is None:
+        if dataclasses.is_dataclass(current):
+            hints = typing.get_type_hints(current)
+            if part not in hints:
                 return None
-            current = field.annotation
+            current = hints[part]
             continue
         args = [a for a in typing.get_args(current) if a is not type(None)]
         origin = typing.get_origin(current)
@@ -104,29 +105,35 @@ def _field_model(model: Any, loc: Path_) -> Any:
             current = args[0]
         elif origin is dict and len(args) == 2:
             current = args[1]
-        elif args:  # Optional / Union: take the first model member
-            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-            current = models[0] if models else None
-            if current is None:
+        else:  # Optional / Union: the first dataclass member
+            members = [a for a in args if dataclasses.is_dataclass(a)]
+            if not members:
                 return None
-            current = _field_model(current, (part,))
-        else:
-            return None
+            current = _field_type(members[0], (part,))
     return current
 
 
-def validate(model: type[BaseModel], doc: YamlDoc, data: Any = None) -> Any:
-    """Validate `data` (default: the document) against `model`; one clear error on failure."""
+@functools.lru_cache(maxsize=None)
+def adapter(cls: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
+    """Validate `data` (default: the document) as `cls`; one clear error on failure."""
+    from pydantic import ValidationError
+
     try:
-        return model.model_validate(doc.data if data is None else data)
+        return adapter(cls).validate_python(doc.data if data is None else data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden":
-            parent = _field_model(model, loc[:-1])
+        if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            parent = _field_type(cls, loc[:-1])
             allowed = ""
-            if isinstance(parent, type) and issubclass(parent, BaseModel):
-                allowed = f" (allowed: {', '.join(parent.model_fields)})"
+            if dataclasses.is_dataclass(parent):
+                allowed = f" (allowed: {', '.join(f.name for f in dataclasses.fields(parent))})"
             msg = f"unknown key {format_loc(loc)!r}{allowed}"
         else:
             value = err.get("input")

@@ -1,0 +1,99 @@
+"""Validated profiles and specs, cached by content so that pydantic runs only on change.
+
+An entry is used only when the mmm-orch version, the config model sources, the set of files on
+the search path and the bytes of every file the object was built from are all unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from mmm_orch import __version__
+
+_MODEL_SOURCES = ("common.py", "machine.py", "workload.py", "cache.py")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _models_digest() -> str:
+    here = Path(__file__).parent
+    parts = [__version__.encode()] + [(here / name).read_bytes() for name in _MODEL_SOURCES]
+    return _digest(b"\0".join(parts))
+
+
+def _directory() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "mmm-orch" / "config"
+
+
+def _entry_path(kind: str, path: Path) -> Path:
+    return _directory() / f"{kind}-{_digest(str(path.resolve()).encode())[:20]}.json"
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return _digest(path.read_bytes())
+    except OSError:
+        return None
+
+
+def get(kind: str, path: Path, cls: type, search_digest: str) -> Any | None:
+    try:
+        entry = json.loads(_entry_path(kind, path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if entry.get("models") != _models_digest() or entry.get("search") != search_digest:
+        return None
+    for dep, digest in entry.get("deps", []):
+        if _file_digest(Path(dep)) != digest:
+            return None
+    return from_data(cls, entry["data"])
+
+
+def put(kind: str, path: Path, obj: Any, deps: list[Path], search_digest: str) -> None:
+    entry = {
+        "models": _models_digest(),
+        "search": search_digest,
+        "deps": [[str(dep), _file_digest(dep)] for dep in deps],
+        "data": dataclasses.asdict(obj),
+    }
+    target = _entry_path(kind, path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp.write_text(json.dumps(entry), encoding="utf-8")
+        tmp.replace(target)
+    except OSError:  # a read-only cache only costs speed
+        tmp.unlink(missing_ok=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_data(tp: Any, value: Any) -> Any:
+    """Rebuild config dataclasses from data that already passed validation."""
+    if dataclasses.is_dataclass(tp):
+        hints = _hints(tp)
+        return tp(**{key: from_data(hints[key], item) for key, item in value.items()})
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is list:
+        return [from_data(args[0], item) for item in value]
+    if origin is dict:
+        return {key: from_data(args[1], item) for key, item in value.items()}
+    if origin in (typing.Union, types.UnionType) and isinstance(value, dict):
+        return next(from_data(a, value) for a in args if dataclasses.is_dataclass(a))
+    return value
