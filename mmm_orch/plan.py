@@ -25,8 +25,9 @@ from mmm_orch.walltime import format_walltime, parse_walltime
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
 _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
-# Scripts, logs and the job database are readable: secrets never go into them.
+# Trainer options that define the parallel mesh; always passed explicitly to the trainer.
 LAYOUT_OPTIONS = ("tp", "pp")
+# Scripts, logs and the job database are readable: secrets never go into them.
 _SECRET = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
 
@@ -182,7 +183,6 @@ def _pick_queue(machine: Machine, request: Request, nodes: int, walltime: int):
 
 
 def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dict[str, Any]:
-    # Layout options are always explicit so that the trainer's mesh matches the plan's.
     args: dict[str, Any] = {
         key: workload.options[key].coerce(key, workload.options[key].default)
         for key in LAYOUT_OPTIONS

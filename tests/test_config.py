@@ -190,3 +190,40 @@ def test_no_cli_path_imports_torch(isolated):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=isolated)
     assert "HEAVY []" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_version_flag(cli):
+    from mmm_orch import __version__
+
+    result = cli("--version")
+    assert result.code == 0 and result.out.strip() == f"mmm-orch {__version__}"
+
+
+@pytest.mark.parametrize("name", FACILITIES)
+def test_profiles_name_their_scheduler_commands(name):
+    machine = registry.load_machine(name)
+    expected = {"pbs": ("qsub", "qstat", "qdel"), "slurm": ("sbatch", "squeue", "scancel")}
+    commands = machine.scheduler.commands
+    assert (commands.submit, commands.query, commands.cancel) == expected[machine.scheduler.kind]
+
+
+def test_non_editable_install_ships_profiles_specs_and_templates(tmp_path):
+    """`pip install .` (no symlinks followed at run time) renders from an unrelated directory."""
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for kind, pattern in [("machines", "*.yaml"), ("workloads", "*.yaml"), ("templates", "*.j2")]:
+        shipped = target / "mmm_orch" / kind
+        assert not shipped.is_symlink() and len(list(shipped.glob(pattern))) >= 5
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", "import mmm_orch, sys; from mmm_orch.cli import main;"
+         "print(mmm_orch.__file__, file=sys.stderr); sys.exit(main(['render', 'frontier', 'vit', '-A', 'P']))"],
+        capture_output=True, text=True, cwd=elsewhere,
+        env={**__import__("os").environ, "PYTHONPATH": str(target)})
+    assert run.returncode == 0, run.stderr
+    assert str(target) in run.stderr
+    assert "#SBATCH --network=disable_rdzv_get" in run.stdout

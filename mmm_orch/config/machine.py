@@ -23,8 +23,17 @@ from mmm_orch.walltime import format_walltime
 
 
 @config
+class SchedulerCommands:
+    submit: str = ""
+    query: str = ""
+    cancel: str = ""
+    accounting: str = ""  # finished jobs (sacct); PBS keeps history in `qstat -x`
+
+
+@config
 class Scheduler:
     kind: Literal["pbs", "slurm", "local"]
+    commands: SchedulerCommands = field(default_factory=SchedulerCommands)
     # Directive for the chosen queue unless the queue lists its own, e.g. "-q {queue}".
     queue_directive: str = ""
     # Where the scheduler starts the script; the script cd's there ("" = the plan's workdir).
