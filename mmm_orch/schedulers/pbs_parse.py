@@ -1,0 +1,89 @@
+"""Pure parsers for PBS Pro / OpenPBS command output (qsub, qstat -f -F json -x).
+
+qstat's JSON is known to be invalid at times (bare number-like environment values, duplicate
+keys) and qstat's exit code mixes "some ids unknown" (153) with output for the others.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from mmm_orch.schedulers.states import JobState, JobStatus
+
+# PBS job_state letters (PBS Professional Reference Guide, "Job States").
+_STATES = {
+    "Q": JobState.PENDING, "H": JobState.PENDING, "W": JobState.PENDING, "T": JobState.PENDING,
+    "M": JobState.PENDING, "R": JobState.RUNNING, "B": JobState.RUNNING, "E": JobState.RUNNING,
+    "S": JobState.RUNNING, "U": JobState.RUNNING, "X": JobState.COMPLETED,
+}
+WALLTIME_EXCEEDED = -29  # JOB_EXEC_KILL_WALLTIME, seen on Aurora for walltime kills
+SIGNAL_OFFSET = 256  # Exit_status > 256: killed by signal (status - 256)
+
+# qstat/qsub exit codes and texts: 35 = finished (query with -x), 153 = unknown job id.
+QSTAT_JOB_FINISHED = 35
+QSTAT_UNKNOWN_JOB = 153
+TRANSIENT_ERRORS = re.compile(
+    r"cannot connect to host|all reserved ports in use|Invalid credential|Connection refused|"
+    r"premature end of message|Communication failure|Connection timed out", re.I)
+TRANSIENT_EXIT_CODES = frozenset({162, 171, 183})
+
+_JOB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9][\w.-]*)?$")
+
+
+def parse_qsub(stdout: str) -> str:
+    """The full job id qsub prints, e.g. 123.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov."""
+    for line in stdout.splitlines():
+        if _JOB_ID.match(line.strip()):
+            return line.strip()
+    raise ValueError(f"no job id in qsub output: {stdout.strip()[:200]!r}")
+
+
+def same_job(a: str, b: str) -> bool:
+    """PBS ids compare by sequence number and the server's first label ('1.pbs' == '1.pbs.x.y')."""
+    def key(job_id: str) -> tuple[str, str]:
+        number, _, server = job_id.partition(".")
+        return number, server.split(".", 1)[0]
+    return key(a) == key(b)
+
+
+_BARE_NUMBERISH = re.compile(r'(":\s*)(-?\.\d+|-?\d+\.(?!\d)|-?0\d+(?:\.\d+)?|-?00+(?:\.\d+)?)(\s*[,}\n])')
+
+
+def load_qstat_json(text: str) -> dict[str, Any]:
+    """qstat -F json output as a dict, repairing the bare number-like values qstat emits."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(_BARE_NUMBERISH.sub(r'\1"\2"\3', text))
+
+
+def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
+    """(state, exit code, signal) of one qstat job record."""
+    letter = str(job.get("job_state", ""))
+    if letter != "F":
+        return _STATES.get(letter, JobState.UNKNOWN), None, None
+    status = job.get("Exit_status")
+    if status is None:  # deleted before it ever ran
+        return JobState.CANCELLED, None, None
+    status = int(status)
+    if status == 0:
+        return JobState.COMPLETED, 0, None
+    if status == WALLTIME_EXCEEDED:
+        return JobState.TIMEOUT, None, None
+    if status > SIGNAL_OFFSET:
+        signal = status - SIGNAL_OFFSET
+        return (JobState.CANCELLED if signal == 15 else JobState.FAILED), None, signal  # qdel sends TERM
+    return JobState.FAILED, status, None
+
+
+def parse_qstat_json(text: str) -> dict[str, JobStatus]:
+    data = load_qstat_json(text.strip() or "{}")
+    out = {}
+    for job_id, job in (data.get("Jobs") or {}).items():
+        state, code, signal = pbs_state(job)
+        out[job_id] = JobStatus(native_id=job_id, state=state,
+                                native_state=str(job.get("job_state", "")), exit_code=code,
+                                signal=signal, reason=str(job.get("comment", "")))
+    return out

@@ -1,0 +1,168 @@
+"""Pure parsers for Slurm command output (sbatch, squeue, sacct, scontrol), across versions.
+
+JSON layouts drift: 21.08 gives strings and ints, 23.11+ lists of states and {set, number}
+objects. Text formats are read by '|' or key=value, never by column position.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from mmm_orch.schedulers.states import JobState, JobStatus
+
+_STATES = {
+    JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                       "CONFIGURING", "POWER_UP_NODE"},
+    JobState.RUNNING: {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED",
+                       "STOPPED", "UPDATE_DB"},
+    JobState.COMPLETED: {"COMPLETED"},
+    JobState.FAILED: {"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+                      "SPECIAL_EXIT", "LAUNCH_FAILED"},
+    JobState.CANCELLED: {"CANCELLED", "REVOKED"},
+    JobState.TIMEOUT: {"TIMEOUT"},
+}
+_BY_NAME = {name: state for state, names in _STATES.items() for name in names}
+
+# Controller or database busy/unreachable: retry with backoff. Anything else is permanent.
+TRANSIENT_ERRORS = re.compile(
+    r"Socket timed out|Communication (connection )?failure|Unable to contact slurm controller|"
+    r"Connection timed out|Connection refused|Resource temporarily unavailable|"
+    r"Problem talking to the database|slurm_persist_conn_open", re.I)
+
+
+def slurm_state(text: str | list[str]) -> JobState:
+    """Map 'RUNNING', 'CANCELLED by 54386' or ['FAILED'] (23.11+) onto JobState."""
+    names = text if isinstance(text, list) else [text]
+    for name in names:
+        word = str(name).strip().split(" ", 1)[0].rstrip("+").upper()
+        if word in _BY_NAME:
+            return _BY_NAME[word]
+    return JobState.UNKNOWN
+
+
+def parse_sbatch(stdout: str) -> str:
+    """The job id from `sbatch --parsable` ('123;cluster'), plain or site-wrapped sbatch output."""
+    for line in stdout.splitlines():
+        line = line.strip()
+        match = (re.fullmatch(r"(\d+)(?:;\S+)?", line)
+                 or re.fullmatch(r"Submitted batch job (\d+)(?: on cluster \S+)?", line))
+        if match:
+            return match.group(1)
+    raise ValueError(f"no job id in sbatch output: {stdout.strip()[:200]!r}")
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """'2:0' -> (2, None); '0:9' -> (None, 9): Slurm writes exit status, then killing signal."""
+    code, _, signal = (text or "").partition(":")
+    if not code.isdigit():
+        return None, None
+    sig = int(signal) if signal.isdigit() else 0
+    return (None, sig) if sig else (int(code), None)
+
+
+def _number(value: Any) -> int | None:
+    """Ints as 21.08 writes them, or {"set": true, "number": N} as 23.11+ does."""
+    if isinstance(value, dict):
+        return value.get("number") if value.get("set") else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _json_exit(value: Any) -> tuple[int | None, int | None]:
+    if isinstance(value, dict):
+        signal = value.get("signal") or {}
+        sig = _number(signal.get("id") if isinstance(signal, dict) else None)
+        if sig:
+            return None, sig
+        return _number(value.get("return_code")), None
+    return _number(value), None
+
+
+def parse_squeue_json(text: str) -> dict[str, JobStatus]:
+    out = {}
+    for job in json.loads(text).get("jobs", []):
+        native = job.get("job_state")
+        code, sig = _json_exit(job.get("exit_code"))
+        state = slurm_state(native)
+        out[str(job["job_id"])] = JobStatus(
+            native_id=str(job["job_id"]), state=state, native_state=_label(native),
+            exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
+            reason=_reason(job.get("state_reason")))
+    return out
+
+
+def parse_sacct_json(text: str) -> dict[str, JobStatus]:
+    out = {}
+    for job in json.loads(text).get("jobs", []):
+        raw = job.get("state")
+        native = raw.get("current") if isinstance(raw, dict) else raw
+        state = slurm_state(native)
+        code, sig = _json_exit(job.get("exit_code"))
+        derived, dsig = _json_exit(job.get("derived_exit_code"))
+        if state is JobState.FAILED and not code and not sig:  # contradictory 0: trust a step, or say unknown
+            code, sig = derived or None, dsig
+        reason = _reason(raw.get("reason")) if isinstance(raw, dict) else ""
+        out[str(job["job_id"])] = JobStatus(
+            native_id=str(job["job_id"]), state=state, native_state=_label(native),
+            exit_code=code if state.terminal else None, signal=sig, reason=reason)
+    return out
+
+
+def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str, JobStatus]:
+    """`sacct -P [-n] -o JobIDRaw,State,ExitCode[,DerivedExitCode,...]`; with a header when
+    `fields` is None. Steps (ID.batch, ID.0) refine the job's row: a step that failed or ran out
+    of memory is the reason, and its exit code stands in for a job-level 0."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if fields is None:
+        fields, lines = lines[0].split("|"), lines[1:]
+    col = {name.lower(): i for i, name in enumerate(fields)}
+    jobs: dict[str, dict[str, str]] = {}
+    steps: dict[str, list[dict[str, str]]] = {}
+    for line in lines:
+        row = {name: value for name, value in zip(col, line.split("|"))}
+        job_id = row.get("jobidraw") or row.get("jobid") or ""
+        base, dot, _ = job_id.partition(".")
+        (steps.setdefault(base, []).append(row) if dot else jobs.__setitem__(base, row))
+    out = {}
+    for job_id, row in jobs.items():
+        state = slurm_state(row.get("state", ""))
+        code, sig = parse_exit_code(row.get("exitcode", ""))
+        derived, _ = parse_exit_code(row.get("derivedexitcode", ""))
+        reason = ""
+        for step in steps.get(job_id, []):
+            step_state = slurm_state(step.get("state", ""))
+            if step_state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
+                reason = reason or f"step {step['jobidraw' if 'jobidraw' in step else 'jobid']}: {step['state']}"
+        if state is JobState.FAILED and not code and not sig:  # contradictory 0: trust a step, or say unknown
+            code = derived or None
+        out[job_id] = JobStatus(native_id=job_id, state=state, native_state=row.get("state", ""),
+                                exit_code=code if state.terminal else None,
+                                signal=sig if state.terminal else None, reason=reason)
+    return out
+
+
+def parse_scontrol_show_job(text: str) -> dict[str, JobStatus]:
+    """`scontrol show job [-o]`: every record, multi-line or one-line (-o), starts with JobId=."""
+    records = re.split(r"(?m)^(?=JobId=)", text)
+    out = {}
+    for record in records:
+        fields = dict(re.findall(r"(?:^|\s)([A-Za-z_]+)=(\S*)", record))
+        if "JobId" not in fields:
+            continue
+        state = slurm_state(fields.get("JobState", ""))
+        code, sig = parse_exit_code(fields.get("ExitCode", ""))
+        reason = fields.get("Reason", "")
+        out[fields["JobId"]] = JobStatus(
+            native_id=fields["JobId"], state=state, native_state=fields.get("JobState", ""),
+            exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
+            reason="" if reason == "None" else reason)
+    return out
+
+
+def _label(native: Any) -> str:
+    return ",".join(native) if isinstance(native, list) else str(native or "")
+
+
+def _reason(value: Any) -> str:
+    return "" if value in (None, "None") else str(value)

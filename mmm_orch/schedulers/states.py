@@ -1,0 +1,48 @@
+"""The one small job state machine every native scheduler state maps onto."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+_RANK = {JobState.UNKNOWN: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
+
+
+def advance(current: JobState, observed: JobState) -> JobState:
+    """The state after observing `observed`: never backwards, never out of a terminal state.
+
+    UNKNOWN (scheduler unreachable, job aged out) never overwrites what we already know.
+    """
+    if current.terminal or observed is JobState.UNKNOWN:
+        return current
+    if observed.terminal:
+        return observed
+    return observed if _RANK[observed] >= _RANK[current] else current
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What one scheduler query says about one job."""
+
+    native_id: str
+    state: JobState
+    native_state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
