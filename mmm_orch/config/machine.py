@@ -80,7 +80,7 @@ class Queue:
     automatic: bool = True
     # Needs an allocation or request first; never picked automatically.
     by_request: bool = False
-    # Overrides Scheduler.queue_directive, e.g. Frontier's debug QOS on the batch partition.
+    # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
     directives: list[str] | None = None
     notes: str = ""
 

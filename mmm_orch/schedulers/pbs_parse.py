@@ -18,7 +18,7 @@ _STATES = {
     "M": JobState.PENDING, "R": JobState.RUNNING, "B": JobState.RUNNING, "E": JobState.RUNNING,
     "S": JobState.RUNNING, "U": JobState.RUNNING, "X": JobState.COMPLETED,
 }
-WALLTIME_EXCEEDED = -29  # JOB_EXEC_KILL_WALLTIME, seen on Aurora for walltime kills
+WALLTIME_EXCEEDED = -29  # JOB_EXEC_KILL_WALLTIME, seen in recorded ALCF history for walltime kills
 SIGNAL_OFFSET = 256  # Exit_status > 256: killed by signal (status - 256)
 
 # qstat/qsub exit codes and texts: 35 = finished (query with -x), 153 = unknown job id.
@@ -33,7 +33,7 @@ _JOB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9][\w.-]*)?$")
 
 
 def parse_qsub(stdout: str) -> str:
-    """The full job id qsub prints, e.g. 123.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov."""
+    """The full job id qsub prints, e.g. 123.pbs-server-01.hostmgmt.cm.example.gov or 8738.pbs02."""
     for line in stdout.splitlines():
         if _JOB_ID.match(line.strip()):
             return line.strip()
