@@ -13,7 +13,6 @@ import pytest
 from mmm_orch.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""Scheduler output parsers on real recorded outputs (../shared/fixtures), and the state machine."""
+"""Scheduler output parsers on real recorded outputs (tests/fixtures, provenance in its README),
+and the state machine."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 
 import pytest
 
-from conftest import SHARED
+from conftest import REPO
 from mmm_orch.schedulers import pbs_parse, slurm_parse
 from mmm_orch.schedulers.states import JobState, advance
 
-FIX = SHARED / "fixtures"
+FIX = REPO / "tests" / "fixtures"
 S = JobState
 
 
