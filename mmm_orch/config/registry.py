@@ -46,7 +46,8 @@ def _packaged_file(kind: str, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _resolve_extends(kind: str, path: Path, depth: int = 0) -> tuple[Any, dict[str, Any], list[Path]]:
+def _resolve_extends(kind: str, path: Path, files: dict[str, Path],
+                     depth: int = 0) -> tuple[Any, dict[str, Any], list[Path]]:
     """(document, data, files read). A user file with `extends: NAME` is deep-merged over NAME
     (lists are replaced)."""
     from mmm_orch.config.yamlio import load_yaml
@@ -57,12 +58,12 @@ def _resolve_extends(kind: str, path: Path, depth: int = 0) -> tuple[Any, dict[s
         return doc, doc.data, [path]
     if depth > 4:
         raise ConfigError(f"{doc.where(('extends',))}: extends chain is too deep")
-    base_path = _files(kind).get(parent)
+    base_path = files.get(parent)
     if base_path == path:  # a user file extending the packaged one of the same name
         base_path = _packaged_file(kind, parent)
     if base_path is None:
         raise ConfigError(f"{doc.where(('extends',))}: extends unknown {kind[:-1]} {parent!r}")
-    _, base, deps = _resolve_extends(kind, base_path, depth + 1)
+    _, base, deps = _resolve_extends(kind, base_path, files, depth + 1)
     merged = _deep_merge(base, doc.data)
     merged.pop("extends", None)
     merged["name"] = doc.data.get("name", path.stem)
@@ -80,7 +81,7 @@ def load(kind: str, name: str, cls: type) -> Any:
         return obj
     from mmm_orch.config.yamlio import validate
 
-    doc, data, deps = _resolve_extends(kind, path)
+    doc, data, deps = _resolve_extends(kind, path, files)
     obj = validate(cls, doc, data)
     if obj.name != name:
         raise ConfigError(f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}")

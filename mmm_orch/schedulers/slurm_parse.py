@@ -120,10 +120,13 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
     jobs: dict[str, dict[str, str]] = {}
     steps: dict[str, list[dict[str, str]]] = {}
     for line in lines:
-        row = {name: value for name, value in zip(col, line.split("|"))}
-        job_id = row.get("jobidraw") or row.get("jobid") or ""
-        base, dot, _ = job_id.partition(".")
-        (steps.setdefault(base, []).append(row) if dot else jobs.__setitem__(base, row))
+        row = dict(zip(col, line.split("|")))
+        row["id"] = row.get("jobidraw") or row.get("jobid") or ""
+        base, dot, _ = row["id"].partition(".")
+        if dot:
+            steps.setdefault(base, []).append(row)
+        else:
+            jobs[base] = row
     out = {}
     for job_id, row in jobs.items():
         state = slurm_state(row.get("state", ""))
@@ -133,7 +136,7 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
         for step in steps.get(job_id, []):
             step_state = slurm_state(step.get("state", ""))
             if step_state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
-                reason = reason or f"step {step['jobidraw' if 'jobidraw' in step else 'jobid']}: {step['state']}"
+                reason = reason or f"step {step['id']}: {step['state']}"
         if state is JobState.FAILED and not code and not sig:  # contradictory 0: trust a step, or say unknown
             code = derived or None
         out[job_id] = JobStatus(native_id=job_id, state=state, native_state=row.get("state", ""),
