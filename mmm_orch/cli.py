@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,15 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mmm-orch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--db", metavar="PATH",
+                        help="job database (default: $MMM_ORCH_DB or $XDG_STATE_HOME/mmm-orch/jobs.db)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("machines", help="list machine profiles")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("workloads", help="list workload specs")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("show", help="show a machine profile or a workload spec")
-    p.add_argument("kind", choices=["machine", "workload"])
-    p.add_argument("name")
+    p = sub.add_parser("show", help="show a job (script, plan, history), a machine profile or a "
+                       "workload spec", usage="mmm-orch show JOB | machine NAME | workload NAME")
+    p.add_argument("what", metavar="JOB|machine|workload")
+    p.add_argument("name", nargs="?")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("schema", help="JSON Schema of machine profiles or workload specs")
     p.add_argument("kind", choices=["machine", "workload"])
@@ -56,6 +60,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a job (with --dry-run: print its script only)")
     _plan_options(p)
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then stream the log until the job ends; exit with the job's exit code")
+    p.add_argument("--json", action="store_true", help="print the job record as JSON")
+
+    p = sub.add_parser("status", help="states of submitted jobs (refreshed from the schedulers)")
+    p.add_argument("jobs", nargs="*", type=int, metavar="JOB")
+    p.add_argument("-a", "--all", action="store_true", help="every job, not only open and recent")
+    p.add_argument("-m", "--machine", help="only jobs on this machine")
+    p.add_argument("-w", "--watch", action="store_true", help="refresh until every job is terminal")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between --watch refreshes")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("logs", help="print or follow a job's log")
+    p.add_argument("job", type=int, metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="wait while queued, stream while running, stop when the job ends")
+    p.add_argument("-n", "--tail", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("--strip-ansi", action="store_true", help="remove colour/escape codes")
+
+    p = sub.add_parser("cancel", help="cancel jobs")
+    p.add_argument("jobs", nargs="+", type=int, metavar="JOB")
     return parser
 
 
@@ -109,11 +134,164 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    script = _script(args)
     if args.dry_run:
-        _print_script(script)
+        _print_script(_script(args))
         return 0
-    raise MmmError("submitting is not available in this version: use --dry-run to review the script")
+    from mmm_orch.jobs.db import JobDB, db_path
+    from mmm_orch.jobs.submit import submit
+    from mmm_orch.plan import resolve
+
+    plan = resolve(_request(args))
+    record = submit(plan, db_path(args.db), args.template)
+    db = JobDB(db_path(args.db))
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2))
+    else:
+        print(f"submitted job {record.id}: {record.workload} on {record.machine}, "
+              f"{record.scheduler} id {record.native_id}")
+        print(f"log: {record.log_path}")
+    if args.follow:
+        return _follow(db, record.id, strip_ansi=False, exit_with_job=True)
+    return 0
+
+
+def _job(db, job_id: int):
+    record = db.get(job_id)
+    if record is None:
+        last = db.count()
+        raise MmmError(f"job {job_id} not found in {db.path}"
+                       + (f"; known ids are 1-{last}" if last else "; no jobs recorded yet"))
+    return record
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from mmm_orch.jobs import view
+    from mmm_orch.jobs.db import open_db
+    from mmm_orch.jobs.track import refresh
+
+    db = open_db(args.db)
+    for job_id in args.jobs:
+        _job(db, job_id)
+
+    def select():
+        if args.jobs or args.all:
+            return db.list(ids=args.jobs, machine=args.machine)
+        recent = db.list(limit=20, machine=args.machine)
+        shown = {r.id for r in recent}
+        older = [r for r in db.list(open_only=True, machine=args.machine) if r.id not in shown]
+        return older + recent
+
+    tty = sys.stdout.isatty() and not args.json
+    live = None
+    if args.watch and tty:
+        from rich.live import Live
+
+        live = Live(auto_refresh=False)
+        live.start()
+    try:
+        while True:
+            outcome = refresh(db, db.list(open_only=True, machine=args.machine, ids=args.jobs))
+            records = select()
+            for warning in outcome.warnings:
+                print(f"mmm-orch: warning: {warning}", file=sys.stderr)
+            if args.json:
+                print(view.json_rows(records, outcome))
+            elif live is not None:
+                live.update(view.table(records, outcome, tty=True), refresh=True)
+            elif tty:
+                from rich.console import Console
+
+                Console().print(view.table(records, outcome, tty=True))
+            else:
+                sys.stdout.write(view.table(records, outcome, tty=False))
+                sys.stdout.flush()
+            if not args.watch or all(r.terminal for r in records):
+                return 0
+            time.sleep(args.interval)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False,
+            start: int = 0) -> int:
+    from pathlib import Path
+
+    from mmm_orch.jobs import logs
+    from mmm_orch.jobs.track import refresh
+
+    record = _job(db, job_id)
+
+    def done() -> bool:
+        refresh(db, [db.get(job_id, events=False)])
+        return db.get(job_id, events=False).terminal
+
+    def waiting() -> None:
+        print(f"mmm-orch: waiting for job {job_id} to start writing {record.log_path}",
+              file=sys.stderr)
+
+    for chunk in logs.follow(Path(record.log_path), done, start=start, on_wait=waiting):
+        logs.write(logs.clean(chunk, strip_ansi))
+    final = db.get(job_id, events=False)
+    if not exit_with_job:
+        return 0
+    from mmm_orch.jobs.view import exit_text
+
+    print(f"mmm-orch: job {job_id} {final.state.value} (exit {exit_text(final)})", file=sys.stderr)
+    if final.exit_code is not None:
+        return final.exit_code
+    return 0 if final.state.value == "completed" else 1
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmm_orch.jobs import logs
+    from mmm_orch.jobs.db import open_db
+
+    db = open_db(args.db)
+    record = _job(db, args.job)
+    path = Path(record.log_path)
+    start = 0
+    if path.exists():
+        if args.tail is not None:
+            text, start = logs.tail(path, args.tail)
+        else:
+            text = path.read_bytes()
+            start = len(text)
+        logs.write(logs.clean(text, args.strip_ansi))
+    elif not args.follow:
+        raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {path}; "
+                       "use --follow to wait for it")
+    if args.follow:
+        return _follow(db, args.job, args.strip_ansi, start=start)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmm_orch.jobs.db import open_db
+    from mmm_orch.jobs.track import refresh
+    from mmm_orch.schedulers.base import JobRef, scheduler_for
+
+    db = open_db(args.db)
+    records = [_job(db, job_id) for job_id in args.jobs]
+    refresh(db, records)
+    for record in records:
+        record = db.get(record.id, events=False)
+        if record.terminal:
+            print(f"job {record.id} already {record.state.value}")
+            continue
+        scheduler = scheduler_for(record.scheduler, record.commands)
+        scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+        refresh(db, [record])
+        now = db.get(record.id, events=False)
+        print(f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "
+              f"state {now.state.value}")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -125,17 +303,24 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.what.isdigit() and args.name is None:
+        from mmm_orch.jobs import view
+        from mmm_orch.jobs.db import open_db
+
+        record = _job(open_db(args.db), int(args.what))
+        view.write(view.details_json(record) if args.json else view.details(record))
+        return 0
+    if args.what not in ("machine", "workload") or not args.name:
+        raise MmmError(f"show {args.what!r}: expected a job id, 'machine NAME' or 'workload NAME'")
     from mmm_orch import console
     from mmm_orch.config.registry import load_machine, load_workload
 
-    obj = load_machine(args.name) if args.kind == "machine" else load_workload(args.name)
+    obj = load_machine(args.name) if args.what == "machine" else load_workload(args.name)
     console.print_model(obj, as_json=args.json)
     return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    import json
-
     from mmm_orch.config.yamlio import adapter
 
     if args.kind == "machine":
@@ -153,6 +338,9 @@ COMMANDS = {
     "schema": cmd_schema,
     "render": cmd_render,
     "submit": cmd_submit,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "cancel": cmd_cancel,
 }
 
 

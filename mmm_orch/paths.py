@@ -37,3 +37,11 @@ def search_dirs(kind: str) -> list[Path]:
         if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
             seen.append(d)
     return seen
+
+
+def default_db_path() -> Path:
+    """The job database: $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
+    if os.environ.get("MMM_ORCH_DB"):
+        return Path(os.environ["MMM_ORCH_DB"])
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "mmm-orch" / "jobs.db"

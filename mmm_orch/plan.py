@@ -75,6 +75,7 @@ class Plan:
     machine: str
     facility: str
     scheduler: str
+    scheduler_commands: dict[str, str] = field(hash=False)
     workload: str
     trainer: str
     name: str
@@ -365,6 +366,7 @@ def resolve(request: Request) -> Plan:
         machine=machine.name,
         facility=machine.facility,
         scheduler=machine.scheduler.kind,
+        scheduler_commands=dataclasses.asdict(machine.scheduler.commands),
         workload=workload.name,
         trainer=workload.trainer,
         name=name,

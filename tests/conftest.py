@@ -67,3 +67,39 @@ def bash_n(script: str, tmp_path: Path) -> None:
     path.write_text(script)
     proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+CLUSTER_SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The project's real two-node Slurm cluster (scripts/slurm-cluster.sh), started once."""
+    if os.geteuid() != 0:
+        pytest.skip("REAL SLURM CLUSTER TESTS NOT RUN: they need root to install and start munge, "
+                    "MariaDB, slurmdbd, slurmctld and two slurmd (run as root, as CI does)")
+    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"slurm-cluster.sh up failed:\n{proc.stdout}\n{proc.stderr}"
+    return CLUSTER_SCRIPT
+
+
+def write_probe(directory: Path, name: str, body: str, trainer_options: str = "") -> None:
+    """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH)."""
+    (directory / f"{name}_probe.py").write_text(body)
+    specs = directory / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / f"{name}.yaml").write_text(
+        f"name: {name}\ntrainer: {name}_probe\n" + (f"options:\n{trainer_options}" if trainer_options else ""))
+
+
+def command_wrappers(directory: Path, commands: list[str], log: Path) -> str:
+    """A PATH prefix whose `commands` record each call in `log`, then run the real command."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for command in commands:
+        real = subprocess.run(["bash", "-c", f"command -v {command}"], capture_output=True,
+                              text=True).stdout.strip()
+        wrapper = directory / command
+        wrapper.write_text(f'#!/bin/bash\necho "{command} $*" >> {log}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    return f"{directory}{os.pathsep}{os.environ['PATH']}"

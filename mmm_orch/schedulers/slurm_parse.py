@@ -169,3 +169,23 @@ def _label(native: Any) -> str:
 
 def _reason(value: Any) -> str:
     return "" if value in (None, "None") else str(value)
+
+
+# squeue's fixed format: job id, long state name, reason; '|' never occurs in these fields.
+SQUEUE_FORMAT = "%A|%T|%r"
+SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode"]
+ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.I)
+INVALID_JOB_ID = re.compile(r"Invalid job id specified", re.I)
+
+
+def parse_squeue_format(text: str) -> dict[str, JobStatus]:
+    """`squeue --noheader --format='%A|%T|%r'`."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        job_id, native, reason = parts
+        out[job_id] = JobStatus(native_id=job_id, state=slurm_state(native), native_state=native,
+                                reason=_reason(reason))
+    return out

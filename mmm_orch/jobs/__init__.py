@@ -1,0 +1,1 @@
+"""Submitted jobs: the database (db), submission (submit), state refresh (track), logs (logs)."""

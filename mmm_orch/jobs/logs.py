@@ -1,0 +1,67 @@
+"""Read a job's log: tail it, follow it while the job runs, wait for it while the job queues."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterator
+
+# CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks).
+ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def clean(chunk: bytes, strip_ansi: bool) -> str:
+    if strip_ansi:
+        chunk = ANSI.sub(b"", chunk)
+    return chunk.decode("utf-8", errors="replace")
+
+
+def tail(path: Path, lines: int) -> tuple[bytes, int]:
+    """The last `lines` lines of the file, and the offset where they end."""
+    with open(path, "rb") as f:
+        data = deque(f, maxlen=lines) if lines else deque()
+        return b"".join(data), f.tell()
+
+
+def follow(path: Path, is_done: Callable[[], bool], start: int = 0, poll: float = 0.25,
+           done_every: float = 2.0, on_wait: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """New bytes of `path` from `start` as they are written. Waits while the file does not exist;
+    stops once `is_done()` (checked every `done_every` seconds) and everything was read."""
+    offset = start
+    last_check = 0.0
+    waited = False
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            if chunk:
+                # Hold back a trailing partial line until it is complete (or the job ended).
+                cut = chunk.rfind(b"\n") + 1
+                if cut:
+                    offset += cut
+                    yield chunk[:cut]
+                    continue
+        elif not waited and on_wait:
+            on_wait()
+            waited = True
+        now = time.monotonic()
+        if now - last_check >= done_every:
+            last_check = now
+            if is_done():
+                if path.exists():
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        rest = f.read()
+                    if rest:
+                        yield rest
+                return
+        time.sleep(poll)
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,116 @@
+"""Job tables and details for the terminal (rich on a TTY, plain columns when piped) and JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from mmm_orch.jobs.db import JobRecord
+from mmm_orch.jobs.track import Refresh
+
+COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
+_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "cancelled": "yellow",
+          "running": "cyan", "pending": "blue", "unknown": "magenta"}
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def exit_text(record: JobRecord) -> str:
+    if record.signal:
+        return f"sig {record.signal}"
+    return "-" if record.exit_code is None else str(record.exit_code)
+
+
+def row(record: JobRecord, refresh: Refresh, now: float) -> dict[str, str]:
+    if record.id in refresh.stale:
+        note = f"stale {duration(refresh.stale[record.id])}"
+    elif record.state.value == "pending":
+        note = f"queued {duration(now - record.submitted_at)}"
+        note += f" ({record.reason})" if record.reason else ""
+    else:
+        note = record.reason
+    return {"id": str(record.id), "machine": record.machine, "workload": record.workload,
+            "nodes": str(record.nodes), "state": record.state.value,
+            "elapsed": duration(record.elapsed(now)), "exit": exit_text(record),
+            "native id": record.native_id, "note": note[:60]}
+
+
+def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
+    now = time.time()
+    out = []
+    for record in records:
+        data = record.to_dict()
+        data["stale"] = record.id in refresh.stale
+        data["stale_age_s"] = refresh.stale.get(record.id)
+        data["elapsed_s"] = record.elapsed(now)
+        out.append(data)
+    return json.dumps(out, indent=2)
+
+
+def table(records: list[JobRecord], refresh: Refresh, tty: bool):
+    """A rich Table on a TTY, else plain aligned text."""
+    now = time.time()
+    rows = [row(r, refresh, now) for r in records]
+    if not tty:
+        widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in COLUMNS}
+        lines = ["  ".join(c.upper().ljust(widths[c]) for c in COLUMNS).rstrip()]
+        lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
+        return "\n".join(lines) + "\n"
+    from rich.table import Table
+
+    tbl = Table(box=None, header_style="bold")
+    for column in COLUMNS:
+        tbl.add_column(column.upper(), justify="right" if column in ("id", "nodes") else "left")
+    for r, record in zip(rows, records):
+        style = "dim" if record.id in refresh.stale else _STYLE.get(r["state"], "")
+        cells = [r[c] for c in COLUMNS]
+        cells[COLUMNS.index("state")] = f"[{style}]{r['state']}[/]" if style else r["state"]
+        tbl.add_row(*cells)
+    return tbl
+
+
+def details(record: JobRecord) -> str:
+    """Everything about one job: identity, paths, state history, plan and script."""
+    def when(t: float | None) -> str:
+        return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    lines = [
+        f"job {record.id}: {record.workload} on {record.machine} ({record.nodes} nodes, "
+        f"{record.ranks} ranks), {record.scheduler} id {record.native_id} on {record.host}",
+        f"state:       {record.state.value}" + (f" ({record.native_state})" if record.native_state else "")
+        + (f", exit {exit_text(record)}" if record.terminal else "")
+        + (f"; {record.reason}" if record.reason else ""),
+        f"submitted:   {when(record.submitted_at)}   started: {when(record.started_at)}   "
+        f"ended: {when(record.ended_at)}",
+        f"submit dir:  {record.submit_dir}" + (f" (git {record.git_commit})" if record.git_commit else ""),
+        f"job dir:     {record.job_dir}",
+        f"script:      {record.script_path}",
+        f"log:         {record.log_path}",
+        "",
+        "history:",
+    ]
+    for event in record.events:
+        extra = " ".join(x for x in (event["native_state"], event["reason"]) if x)
+        lines.append(f"  {when(event['at'])}  {event['state']:<10} {extra}".rstrip())
+    lines += ["", "plan:", json.dumps(record.plan, indent=2), "", "script:", record.script]
+    return "\n".join(lines)
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def details_json(record: JobRecord) -> str:
+    return json.dumps(record.to_dict(full=True), indent=2)

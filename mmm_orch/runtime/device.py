@@ -1,0 +1,100 @@
+"""Which device and collective backend this rank uses: CUDA/ROCm (nccl/rccl), XPU (xccl, or
+oneCCL's ccl on older stacks), MPS, CPU (gloo). MMM_DEVICE / MMM_BACKEND override the choice; the
+job scripts mmm-orch renders set both from the machine profile."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+_BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
+
+
+@dataclass(frozen=True)
+class Device:
+    type: str          # torch device type: cuda (also ROCm), xpu, mps, cpu
+    index: int | None  # None for cpu and mps
+    backend: str
+
+    @property
+    def torch(self) -> torch.device:
+        return torch.device(self.type) if self.index is None else torch.device(self.type, self.index)
+
+    @property
+    def supports_bf16(self) -> bool:
+        if self.type == "cuda":
+            return torch.cuda.is_bf16_supported()
+        return self.type in ("xpu", "cpu")
+
+    def synchronize(self) -> None:
+        if self.type == "cuda":
+            torch.cuda.synchronize(self.index)
+        elif self.type == "xpu":
+            torch.xpu.synchronize(self.index)
+
+    def memory_gib(self) -> float | None:
+        """Peak allocated memory on the accelerator since the last reset."""
+        if self.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.index) / 2**30
+        if self.type == "xpu":
+            return torch.xpu.max_memory_allocated(self.index) / 2**30
+        return None
+
+    def name(self) -> str:
+        if self.type == "cuda":
+            return torch.cuda.get_device_name(self.index)
+        if self.type == "xpu":
+            return torch.xpu.get_device_name(self.index)
+        return self.type
+
+
+def _auto_type() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def _count(device_type: str) -> int:
+    if device_type == "cuda":
+        return torch.cuda.device_count()
+    if device_type == "xpu":
+        return torch.xpu.device_count()
+    return 1
+
+
+def _xpu_backend() -> str:
+    """xccl ships with torch >= 2.8 XPU builds; older stacks need oneCCL's bindings and 'ccl'."""
+    import torch.distributed as dist
+
+    if getattr(dist, "is_xccl_available", lambda: False)():
+        return "xccl"
+    try:
+        import oneccl_bindings_for_pytorch  # noqa: F401 - registers the 'ccl' backend
+    except ImportError:
+        raise RuntimeError("XPU without xccl in this torch and without oneccl_bindings_for_pytorch")
+    return "ccl"
+
+
+def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
+    """The device for this rank: local rank modulo the visible devices (with --gpus-per-task=1
+    each rank sees one device, so every rank gets index 0)."""
+    env = os.environ if env is None else env
+    device_type = env.get("MMM_DEVICE") or _auto_type()
+    if device_type == "rocm":
+        device_type = "cuda"  # ROCm builds of torch use the cuda device type
+    if device_type not in _BACKENDS:
+        raise RuntimeError(f"MMM_DEVICE={device_type!r}: expected cuda, rocm, xpu, mps or cpu")
+    backend = env.get("MMM_BACKEND") or (_xpu_backend() if device_type == "xpu" else _BACKENDS[device_type])
+    if device_type in ("cpu", "mps"):
+        return Device(device_type, None, backend)
+    count = _count(device_type)
+    if count == 0:
+        raise RuntimeError(f"MMM_DEVICE={device_type} but torch sees no {device_type} device "
+                           f"(torch {torch.__version__})")
+    return Device(device_type, local_rank % count, backend)

@@ -1,0 +1,89 @@
+"""Process-group setup and teardown for every trainer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mmm_orch.runtime import device as device_mod
+from mmm_orch.runtime.launch_env import LaunchEnv, LaunchEnvError, detect
+
+
+@dataclass(frozen=True)
+class Runtime:
+    launch: LaunchEnv
+    device: device_mod.Device
+    hostname: str
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.launch.rank == 0
+
+
+def _use_ezpz() -> bool:
+    if os.environ.get("MMM_USE_EZPZ", "") not in ("1", "true", "yes"):
+        return False
+    try:
+        import ezpz  # noqa: F401
+    except ImportError:
+        print("[runtime] MMM_USE_EZPZ is set but ezpz is not importable; using mmm_orch.runtime",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def setup(timeout_s: float = 600) -> Runtime:
+    """Find rank and device, pin the device, then join the process group (in that order: NCCL and
+    xccl pick the device at init)."""
+    try:
+        launch = detect()
+    except LaunchEnvError as exc:
+        sys.exit(f"[runtime] error: {exc}")
+    device = device_mod.select(launch.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index)
+    elif device.type == "xpu":
+        torch.xpu.set_device(device.index)
+    if not dist.is_initialized():
+        if launch.world_size > 1 and _use_ezpz():
+            import ezpz
+
+            ezpz.setup_torch(backend=device.backend)
+        else:
+            # One process still gets a group (meshes and FSDP need one), on an in-memory store
+            # so that it never competes for a port.
+            rendezvous = (
+                {"store": dist.HashStore()} if launch.world_size == 1 else
+                {"init_method": f"tcp://{_bracket(launch.master_addr)}:{launch.master_port}"})
+            dist.init_process_group(
+                backend=device.backend, rank=launch.rank, world_size=launch.world_size,
+                timeout=timedelta(seconds=timeout_s),
+                device_id=device.torch if device.type in ("cuda", "xpu") else None,
+                **rendezvous,
+            )
+    return Runtime(launch=launch, device=device,
+                   hostname=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

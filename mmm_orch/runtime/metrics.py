@@ -1,0 +1,77 @@
+"""Step metrics: one `key=value` line per step on rank 0 and a JSONL file per run.
+
+The line format is stable so that logs can be parsed (mmm-orch timeline/startup, grep):
+    step=12 loss=2.314159 dt=0.1234 dtf=0.0410 dtb=0.0790 tokens_per_s=16600.2 mfu=41.20 mem_gib=12.31
+The first completed step also prints a marker with the wall-clock time, for startup analysis:
+    [mmm-orch] first_step=1732212345.123 step=1 at=2026-11-22 01:32:25
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def say(line: str) -> None:
+    """Write one whole line at once, so lines from several ranks do not interleave mid-line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.4f}"
+    return str(value)
+
+
+def format_line(fields: dict[str, Any]) -> str:
+    return " ".join(f"{key}={_format(value)}" for key, value in fields.items() if value is not None)
+
+
+def parse_line(line: str) -> dict[str, str]:
+    """The fields of a metrics line (the inverse of format_line, values as text)."""
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+class MetricLogger:
+    """Prints and records metrics on the main rank only; the other ranks' calls are no-ops."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], enabled: bool, append: bool = False):
+        self.enabled = enabled
+        self.first_step_seen = append
+        self._file = None
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+            self._write({"event": "config", "time": time.time(), "config": config})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        assert self._file is not None
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def step(self, step: int, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        now = time.time()
+        if not self.first_step_seen:
+            self.first_step_seen = True
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+            say(f"[mmm-orch] first_step={now:.3f} step={step} at={stamp}")
+        say(format_line({"step": step, **fields}))
+        self._write({"event": "step", "time": now, "step": step, **fields})
+
+    def event(self, name: str, **fields: Any) -> None:
+        """A non-step record (epoch summary, checkpoint, ...), also printed as a line."""
+        if not self.enabled:
+            return
+        say(f"[{name}] " + format_line(fields))
+        self._write({"event": name, "time": time.time(), **fields})
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

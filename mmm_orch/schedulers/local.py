@@ -1,0 +1,92 @@
+"""No scheduler: run the job script on this computer, detached, under a supervisor process
+(local_run) that survives the CLI, enforces the walltime and records the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+import psutil
+
+from mmm_orch.schedulers.base import JobRef, SchedulerError, Submission
+from mmm_orch.schedulers.local_run import GRACE_S, RESULT
+from mmm_orch.schedulers.states import JobState, JobStatus
+
+_SUPERVISOR = "supervisor.json"
+
+
+class LocalScheduler:
+    def submit(self, submission: Submission) -> str:
+        with open(submission.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
+                 str(submission.script), str(submission.walltime)],
+                cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        try:
+            started = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:  # ended already; result.json tells how
+            started = time.time()
+        (submission.job_dir / _SUPERVISOR).write_text(
+            json.dumps({"pid": proc.pid, "create_time": started}))
+        return str(proc.pid)
+
+    def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
+        return {job.native_id: self._status(job) for job in jobs}
+
+    def _status(self, job: JobRef) -> JobStatus:
+        result_file = job.job_dir / RESULT
+        if result_file.exists():
+            result = json.loads(result_file.read_text())
+            if result["cancelled"]:
+                state, native = JobState.CANCELLED, "cancelled"
+            elif result["timed_out"]:
+                state, native = JobState.TIMEOUT, "walltime exceeded"
+            elif result["exit_code"] == 0:
+                state, native = JobState.COMPLETED, "exited 0"
+            else:
+                state, native = JobState.FAILED, "exited non-zero"
+            return JobStatus(native_id=job.native_id, state=state, native_state=native,
+                             exit_code=result["exit_code"], signal=result["signal"])
+        if self._supervisor(job) is not None:
+            return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running")
+        return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
+                         reason="the supervisor ended without recording an exit code "
+                                "(killed, or the computer restarted)")
+
+    def _supervisor(self, job: JobRef) -> psutil.Process | None:
+        """The live supervisor process, checked by start time so a reused pid never matches."""
+        try:
+            info = json.loads((job.job_dir / _SUPERVISOR).read_text())
+            proc = psutil.Process(info["pid"])
+            if abs(proc.create_time() - info["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except (OSError, ValueError, psutil.Error):
+            return None
+
+    def cancel(self, job: JobRef) -> None:
+        """SIGTERM to the supervisor, which stops the job's process group (TERM, then KILL after
+        the grace time); anything still alive from the tree afterwards is killed here."""
+        proc = self._supervisor(job)
+        if proc is None:
+            raise SchedulerError(f"local job {job.native_id} is not running")
+        tree = [proc, *proc.children(recursive=True)]
+        proc.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=GRACE_S + 5)
+        for leftover in alive:
+            try:
+                leftover.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if not (job.job_dir / RESULT).exists():
+            tmp = job.job_dir / (RESULT + ".tmp")
+            tmp.write_text(json.dumps({"exit_code": None, "signal": signal.SIGKILL,
+                                       "cancelled": True, "timed_out": False,
+                                       "ended_at": time.time()}))
+            os.replace(tmp, job.job_dir / RESULT)

@@ -1,0 +1,77 @@
+"""Slurm: sbatch, squeue (live), sacct (final state and exit code), scontrol (no accounting)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mmm_orch.schedulers import slurm_parse as parse
+from mmm_orch.schedulers.base import (
+    JobRef,
+    Retry,
+    Runner,
+    SchedulerError,
+    Submission,
+    run_command,
+)
+from mmm_orch.schedulers.states import JobState, JobStatus
+
+_DEFAULTS = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
+             "control": "scontrol"}
+
+
+class SlurmScheduler:
+    def __init__(self, commands: dict[str, str], runner: Runner):
+        self.cmd = {**_DEFAULTS, **{k: v for k, v in commands.items() if v}}
+        self.runner = runner
+
+    def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
+        return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose), cwd=cwd)
+
+    def submit(self, submission: Submission) -> str:
+        result = self._run([self.cmd["submit"], "--parsable", str(submission.script)], "submit",
+                           cwd=submission.workdir)
+        if result.returncode != 0:
+            raise SchedulerError(f"{self.cmd['submit']}: {result.message}")
+        return parse.parse_sbatch(result.stdout)
+
+    def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
+        """One squeue call for all jobs; one sacct call (or one scontrol) for those squeue no
+        longer lists or lists as finished. A job found nowhere is UNKNOWN, never done."""
+        ids = [job.native_id for job in jobs]
+        if not ids:
+            return {}
+        live = self._run([self.cmd["query"], "--noheader", f"--format={parse.SQUEUE_FORMAT}",
+                          f"--jobs={','.join(ids)}"], "query")
+        if live.returncode == 0:
+            found = parse.parse_squeue_format(live.stdout)
+        elif parse.INVALID_JOB_ID.search(live.stderr):
+            found = {}  # none of the ids is known to the controller any more
+        else:
+            raise SchedulerError(f"{self.cmd['query']}: {live.message}")
+        final = [i for i in ids if i not in found or found[i].state.terminal]
+        if final:
+            found.update(self._final_states(final))
+        return {i: found.get(i) or JobStatus(native_id=i, state=JobState.UNKNOWN, native_state="",
+                                             reason="not in squeue, sacct or scontrol")
+                for i in ids}
+
+    def _final_states(self, ids: list[str]) -> dict[str, JobStatus]:
+        if self.cmd.get("accounting"):
+            result = self._run([self.cmd["accounting"], "--noheader", "--parsable2",
+                                f"--format={','.join(parse.SACCT_FIELDS)}",
+                                f"--jobs={','.join(ids)}"], "query")
+            if result.returncode == 0:
+                return parse.parse_sacct_parsable(result.stdout, parse.SACCT_FIELDS)
+            if not parse.ACCOUNTING_DISABLED.search(result.message):
+                raise SchedulerError(f"{self.cmd['accounting']}: {result.message}")
+        # No accounting: the controller remembers finished jobs for MinJobAge (300 s by default).
+        result = self._run([self.cmd["control"], "--oneliner", "show", "job"], "query")
+        if result.returncode != 0:
+            raise SchedulerError(f"{self.cmd['control']}: {result.message}")
+        wanted = set(ids)
+        return {i: s for i, s in parse.parse_scontrol_show_job(result.stdout).items() if i in wanted}
+
+    def cancel(self, job: JobRef) -> None:
+        result = self._run([self.cmd["cancel"], job.native_id], "submit")
+        if result.returncode != 0:
+            raise SchedulerError(f"{self.cmd['cancel']}: {result.message}")

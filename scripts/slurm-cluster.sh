@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# A real two-node Slurm cluster with accounting on this one host, for tests and CI.
+#
+#   scripts/slurm-cluster.sh up                 install (apt, once) and start everything; idempotent
+#   scripts/slurm-cluster.sh stop-controller    stop slurmctld only (tests of an unreachable scheduler)
+#   scripts/slurm-cluster.sh start-controller   start it again
+#   scripts/slurm-cluster.sh down               stop every daemon
+#   scripts/slurm-cluster.sh status             daemons and nodes
+#
+# Needs root and Debian 12 (slurm-wlm 22.05). Daemons: munge, MariaDB, slurmdbd, slurmctld and two
+# slurmd (n1, n2: 2 CPUs each, both on localhost, ports 17001/17002). See
+# ../shared/reference/test-infrastructure.md for why each step is there.
+set -euo pipefail
+
+CLUSTER=mmmtest
+PACKAGES=(slurm-wlm slurmdbd mariadb-server munge mpich openssh-server)
+CONF=/etc/slurm
+DB_PASS=mmm-orch-test-only   # a throwaway database on a test machine, reachable only over the local socket
+
+log() { echo "[slurm-cluster] $*" >&2; }
+
+need_root() {
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "slurm-cluster.sh: must run as root (it installs packages and starts daemons)" >&2
+        exit 2
+    fi
+}
+
+install_packages() {
+    local missing=()
+    for cmd in slurmctld slurmd slurmdbd sbatch mysqld munged mpiexec.mpich sshd; do
+        command -v "$cmd" >/dev/null 2>&1 || [[ -x /usr/sbin/$cmd ]] || missing+=("$cmd")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return
+    log "installing ${PACKAGES[*]} (missing: ${missing[*]})"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+}
+
+running() { pgrep -f "$1" >/dev/null 2>&1; }
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
+    local limit=$1 what=$2; shift 2
+    for _ in $(seq $((limit * 10))); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "timed out after ${limit}s waiting for ${what}"
+    return 1
+}
+
+start_munge() {
+    mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+    fi
+    chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge
+    chmod 0700 /etc/munge /var/lib/munge /var/log/munge
+    chmod 0400 /etc/munge/munge.key
+    if ! running "^/usr/sbin/munged|^munged"; then
+        runuser -u munge -- /usr/sbin/munged
+    fi
+    wait_for 10 munge munge -n
+}
+
+start_mariadb() {
+    mkdir -p /run/mysqld
+    chown mysql:mysql /run/mysqld
+    if ! running "mysqld"; then
+        (mysqld_safe --skip-networking=0 --bind-address=127.0.0.1 >/dev/null 2>&1 &)
+    fi
+    wait_for 30 mariadb mysqladmin ping
+    mysql -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+              CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '${DB_PASS}';
+              GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+}
+
+write_configs() {
+    mkdir -p "$CONF" /var/spool/slurmctld /var/log/slurm
+    cat >"$CONF/slurm.conf" <<EOF
+# Written by mmm-orch scripts/slurm-cluster.sh: a two-node test cluster on one host.
+ClusterName=${CLUSTER}
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdPidFile=/run/slurmd-%n.pid
+SlurmdSpoolDir=/var/spool/slurmd-%n
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+# Quick turnaround for tests: short kill grace, walltime enforced to the minute.
+KillWait=5
+OverTimeLimit=0
+MinJobAge=300
+MessageTimeout=5
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
+NodeName=n1 NodeHostname=localhost Port=17001 CPUs=2 RealMemory=4000 State=UNKNOWN
+NodeName=n2 NodeHostname=localhost Port=17002 CPUs=2 RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=60 State=UP
+EOF
+    cat >"$CONF/slurmdbd.conf" <<EOF
+# Written by mmm-orch scripts/slurm-cluster.sh
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+PidFile=/run/slurmdbd.pid
+LogFile=/var/log/slurm/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=${DB_PASS}
+StorageLoc=slurm_acct_db
+EOF
+    chmod 600 "$CONF/slurmdbd.conf"
+}
+
+start_slurmdbd() {
+    running "slurmdbd" || slurmdbd
+    wait_for 30 slurmdbd sacctmgr -n list cluster
+    if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    fi
+}
+
+start_controller() {
+    running "slurmctld" || slurmctld
+    wait_for 30 slurmctld scontrol ping
+}
+
+stop_controller() {
+    pkill -x slurmctld 2>/dev/null || true
+    for _ in $(seq 50); do running "slurmctld" || return 0; sleep 0.1; done
+    pkill -9 -x slurmctld 2>/dev/null || true
+}
+
+start_nodes() {
+    for node in n1 n2; do
+        mkdir -p "/var/spool/slurmd-$node"
+        running "slurmd -N $node" || slurmd -N "$node"
+    done
+    # Nodes left DOWN by an earlier unclean stop come back; then wait until both take jobs.
+    scontrol update nodename=n1,n2 state=resume >/dev/null 2>&1 || true
+    wait_for 30 "nodes n1,n2 idle" nodes_idle
+}
+
+nodes_idle() {
+    local states
+    states=$(sinfo -h -N -o "%N %t" 2>/dev/null | sort -u)
+    grep -q "^n1 \(idle\|mix\|alloc\)" <<<"$states" && grep -q "^n2 \(idle\|mix\|alloc\)" <<<"$states"
+}
+
+up() {
+    need_root
+    install_packages
+    start_munge
+    start_mariadb
+    write_configs
+    start_slurmdbd
+    start_controller
+    start_nodes
+    log "up: cluster ${CLUSTER}, nodes n1 n2, partition debug, accounting on"
+}
+
+down() {
+    need_root
+    pkill -x slurmd 2>/dev/null || true
+    stop_controller
+    pkill -x slurmdbd 2>/dev/null || true
+    log "down (munge and MariaDB left running)"
+}
+
+case "${1:-up}" in
+    up) up ;;
+    down) down ;;
+    stop-controller) need_root; stop_controller; log "slurmctld stopped" ;;
+    start-controller) need_root; start_controller; start_nodes; log "slurmctld started" ;;
+    status) scontrol ping; sinfo -N ;;
+    *) echo "usage: $0 [up|down|stop-controller|start-controller|status]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,210 @@
+"""The embedded default: `submit local ...` runs here, detached, tracked in the job database."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import psutil
+
+from conftest import run_cli, write_probe
+from mmm_orch.jobs.db import JobDB
+
+
+def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = cli("status", str(job), "--json")
+        assert result.code == 0, result.err
+        row = json.loads(result.out)[0]
+        if row["state"] in ("completed", "failed", "cancelled", "timeout"):
+            return row
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not terminal after {timeout}s: {row}")
+
+
+def wait_running(cli, job: int, marker: Path | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = json.loads(cli("status", str(job), "--json").out)[0]
+        if row["state"] == "running" and (marker is None or marker.exists()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} did not start running")
+
+
+def db_path() -> Path:
+    return Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
+
+
+def test_dist_check_runs_detached_and_is_tracked(cli, isolated):
+    # A separate process submits and exits; the job must outlive it.
+    proc = run_cli("submit", "local", "dist_check", "--set", "sizes=4,65536")
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted job 1: dist_check on local" in proc.stdout
+    row = wait_terminal(cli, 1)
+    assert (row["state"], row["exit_code"]) == ("completed", 0)
+    assert row["started_at"] and row["ended_at"] >= row["started_at"]
+
+    log = cli("logs", "1")
+    assert log.code == 0
+    for rank in (0, 1):
+        assert f"[dist_check] rank={rank} all_reduce OK (got 3, expected 3)" in log.out
+    assert "[dist_check] PASS world=2" in log.out and "exit_code=0" in log.out
+
+    shown = cli("show", "1")
+    assert "state:       completed" in shown.out and "history:" in shown.out
+    script = Path(json.loads(cli("show", "1", "--json").out)["script_path"]).read_text()
+    assert script in shown.out and "mmm_orch.trainers.dist_check" in script
+    record = json.loads(cli("show", "1", "--json").out)
+    assert [e["state"] for e in record["events"]][0] == "pending"
+    assert record["events"][-1]["state"] == "completed"
+    assert record["plan"]["machine"] == "local" and record["submit_dir"] == str(isolated)
+
+    table = cli("status")
+    assert table.code == 0
+    header, line = table.out.splitlines()[:2]
+    assert header.split()[:5] == ["ID", "MACHINE", "WORKLOAD", "NODES", "STATE"]
+    assert line.split()[:5] == ["1", "local", "dist_check", "1", "completed"]
+
+
+def test_failing_program_ends_failed_and_submit_follow_returns_its_code(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "exit3", "import sys\nsys.exit(3)\n")
+    result = cli("submit", "local", "exit3", "--follow")
+    # torchrun reports any failed worker as its own exit 1 (srun passes 3 through: see the
+    # Slurm cluster tests); the worker's code is in the log.
+    assert result.code == 1, result.err
+    assert "job 1 failed (exit 1)" in result.err
+    assert "exitcode  : 3" in result.out
+    row = json.loads(cli("status", "1", "--json").out)[0]
+    assert (row["state"], row["exit_code"]) == ("failed", 1)
+
+
+def test_cancel_stops_the_whole_process_tree(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "sleeper", "import os, pathlib, time\n"
+                "pathlib.Path(f'pid-{os.environ[\"RANK\"]}').write_text(str(os.getpid()))\n"
+                "time.sleep(600)\n")
+    assert cli("submit", "local", "sleeper").code == 0
+    wait_running(cli, 1, isolated / "pid-1")
+    time.sleep(0.5)
+    ranks = [int((isolated / f"pid-{r}").read_text()) for r in (0, 1)]
+    assert all(psutil.pid_exists(p) for p in ranks)
+    result = cli("cancel", "1")
+    assert result.code == 0 and "state cancelled" in result.out, result.out + result.err
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in ranks if psutil.pid_exists(p)], 15)
+    assert not alive
+    row = json.loads(cli("status", "1", "--json").out)[0]
+    assert row["state"] == "cancelled" and row["exit_code"] is None
+    assert "already cancelled" in cli("cancel", "1").out
+
+
+def test_walltime_is_enforced_locally(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "slow", "import time\ntime.sleep(600)\n")
+    assert cli("submit", "local", "slow", "--walltime", "00:00:08").code == 0
+    row = wait_terminal(cli, 1, timeout=60)
+    assert row["state"] == "timeout"
+    assert "walltime of 8s exceeded" in cli("logs", "1").out
+
+
+def test_logs_strip_ansi_and_tolerate_bad_bytes(cli, isolated):
+    db = JobDB(db_path())
+    log = isolated / "job.log"
+    log.write_bytes(b"\x1b[31mred\x1b[0m line\nbad \xff\xfe bytes\n" + b"".join(
+        f"line {i}\n".encode() for i in range(50)))
+    job = db.insert(machine="local", host="h", scheduler="local", commands={}, workload="w",
+                    name="w", nodes=1, ranks=1, native_id="1", job_dir=str(isolated),
+                    script_path="s", script="", plan={}, submit_dir=str(isolated),
+                    git_commit=None, log_path=str(log), submitted_at=time.time(),
+                    state="completed")
+    raw = cli("logs", str(job))
+    assert "\x1b[31mred" in raw.out and "bad \ufffd\ufffd bytes" in raw.out
+    stripped = cli("logs", str(job), "--strip-ansi")
+    assert stripped.out.startswith("red line\n")
+    tail = cli("logs", str(job), "--tail", "2")
+    assert tail.out == "line 48\nline 49\n"
+    # A terminal job is not followed forever.
+    followed = cli("logs", str(job), "--follow", "--tail", "1")
+    assert followed.code == 0 and followed.out == "line 49\n"
+
+
+def test_logs_follow_waits_for_a_file_that_does_not_exist_yet(tmp_path):
+    import threading
+
+    from mmm_orch.jobs import logs
+
+    path = tmp_path / "later.log"
+    done = threading.Event()
+
+    def writer():
+        time.sleep(0.6)
+        with open(path, "wb") as f:
+            f.write(b"first\n")
+            f.flush()
+            time.sleep(0.4)
+            f.write(b"second\npartial")
+        done.set()
+
+    waits = []
+    threading.Thread(target=writer).start()
+    chunks = list(logs.follow(path, done.is_set, poll=0.05, done_every=0.1,
+                              on_wait=lambda: waits.append(1)))
+    assert waits == [1]
+    assert b"".join(chunks) == b"first\nsecond\npartial"
+
+
+def test_unknown_job_is_a_one_line_error(cli):
+    for args in (("logs", "7"), ("show", "7"), ("cancel", "7"), ("status", "7")):
+        result = cli(*args)
+        assert result.code == 2 and "job 7 not found" in result.err, args
+        assert len(result.err.strip().splitlines()) == 1
+
+
+def test_rejected_plan_leaves_no_database_and_no_directory(cli, isolated):
+    result = cli("submit", "local", "fsdp", "--nodes", "3")
+    assert result.code == 2
+    assert not (Path(os.environ["XDG_STATE_HOME"])).exists()
+
+
+def test_a_failing_scheduler_leaves_no_record_and_no_directory(cli, isolated, tmp_path):
+    # A Slurm profile whose sbatch is a command that does not exist on this machine.
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True)
+    (machines / "nosbatch.yaml").write_text(
+        "extends: slurm-local\nname: nosbatch\n"
+        "scheduler: {commands: {submit: /nonexistent/sbatch}}\n")
+    result = cli("submit", "nosbatch", "dist_check")
+    assert result.code == 2 and "/nonexistent/sbatch: command not found" in result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+
+
+def test_concurrent_writers_never_lose_a_record(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "db" / "jobs.db"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_insert_many, args=(path, w, 25)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT native_id FROM jobs").fetchall()
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert len(rows) == 200 and len({r[0] for r in rows}) == 200
+
+
+def _insert_many(path: Path, worker: int, count: int) -> None:
+    db = JobDB(path)
+    for i in range(count):
+        db.insert(machine="m", host="h", scheduler="slurm", commands={}, workload="w", name="w",
+                  nodes=1, ranks=1, native_id=f"{worker}-{i}", job_dir="d", script_path="s",
+                  script="#!/bin/bash\n", plan={"i": i}, submit_dir="/", git_commit=None,
+                  log_path="l", submitted_at=time.time())

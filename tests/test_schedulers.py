@@ -1,0 +1,169 @@
+"""Scheduler verbs: argument lists, batching, retries. PBS runs against commands that replay
+recorded PBS output (PBS Pro cannot be installed here); Slurm runs for real in
+test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from mmm_orch.schedulers import slurm_parse
+from mmm_orch.schedulers.base import (
+    JobRef,
+    LocalRunner,
+    Retry,
+    SchedulerError,
+    SchedulerUnavailable,
+    Submission,
+    run_command,
+    scheduler_for,
+)
+from mmm_orch.schedulers.pbs import statuses_for
+from mmm_orch.schedulers.states import JobState
+
+FIXTURES = REPO / "tests" / "fixtures"
+FAST = Retry(attempts=4, first_delay=0.05, max_delay=0.1, deadline=10, timeout=5)
+
+
+def replaying_command(directory: Path, name: str, stdout: str = "", stderr: str = "",
+                      code: int = 0) -> Path:
+    """An executable `name` that records its argv (one JSON list per call) and replays output."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.out").write_text(stdout)
+    (directory / f"{name}.err").write_text(stderr)
+    path = directory / name
+    path.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        f"with open({str(directory / (name + '.calls'))!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"sys.stdout.write(open({str(directory / (name + '.out'))!r}).read())\n"
+        f"sys.stderr.write(open({str(directory / (name + '.err'))!r}).read())\n"
+        f"sys.exit({code})\n")
+    path.chmod(0o755)
+    return path
+
+
+def calls(directory: Path, name: str) -> list[list[str]]:
+    path = directory / f"{name}.calls"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_pbs_verbs_pass_argument_lists_to_qsub_qstat_qdel(tmp_path):
+    bin_dir = tmp_path / "bin"
+    aurora_id = "123.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
+    history = (FIXTURES / "pbs" / "qstat_fx_F_json_aurora_finished_exit_status.json").read_text()
+    commands = {
+        "submit": str(replaying_command(bin_dir, "qsub", stdout=aurora_id + "\n")),
+        "query": str(replaying_command(bin_dir, "qstat", stdout=history)),
+        "cancel": str(replaying_command(bin_dir, "qdel")),
+    }
+    pbs = scheduler_for("pbs", commands)
+    job_dir = tmp_path / "job dir with 'quotes' and $(spaces)"
+    job_dir.mkdir()
+    script = job_dir / "job.sh"
+    script.write_text("#!/bin/bash\n")
+    native = pbs.submit(Submission(script=script, workdir=str(tmp_path), job_dir=job_dir,
+                                   log_path=job_dir / "job.log", walltime=60))
+    assert native == aurora_id
+    assert calls(bin_dir, "qsub") == [[str(script)]]
+
+    recorded = next(iter(json.loads(history)["Jobs"]))
+    states = pbs.query([JobRef(recorded, job_dir), JobRef("999.aurora-pbs-0001", job_dir)])
+    assert calls(bin_dir, "qstat") == [["-f", "-F", "json", "-x", recorded, "999.aurora-pbs-0001"]]
+    assert states[recorded].state.terminal
+    assert states["999.aurora-pbs-0001"].state is JobState.UNKNOWN
+
+    pbs.cancel(JobRef(native, job_dir))
+    assert calls(bin_dir, "qdel") == [[native]]
+
+
+def test_pbs_query_reads_other_jobs_through_exit_153_and_35():
+    for name, code in (("qstat_err_unknown_job_rc153_gadi.json", 153),
+                       ("qstat_err_job_finished_rc35_polaris.json", 35)):
+        record = json.loads((FIXTURES / "pbs" / name).read_text())
+        assert record["exit_code"] == code
+        stdout = record["stdout"].replace("xxx", "1")  # the recording elided its timestamp
+        states = statuses_for(["5.server"], code, stdout, record["stderr"])
+        assert states["5.server"].state is JobState.UNKNOWN
+    with pytest.raises(SchedulerError, match="qstat: "):
+        statuses_for(["5.server"], 1, "", "qstat: Bad UID for job execution")
+
+
+def test_pbs_short_and_long_ids_are_the_same_job():
+    text = (FIXTURES / "pbs" / "qstat_fx_F_json_aurora_finished_exit_status.json").read_text()
+    full = next(iter(json.loads(text)["Jobs"]))
+    short = full.split(".")[0] + "." + full.split(".")[1]
+    states = statuses_for([short], 0, text, "")
+    assert states[short].state.terminal and states[short].native_id == full
+
+
+def test_transient_errors_are_retried_then_succeed(tmp_path):
+    counter = tmp_path / "n"
+    flaky = tmp_path / "sbatch"
+    flaky.write_text(
+        "#!/bin/bash\nn=$(( $(cat %s 2>/dev/null || echo 0) + 1 ))\necho $n > %s\n"
+        "if [ $n -lt 3 ]; then\n"
+        "  echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2\n"
+        "  exit 1\nfi\necho '77;mmmtest'\n" % (counter, counter))
+    flaky.chmod(0o755)
+    result = run_command(LocalRunner(), [str(flaky), "--parsable", "x"],
+                         slurm_parse.TRANSIENT_ERRORS, FAST)
+    assert result.returncode == 0 and slurm_parse.parse_sbatch(result.stdout) == "77"
+    assert counter.read_text().strip() == "3"
+
+
+def test_permanent_errors_fail_at_once_with_the_schedulers_words(tmp_path):
+    record = json.loads((FIXTURES / "slurm" / "sbatch_err_invalid_partition.json").read_text())
+    sbatch = replaying_command(tmp_path, "sbatch", stderr=record["stderr"], code=record["exit_code"])
+    slurm = scheduler_for("slurm", {"submit": str(sbatch)})
+    start = time.monotonic()
+    with pytest.raises(SchedulerError) as err:
+        slurm.submit(Submission(script=tmp_path / "job.sh", workdir=str(tmp_path),
+                                job_dir=tmp_path, log_path=tmp_path / "log", walltime=60))
+    assert time.monotonic() - start < 2
+    assert len(calls(tmp_path, "sbatch")) == 1
+    assert "invalid partition specified: abcd" in str(err.value)
+    assert err.value.exit_code == 2
+
+
+def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
+    slow = tmp_path / "squeue"
+    slow.write_text("#!/bin/bash\nsleep 30\n")
+    slow.chmod(0o755)
+    budget = Retry(attempts=3, first_delay=0.1, max_delay=0.1, deadline=3, timeout=1)
+    start = time.monotonic()
+    with pytest.raises(SchedulerUnavailable, match="no answer within 1s"):
+        run_command(LocalRunner(), [str(slow)], slurm_parse.TRANSIENT_ERRORS, budget)
+    assert time.monotonic() - start < 5
+
+
+def test_recorded_submit_loop_socket_timeouts_are_transient():
+    text = (FIXTURES / "slurm" / "sbatch_submit_loop_socket_timeout_interleaved.txt").read_text()
+    errors = [line for line in text.splitlines() if line.startswith("sbatch: error")]
+    assert errors and all(slurm_parse.TRANSIENT_ERRORS.search(line) for line in errors)
+    for name in ("sbatch_err_invalid_partition.json", "sbatch_err_qos_max_submit_limit.json",
+                 "sbatch_err_node_config_unavailable.json"):
+        stderr = json.loads((FIXTURES / "slurm" / name).read_text())["stderr"]
+        assert not slurm_parse.TRANSIENT_ERRORS.search(stderr), name
+
+
+def test_squeue_fixed_format_recorded_on_the_test_cluster():
+    text = (FIXTURES / "slurm" / "squeue_format_A_T_r_22.05_slurm_local.txt").read_text()
+    states = slurm_parse.parse_squeue_format(text)
+    assert {k: (v.state, v.reason) for k, v in states.items()} == {
+        "3": (JobState.RUNNING, ""), "4": (JobState.PENDING, "Resources"),
+        "5": (JobState.PENDING, "Priority")}
+
+
+def test_sacct_recorded_on_the_test_cluster_failed_and_cancelled():
+    text = (FIXTURES / "slurm" / "sacct_n_P2_22.05_slurm_local_failed_cancelled.txt").read_text()
+    states = slurm_parse.parse_sacct_parsable(text, slurm_parse.SACCT_FIELDS)
+    assert (states["1"].state, states["1"].exit_code) == (JobState.FAILED, 3)
+    assert (states["2"].state, states["2"].exit_code) == (JobState.COMPLETED, 0)
+    assert states["3"].state is JobState.CANCELLED
+    assert re.match(r"step 3\.batch", states["3"].reason)

@@ -1,0 +1,193 @@
+"""Acceptance on the project's real two-node Slurm cluster (scripts/slurm-cluster.sh):
+slurmctld, two slurmd, slurmdbd with MariaDB, munge. Run as root (CI does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, command_wrappers, run_cli, write_probe
+from mmm_orch.jobs.db import JobDB
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+TERMINAL = ("completed", "failed", "cancelled", "timeout")
+
+
+def db_file() -> Path:
+    return Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
+
+
+def status(cli, job: int) -> dict:
+    result = cli("status", str(job), "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)[0]
+
+
+def wait_state(cli, job: int, states: tuple[str, ...], timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = status(cli, job)
+        if row["state"] in states:
+            return row
+        assert time.monotonic() < deadline, f"job {job} still {row['state']} after {timeout}s"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def over_walltime(slurm_cluster, tmp_path_factory):
+    """A one-node job that outlives its 1-minute walltime, submitted after the two-node test so
+    that its wait overlaps the other (one-node) tests; checked by the last test of this module."""
+    root = tmp_path_factory.mktemp("walltime")
+    write_probe(root, "forever", "import time\ntime.sleep(900)\n")
+    db = root / "jobs.db"
+    proc = run_cli("--db", str(db), "submit", "slurm-local", "forever", "--walltime", "00:01:00",
+                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch")})
+    assert proc.returncode == 0, proc.stderr
+    return db
+
+
+def test_dist_check_on_two_nodes_through_srun(cli):
+    submitted = cli("submit", "slurm-local", "dist_check", "--nodes", "2")
+    assert submitted.code == 0, submitted.err
+    assert "slurm id" in submitted.out
+    row = wait_state(cli, 1, TERMINAL)
+    assert (row["state"], row["exit_code"]) == ("completed", 0), cli("logs", "1").out
+    log = cli("logs", "1").out
+    for rank, node in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
+        assert f"[dist_check] rank={rank} local_rank={rank % 2} node={node} device=cpu " \
+               "backend=gloo launcher=slurm" in log
+        assert f"[dist_check] rank={rank} all_reduce OK (got 10, expected 10)" in log
+    assert "[dist_check] PASS world=4 nodes=n1,n2 backend=gloo" in log
+    assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2" in log
+
+
+def test_exit_code_3_ends_failed_with_3(cli, isolated, monkeypatch, over_walltime):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "exit3", "import os, sys\nsys.exit(3 if os.environ['SLURM_PROCID'] == '0' else 0)\n")
+    assert cli("submit", "slurm-local", "exit3").code == 0
+    row = wait_state(cli, 1, TERMINAL)
+    assert (row["state"], row["exit_code"]) == ("failed", 3)
+    assert row["native_state"] == "FAILED"
+
+
+def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "sleeper", "import time\ntime.sleep(900)\n")
+    assert cli("submit", "slurm-local", "sleeper").code == 0
+    wait_state(cli, 1, ("running",), timeout=60)
+    result = cli("cancel", "1")
+    assert result.code == 0, result.err
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert row["state"] == "cancelled" and row["exit_code"] is None
+    history = json.loads(cli("show", "1", "--json").out)["events"]
+    assert [e["state"] for e in history if e["native_state"] != "submitted"][0] in ("pending", "running")
+    assert history[-1]["state"] == "cancelled"
+
+
+def test_unknown_partition_is_the_schedulers_error_and_leaves_nothing(cli, isolated):
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True)
+    (machines / "slurm-nopart.yaml").write_text(
+        "extends: slurm-local\nname: slurm-nopart\n"
+        "queues: [{name: nosuchpartition, max_nodes: 2, max_walltime: '01:00:00'}]\n")
+    result = cli("submit", "slurm-nopart", "dist_check")
+    assert result.code == 2
+    assert result.err.strip() == ("mmm-orch: error: sbatch: sbatch: error: invalid partition "
+                                  "specified: nosuchpartition | sbatch: error: Batch job "
+                                  "submission failed: Invalid partition name specified")
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+
+
+def test_eight_processes_submitting_25_jobs_each(isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "noop", "pass\n")
+    code = ("import sys\nfrom mmm_orch.cli import main\n"
+            "for _ in range(25):\n"
+            "    rc = main(['submit', 'slurm-local', 'noop', '--name', 'burst'])\n"
+            "    assert rc == 0, rc\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=isolated, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+        db = JobDB(db_file())
+        records = db.list()
+        assert len(records) == 200
+        assert len({r.native_id for r in records}) == 200
+        assert sorted(r.id for r in records) == list(range(1, 201))
+        assert all(Path(r.script_path).read_text() == r.script for r in records)
+    finally:
+        subprocess.run(["scancel", "--name=burst"], check=False)
+
+
+def test_one_status_refresh_is_one_squeue_and_one_sacct_for_500_jobs(cli, isolated, tmp_path):
+    assert cli("submit", "slurm-local", "dist_check").code == 0
+    real = JobDB(db_file()).get(1)
+    wait_state(cli, 1, TERMINAL)
+    db = JobDB(db_file())
+    template = {k: v for k, v in real.to_dict(full=True).items()
+                if k not in ("id", "events", "state", "native_state", "reason", "exit_code",
+                             "signal", "started_at", "ended_at", "checked_at")}
+    for i in range(499):
+        # Jobs the controller has never heard of: squeue skips them, sacct has no row for them.
+        db.insert(**{**template, "native_id": str(900000 + i), "state": "pending"})
+    calls = tmp_path / "calls.log"
+    path = command_wrappers(tmp_path / "bin", ["squeue", "sacct", "scontrol", "sbatch"], calls)
+    start = time.monotonic()
+    proc = run_cli("status", "--all", env={"PATH": path})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    made = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert sorted(made) == ["sacct", "squeue"]
+    assert elapsed < 1.0, f"status took {elapsed:.2f}s"
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 501  # header + 500 jobs
+    assert lines[1].split()[4] == "completed"
+    # Terminal jobs are cached: with only terminal jobs, no scheduler call at all.
+    calls.unlink()
+    proc = run_cli("status", "1", env={"PATH": path})
+    assert proc.returncode == 0 and not calls.exists()
+
+
+def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeypatch, slurm_cluster):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "sleeper", "import time\ntime.sleep(900)\n")
+    assert cli("submit", "slurm-local", "sleeper").code == 0
+    wait_state(cli, 1, ("running",), timeout=60)
+    subprocess.run(["bash", str(slurm_cluster), "stop-controller"], check=True, capture_output=True)
+    try:
+        start = time.monotonic()
+        down = cli("status")
+        assert time.monotonic() - start < 30
+        assert down.code == 0
+        assert "scheduler not reachable, showing last known states" in down.err
+        row = down.out.splitlines()[1].split()
+        assert row[4] == "running" and row[-2] == "stale"
+        stale = json.loads(cli("status", "--json").out)[0]
+        assert stale["stale"] and stale["stale_age_s"] >= 0
+    finally:
+        subprocess.run(["bash", str(slurm_cluster), "start-controller"], check=True,
+                       capture_output=True)
+    up = json.loads(cli("status", "--json").out)[0]
+    assert up["state"] == "running" and not up["stale"]
+    assert cli("cancel", "1").code == 0
+    assert wait_state(cli, 1, TERMINAL, timeout=60)["state"] == "cancelled"
+
+
+def test_job_over_its_walltime_ends_timeout(over_walltime):
+    deadline = time.monotonic() + 240
+    while True:
+        proc = run_cli("--db", str(over_walltime), "status", "1", "--json")
+        row = json.loads(proc.stdout)[0]
+        if row["state"] in TERMINAL or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert row["state"] == "timeout", row
+    assert row["native_state"] == "TIMEOUT"
