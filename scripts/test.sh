@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The real Slurm test cluster (munge, MariaDB, slurmdbd, slurmctld, two slurmd); needs root, as in
+# CI. Without root the cluster tests skip and say so.
+if [[ $(id -u) -eq 0 ]]; then
+    bash scripts/slurm-cluster.sh up
+fi
 PY=${PYTHON:-python3}
 "$PY" -m pytest -q "$@"

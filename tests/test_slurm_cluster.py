@@ -122,7 +122,7 @@ def test_eight_processes_submitting_25_jobs_each(isolated, monkeypatch):
         assert len(records) == 200
         assert len({r.native_id for r in records}) == 200
         assert sorted(r.id for r in records) == list(range(1, 201))
-        assert all(Path(r.script_path).read_text() == r.script for r in records)
+        assert all(Path(r.script_path).read_text() == db.get(r.id).script for r in records)
     finally:
         subprocess.run(["scancel", "--name=burst"], check=False)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -59,6 +59,7 @@ CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
 _OPEN_STATES = tuple(s.value for s in JobState if not s.terminal)
 
 
+
 @dataclass(frozen=True)
 class JobRecord:
     id: int
@@ -73,8 +74,6 @@ class JobRecord:
     native_id: str
     job_dir: str
     script_path: str
-    script: str
-    plan: dict[str, Any]
     submit_dir: str
     git_commit: str | None
     log_path: str
@@ -87,6 +86,9 @@ class JobRecord:
     started_at: float | None
     ended_at: float | None
     checked_at: float
+    # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
+    script: str = ""
+    plan: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -175,18 +177,21 @@ class JobDB:
         if machine:
             where.append("machine = ?")
             args.append(machine)
-        sql = "SELECT * FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql = f"SELECT {_list_columns()} FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         return [_record(row) for row in self.conn.execute(sql, args)][::-1]
 
     def apply(self, updates: dict[int, JobStatus], now: float | None = None) -> None:
         """Record what the scheduler said, in one transaction; states only move forward."""
+        if not updates:
+            return
         now = now or time.time()
         with self._write():
+            rows = {row["id"]: row for row in self.conn.execute(
+                "SELECT id, state, native_state, reason, started_at, ended_at FROM jobs "
+                f"WHERE id IN ({','.join('?' * len(updates))})", list(updates))}
             for job_id, status in updates.items():
-                row = self.conn.execute(
-                    "SELECT state, native_state, reason, started_at, ended_at FROM jobs WHERE id = ?",
-                    (job_id,)).fetchone()
+                row = rows.get(job_id)
                 if row is None:
                     continue
                 current = JobState(row["state"])
@@ -233,10 +238,15 @@ class _Immediate:
         self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
+def _list_columns() -> str:
+    return ", ".join(f.name for f in fields(JobRecord) if f.name not in ("script", "plan", "events"))
+
+
 def _record(row: sqlite3.Row) -> JobRecord:
     data = dict(row)
     data["commands"] = json.loads(data["commands"])
-    data["plan"] = json.loads(data["plan"])
+    if "plan" in data:
+        data["plan"] = json.loads(data["plan"])
     data["state"] = JobState(data["state"])
     return JobRecord(**data)
 
