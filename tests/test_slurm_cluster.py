@@ -67,6 +67,16 @@ def test_dist_check_on_two_nodes_through_srun(cli):
     assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2" in log
 
 
+def test_fsdp_on_two_nodes_completes_with_the_loss_falling(cli, isolated):
+    assert cli("submit", "slurm-local", "fsdp", "--nodes", "2").code == 0
+    row = wait_state(cli, 1, TERMINAL, timeout=300)
+    log = cli("logs", "1").out
+    assert (row["state"], row["exit_code"]) == ("completed", 0), log[-3000:]
+    epochs = [line for line in log.splitlines() if line.startswith("[epoch] ")]
+    losses = [float(line.split("train_loss=")[1].split()[0]) for line in epochs]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2], epochs
+
+
 def test_exit_code_3_ends_failed_with_3(cli, isolated, monkeypatch, over_walltime):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "exit3", "import os, sys\nsys.exit(3 if os.environ['SLURM_PROCID'] == '0' else 0)\n")

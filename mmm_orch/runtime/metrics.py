@@ -23,7 +23,9 @@ def say(line: str) -> None:
 
 def _format(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.4f}"
+        if abs(value) >= 100:
+            return f"{value:.1f}"
+        return f"{value:.4f}" if abs(value) >= 1e-2 else f"{value:.4g}"
     return str(value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 import typing
 from typing import Any, Literal
 
@@ -15,6 +16,8 @@ def parse(cls: type, argv: list[str] | None = None, description: str = "") -> An
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `int | None`: optional
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         if kind is bool:

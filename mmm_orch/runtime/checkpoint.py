@@ -1,0 +1,77 @@
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP): every N steps, and when the
+scheduler warns of the end (SIGTERM, or SIGUSR1 from `--signal`/`#PBS -l ...`), then resume.
+
+Layout: <run_dir>/checkpoints/step-<N>/ (DCP shards of model and optimizer, plus train.json with
+the step, the LR scheduler and anything else the trainer needs) and a `latest` file naming the
+newest complete one. A checkpoint is renamed into place only once every rank has written it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool):
+        self.root = run_dir / "checkpoints"
+        self.every, self.device, self.is_main = every, device, is_main
+        self.signalled: int | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signalled = signum  # acted on at the end of the current step, on every rank at once
+
+    def stop_requested(self) -> bool:
+        """True on every rank once any rank got a stop signal (one tiny all-reduce per step)."""
+        flag = torch.tensor([1 if self.signalled else 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             train_state: dict[str, Any]) -> Path:
+        final = self.root / f"step-{step}"
+        staging = self.root / f".step-{step}.partial"
+        if self.is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
+        if self.is_main:
+            (staging / "train.json").write_text(json.dumps({"step": step, **train_state}))
+        dist.barrier()
+        if self.is_main:
+            shutil.rmtree(final, ignore_errors=True)
+            staging.rename(final)
+            (self.root / "latest.tmp").write_text(final.name)
+            (self.root / "latest.tmp").replace(self.root / "latest")
+        dist.barrier()
+        return final
+
+    def load_latest(self, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Restore model and optimizer in place; returns train.json's content, or None."""
+        pointer = self.root / "latest"
+        if not pointer.exists():
+            return None
+        path = self.root / pointer.read_text().strip()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        return json.loads((path / "train.json").read_text())

@@ -1,0 +1,80 @@
+"""Pieces every training loop uses: step timing, LR schedule, meshes, loss averaging, run dirs."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from mmm_orch.runtime.dist import Runtime
+
+
+class StepTimer:
+    """dt (whole step), dtf (forward + loss), dtb (backward + optimizer), device-synchronised so
+    the split is real on accelerators."""
+
+    def __init__(self, rt: Runtime):
+        self.sync = rt.device.synchronize
+
+    def start(self) -> None:
+        self.sync()
+        self.t0 = time.perf_counter()
+
+    def forward_done(self) -> None:
+        self.sync()
+        self.t1 = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        self.sync()
+        t2 = time.perf_counter()
+        return {"dt": t2 - self.t0, "dtf": self.t1 - self.t0, "dtb": t2 - self.t1}
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int,
+                  min_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup` steps, then cosine decay to `min_ratio` of the peak at `total`."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
+    """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
+    if rt.world_size % tp:
+        raise SystemExit(f"tp={tp} does not divide the world size {rt.world_size}")
+    return init_device_mesh(rt.device.type, (rt.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def mean_across(value: torch.Tensor, group=None) -> float:
+    """The mean of a scalar over a process group (SUM then divide: gloo has no AVG)."""
+    value = value.detach().float().clone()
+    dist.all_reduce(value, group=group)
+    return value.item() / dist.get_world_size(group)
+
+
+def autocast(rt: Runtime, dtype: str):
+    """bf16 autocast where asked for and supported; a no-op context otherwise."""
+    if dtype == "bf16" and rt.device.supports_bf16:
+        return torch.autocast(rt.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def param_dtype(rt: Runtime, dtype: str) -> torch.dtype:
+    return torch.bfloat16 if dtype == "bf16" and rt.device.supports_bf16 else torch.float32
+
+
+def run_dir(output_dir: str, run_name: str, trainer: str) -> Path:
+    """<output_dir>/<run_name>; a default name from the job id (same on every rank)."""
+    import os
+
+    name = run_name or f"{trainer}-{os.environ.get('SLURM_JOB_ID') or os.environ.get('PBS_JOBID', 'local').split('.')[0]}"
+    return Path(output_dir) / name

@@ -1,0 +1,173 @@
+"""Llama 3 pre-training, torchtitan-style: the model is built on the meta device, then tensor
+parallel, activation checkpointing, optional compile and FSDP2 are applied before its weights
+are materialised. AdamW with warmup and cosine decay, gradient clipping, synthetic tokens or a
+pre-tokenized token file, DCP checkpoints, tokens/s per device and MFU.
+
+    python -m mmm_orch.trainers.llama3 --config debug --tiny --steps 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime.checkpoint import Checkpointer
+from mmm_orch.runtime.data import SyntheticTokens, TokenFile, batch_indices
+from mmm_orch.runtime.flops import peak_flops, transformer_flops_per_token
+from mmm_orch.runtime.loop import StepTimer, mean_across, mesh, param_dtype, run_dir, warmup_cosine
+from mmm_orch.runtime.metrics import MetricLogger
+from mmm_orch.runtime.options import parse
+from mmm_orch.trainers import parallelize
+from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: LlamaArgs
+    batch_size: int
+    seq_len: int
+    lr: float
+    ac: str
+
+
+# The torchtitan Llama 3 configurations (saforem2/mmm train_configs; Meta's model cards).
+PRESETS = {
+    "debug": Preset(LlamaArgs(dim=256, n_layers=8, n_heads=16, n_kv_heads=16, vocab_size=2048,
+                              max_seq_len=2048), batch_size=8, seq_len=2048, lr=8e-4, ac="none"),
+    "8b": Preset(LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
+                           max_seq_len=8192, multiple_of=1024, ffn_dim_multiplier=1.3),
+                 batch_size=1, seq_len=8192, lr=3e-4, ac="selective"),
+    "70b": Preset(LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
+                            max_seq_len=8192, multiple_of=4096, ffn_dim_multiplier=1.3),
+                  batch_size=8, seq_len=8192, lr=1.5e-4, ac="full"),
+    "405b": Preset(LlamaArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
+                             vocab_size=128256, max_seq_len=8192, multiple_of=4096,
+                             ffn_dim_multiplier=1.2),
+                   batch_size=2, seq_len=8192, lr=8e-5, ac="full"),
+}
+TINY = Preset(LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
+                        max_seq_len=64, multiple_of=32), batch_size=4, seq_len=64, lr=3e-3,
+              ac="none")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Llama 3 training with TP x FSDP2."""
+
+    config: Literal["debug", "8b", "70b", "405b"] = "debug"
+    tp: int = 1
+    steps: int = 1000
+    warmup_steps: int = 200
+    batch_size: int | None = field(default=None, metadata={"help": "per data-parallel rank"})
+    seq_len: int | None = None
+    n_layers: int | None = None
+    lr: float | None = None
+    ac: Literal["none", "selective", "full"] | None = None
+    compile: bool = False
+    data_path: str = field(default="", metadata={"help": "pre-tokenized token file"})
+    token_dtype: Literal["uint16", "uint32"] = "uint32"
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    seed: int = 1
+    tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
+    output_dir: str = "outputs"
+    run_name: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
+
+
+def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
+    """(model args, batch size, seq len, lr, ac) from the preset and the overrides."""
+    preset = TINY if cfg.tiny else PRESETS[cfg.config]
+    seq_len = cfg.seq_len or preset.seq_len
+    model = dataclasses.replace(preset.model, n_layers=cfg.n_layers or preset.model.n_layers,
+                                max_seq_len=max(seq_len, preset.model.max_seq_len))
+    return (model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr,
+            cfg.ac or preset.ac)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(Config, argv)
+    args, batch_size, seq_len, lr, ac = resolve(cfg)
+    rt = runtime_dist.setup()
+    world = mesh(rt, cfg.tp)
+    dp_mesh, tp_mesh = world["dp"], world["tp"]
+    out = run_dir(cfg.output_dir, cfg.run_name, "llama3")
+
+    torch.manual_seed(cfg.seed)  # the same on every rank: DTensor init draws consistently
+    with torch.device("meta"):
+        model = Transformer(args)
+    params, embedding_params = model.count_params()
+    parallelize.tensor_parallel_llama(model, tp_mesh)
+    parallelize.activation_checkpointing(model.layers, ac)
+    if cfg.compile:
+        parallelize.compile_blocks(model.layers)
+    parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    model.to_empty(device=rt.device.torch)
+    model.init_weights()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
+    step = 0
+    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+        step = state["step"]
+        scheduler.load_state_dict(state["scheduler"])
+    data = (TokenFile(cfg.data_path, cfg.token_dtype, seq_len) if cfg.data_path
+            else SyntheticTokens(args.vocab_size, seq_len, cfg.seed))
+    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
+                                "params": params, "world_size": rt.world_size},
+                          enabled=rt.is_main, append=step > 0)
+    flops_per_token = transformer_flops_per_token(params, embedding_params, args.n_layers,
+                                                  args.n_heads, args.head_dim, seq_len)
+    peak = peak_flops(rt.device.name())
+    timer = StepTimer(rt)
+    if step:
+        logger.event("resume", step=step, checkpoint=str(checkpointer.root))
+
+    while step < cfg.steps:
+        step += 1
+        timer.start()
+        inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(), batch_size,
+                                                  dp_mesh.size()))
+        inputs, labels = inputs.to(rt.device.torch), labels.to(rt.device.torch)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        timer.forward_done()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        times = timer.stop()
+
+        tokens_per_s = batch_size * seq_len * dp_mesh.size() / times["dt"] / rt.world_size
+        mfu = 100 * flops_per_token * tokens_per_s / peak if peak else None
+        logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
+                    grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
+                    tokens_per_s=tokens_per_s, mfu=mfu, mem_gib=rt.device.memory_gib())
+        stop = checkpointer.stop_requested()
+        if checkpointer.due(step) or stop:
+            path = checkpointer.save(step, model, optimizer,
+                                     {"scheduler": scheduler.state_dict()})
+            logger.event("checkpoint", step=step, path=str(path),
+                         reason=f"signal {checkpointer.signalled}" if stop else "every")
+        if stop:
+            break
+    logger.close()
+    runtime_dist.teardown()
+    return 0
+
+
+def _full(value: torch.Tensor) -> float:
+    """A scalar that may be a DTensor (sharded parameters give a sharded grad norm)."""
+    return (value.full_tensor() if hasattr(value, "full_tensor") else value).item()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model definitions, free of any parallelism (see trainers/parallelize.py)."""

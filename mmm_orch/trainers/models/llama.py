@@ -1,0 +1,142 @@
+"""Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+
+Attention reshapes with -1 heads, so the same code runs on a full model and on a tensor-parallel
+shard (which holds n_heads / tp heads). Weights are initialised by init_weights(), so a model
+built on the meta device can be materialised after it has been parallelised.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    max_seq_len: int
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+
+def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return torch.polar(torch.ones_like(angles), angles)  # complex64, (seq, head_dim / 2)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """x: (batch, seq, heads, head_dim)."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    rotated = pairs * freqs[: x.shape[1]].view(1, x.shape[1], 1, -1)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.repeats = args.n_heads // args.n_kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rope(q, freqs), apply_rope(k, freqs)
+        k = k.repeat_interleave(self.repeats, dim=2)  # grouped-query: share each kv head
+        v = v.repeat_interleave(self.repeats, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, args.ffn_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, args: LlamaArgs, layer: int):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args)
+        self.init_std = 0.02 / (2 * (layer + 1)) ** 0.5  # depth-scaled, as torchtitan does
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): Block(args, i) for i in range(args.n_layers)})
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("freqs", rope_frequencies(args.head_dim, args.max_seq_len,
+                                                       args.rope_theta), persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        self.freqs = rope_frequencies(self.args.head_dim, self.args.max_seq_len,
+                                      self.args.rope_theta).to(self.freqs.device)
+        nn.init.normal_(self.tok_embeddings.weight, std=1.0, generator=generator)
+        for block in self.layers.values():
+            for norm in (block.attention_norm, block.ffn_norm):
+                nn.init.ones_(norm.weight)
+            for linear in (block.attention.wq, block.attention.wk, block.attention.wv,
+                           block.feed_forward.w1):
+                nn.init.trunc_normal_(linear.weight, std=0.02, generator=generator)
+            for linear in (block.attention.wo, block.feed_forward.w2, block.feed_forward.w3):
+                nn.init.trunc_normal_(linear.weight, std=block.init_std, generator=generator)
+        nn.init.ones_(self.norm.weight)
+        bound = 3 / self.args.dim ** 0.5
+        nn.init.trunc_normal_(self.output.weight, std=self.args.dim ** -0.5, a=-bound, b=bound,
+                              generator=generator)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for block in self.layers.values():
+            h = block(h, self.freqs)
+        return self.output(self.norm(h))
+
+    def count_params(self) -> tuple[int, int]:
+        """(all parameters, embedding parameters), counted on the full (unsharded) shapes."""
+        total = sum(p.numel() for p in self.parameters())
+        return total, self.tok_embeddings.weight.numel()

@@ -1,0 +1,105 @@
+"""Vision Transformer on synthetic images (a fixed prototype per class plus noise), FSDP2 with
+bf16 autocast and optional torch.compile; reports samples/s.
+
+    torchrun --nproc-per-node 2 -m mmm_orch.trainers.vit --tiny
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime.checkpoint import Checkpointer
+from mmm_orch.runtime.data import SyntheticImages, batch_indices
+from mmm_orch.runtime.loop import StepTimer, autocast, mean_across, mesh, param_dtype, run_dir
+from mmm_orch.runtime.metrics import MetricLogger
+from mmm_orch.runtime.options import parse
+from mmm_orch.trainers import parallelize
+from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
+
+TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "heads": 2, "head_dim": 16, "num_classes": 10,
+        "batch_size": 8}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Vision Transformer with FSDP2."""
+
+    img_size: int = 224
+    patch_size: int = 16
+    depth: int = 24
+    heads: int = 16
+    head_dim: int = 64
+    num_classes: int = 1000
+    batch_size: int = field(default=128, metadata={"help": "per rank"})
+    steps: int = 100
+    lr: float = 3e-4
+    compile: bool = False
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    seed: int = 1
+    tiny: bool = field(default=False, metadata={"help": "32 px, depth 2: for smoke tests"})
+    output_dir: str = "outputs"
+    run_name: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(Config, argv)
+    if cfg.tiny:
+        cfg = dataclasses.replace(cfg, **TINY)
+    rt = runtime_dist.setup()
+    dp_mesh = mesh(rt)["dp"]
+    out = run_dir(cfg.output_dir, cfg.run_name, "vit")
+    args = VitArgs(img_size=cfg.img_size, patch_size=cfg.patch_size, depth=cfg.depth,
+                   heads=cfg.heads, head_dim=cfg.head_dim, num_classes=cfg.num_classes)
+
+    torch.manual_seed(cfg.seed)
+    model = VisionTransformer(args).to(rt.device.torch)
+    if cfg.compile:
+        model.blocks = torch.nn.ModuleList(torch.compile(b) for b in model.blocks)
+    parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.05)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
+    step = 0
+    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+        step = state["step"]
+    data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
+    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size},
+                          enabled=rt.is_main, append=step > 0)
+    timer = StepTimer(rt)
+
+    while step < cfg.steps:
+        step += 1
+        timer.start()
+        images, labels = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
+        with autocast(rt, cfg.dtype):
+            logits = model(images.to(rt.device.torch))
+        loss = F.cross_entropy(logits.float(), labels.to(rt.device.torch))
+        timer.forward_done()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times = timer.stop()
+        logger.step(step, loss=mean_across(loss), **times,
+                    samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
+                    mem_gib=rt.device.memory_gib())
+        stop = checkpointer.stop_requested()
+        if checkpointer.due(step) or stop:
+            checkpointer.save(step, model, optimizer, {})
+            logger.event("checkpoint", step=step)
+        if stop:
+            break
+    logger.close()
+    runtime_dist.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
