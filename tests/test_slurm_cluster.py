@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, command_wrappers, run_cli, write_probe
+from conftest import command_wrappers, run_cli, write_probe
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")

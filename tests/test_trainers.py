@@ -175,7 +175,7 @@ def test_llama3_learns_from_a_pretokenized_token_file(tmp_path):
 def test_token_file_windows_and_dp_slices():
     import torch
 
-    from mmm_orch.runtime.data import SyntheticTokens, TokenFile, batch_indices
+    from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 
     assert batch_indices(3, 1, 4, 2).tolist() == [28, 29, 30, 31]
     data = SyntheticTokens(256, 16, seed=1)

@@ -62,6 +62,16 @@ class Checkpointer:
         dist.barrier()
         return final
 
+    def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   train_state: dict[str, Any], logger: Any) -> bool:
+        """Save when due or when a stop signal arrived; True when the run must stop now."""
+        stop = self.stop_requested()
+        if self.due(step) or stop:
+            path = self.save(step, model, optimizer, train_state)
+            logger.event("checkpoint", step=step, path=str(path),
+                         reason=f"signal {self.signalled}" if stop else "every")
+        return stop
+
     def load_latest(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Restore model and optimizer in place; returns train.json's content, or None."""

@@ -7,9 +7,9 @@ PEAK_BF16 = {
     "h200": (989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 Tensor Core, dense (SXM)"),
     "h100": (989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 Tensor Core, dense (SXM5)"),
     "a100": (312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 Tensor Core, dense"),
-    # One MI250X is two GCDs; Frontier's launcher counts GCDs.
+    # One MI250X is two GCDs, and Slurm profiles count GCDs as devices.
     "mi250x": (191.5e12, "AMD Instinct MI250X spec: 383 TFLOPS BF16 per OAM, 2 GCDs"),
-    # One Max 1550 is two tiles; Aurora's launcher counts tiles.
+    # One Max 1550 is two tiles, and PVC profiles count tiles as devices.
     "max 1550": (419.5e12, "Intel Data Center GPU Max 1550: 839 TFLOPS BF16 (XMX) per GPU, 2 tiles"),
 }
 

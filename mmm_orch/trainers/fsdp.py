@@ -140,10 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             logger.step(step, epoch=epoch, loss=loss.item(), **times,
                         samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
                         mem_gib=rt.device.memory_gib())
-            stop = checkpointer.stop_requested()
-            if checkpointer.due(step) or stop:
-                checkpointer.save(step, model, optimizer, {"scheduler": scheduler.state_dict()})
-                logger.event("checkpoint", step=step)
+            stop = checkpointer.after_step(step, model, optimizer,
+                                           {"scheduler": scheduler.state_dict()}, logger)
             if stop:
                 break
         if stop:

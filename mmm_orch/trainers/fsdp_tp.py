@@ -99,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"]
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()), **times,
                     tokens_per_s=tokens_per_s, mem_gib=rt.device.memory_gib())
-        stop = checkpointer.stop_requested()
-        if checkpointer.due(step) or stop:
-            path = checkpointer.save(step, model, optimizer, {})
-            logger.event("checkpoint", step=step, path=str(path))
-        if stop:
+        if checkpointer.after_step(step, model, optimizer, {}, logger):
             break
     logger.close()
     runtime_dist.teardown()

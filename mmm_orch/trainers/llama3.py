@@ -151,13 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
                     grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
                     tokens_per_s=tokens_per_s, mfu=mfu, mem_gib=rt.device.memory_gib())
-        stop = checkpointer.stop_requested()
-        if checkpointer.due(step) or stop:
-            path = checkpointer.save(step, model, optimizer,
-                                     {"scheduler": scheduler.state_dict()})
-            logger.event("checkpoint", step=step, path=str(path),
-                         reason=f"signal {checkpointer.signalled}" if stop else "every")
-        if stop:
+        if checkpointer.after_step(step, model, optimizer, {"scheduler": scheduler.state_dict()},
+                                   logger):
             break
     logger.close()
     runtime_dist.teardown()

@@ -90,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.step(step, loss=mean_across(loss), **times,
                     samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
                     mem_gib=rt.device.memory_gib())
-        stop = checkpointer.stop_requested()
-        if checkpointer.due(step) or stop:
-            checkpointer.save(step, model, optimizer, {})
-            logger.event("checkpoint", step=step)
-        if stop:
+        if checkpointer.after_step(step, model, optimizer, {}, logger):
             break
     logger.close()
     runtime_dist.teardown()
