@@ -308,7 +308,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         from mmm_orch.jobs.db import open_db
 
         record = _job(open_db(args.db), int(args.what))
-        view.write(view.details_json(record) if args.json else view.details(record))
+        print(view.details_json(record) if args.json else view.details(record))
         return 0
     if args.what not in ("machine", "workload") or not args.name:
         raise MmmError(f"show {args.what!r}: expected a job id, 'machine NAME' or 'workload NAME'")

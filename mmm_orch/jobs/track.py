@@ -17,7 +17,6 @@ from mmm_orch.schedulers.states import JobStatus
 class Refresh:
     stale: dict[int, float] = field(default_factory=dict)  # job id -> age of its last known state (s)
     warnings: list[str] = field(default_factory=list)
-    queries: int = 0
 
 
 def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
@@ -32,7 +31,6 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
         newest = max(group, key=lambda r: r.id)
         scheduler = scheduler_for(newest.scheduler, newest.commands)
         by_native = {r.native_id: r for r in group}
-        outcome.queries += 1
         try:
             statuses = scheduler.query([JobRef(r.native_id, Path(r.job_dir)) for r in group])
         except MmmError as exc:

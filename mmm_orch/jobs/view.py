@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 from mmm_orch.jobs.db import JobRecord
@@ -106,10 +105,6 @@ def details(record: JobRecord) -> str:
         lines.append(f"  {when(event['at'])}  {event['state']:<10} {extra}".rstrip())
     lines += ["", "plan:", json.dumps(record.plan, indent=2), "", "script:", record.script]
     return "\n".join(lines)
-
-
-def write(text: str) -> None:
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def details_json(record: JobRecord) -> str:

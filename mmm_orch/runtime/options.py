@@ -7,7 +7,20 @@ import argparse
 import dataclasses
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options every trainer takes; a trainer's Config adds its own after these."""
+
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    seed: int = 1
+    output_dir: str = "outputs"
+    run_name: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
 
 
 def parse(cls: type, argv: list[str] | None = None, description: str = "") -> Any:

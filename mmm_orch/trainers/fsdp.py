@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -23,7 +22,7 @@ from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
 from mmm_orch.runtime.loop import StepTimer, autocast, mesh, param_dtype, run_dir
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import parse
+from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
 
@@ -31,7 +30,7 @@ TEST_OFFSET = 10**9  # synthetic test images are samples nobody trains on
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(RunOptions):
     """MNIST CNN with FSDP2."""
 
     epochs: int = 10
@@ -41,13 +40,7 @@ class Config:
     gamma: float = field(default=0.7, metadata={"help": "StepLR decay per epoch"})
     train_samples: int = field(default=60000, metadata={"help": "synthetic training images"})
     data_dir: str = field(default="", metadata={"help": "MNIST IDX files; synthetic if empty"})
-    dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = 1
     tiny: bool = field(default=False, metadata={"help": "512 training, 256 test images"})
-    output_dir: str = "outputs"
-    run_name: str = ""
-    checkpoint_every: int = 0
-    resume: bool = False
 
 
 def evaluate(model, test, rt, cfg: Config) -> tuple[float, float]:

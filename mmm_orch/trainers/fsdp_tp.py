@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +21,7 @@ from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import StepTimer, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import parse
+from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 
@@ -31,7 +30,7 @@ TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 2
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(RunOptions):
     """Llama-style transformer with TP x FSDP2 on synthetic tokens."""
 
     tp: int = 2
@@ -45,13 +44,7 @@ class Config:
                                    metadata={"help": "per data-parallel rank (24; 4 with --tiny)"})
     steps: int = 50
     lr: float = 3e-3
-    dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = 1
     tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
-    output_dir: str = "outputs"
-    run_name: str = ""
-    checkpoint_every: int = 0
-    resume: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:

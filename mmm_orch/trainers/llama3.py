@@ -22,7 +22,7 @@ from mmm_orch.runtime.data import SyntheticTokens, TokenFile, batch_indices
 from mmm_orch.runtime.flops import peak_flops, transformer_flops_per_token
 from mmm_orch.runtime.loop import StepTimer, mean_across, mesh, param_dtype, run_dir, warmup_cosine
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import parse
+from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 
@@ -57,7 +57,7 @@ TINY = Preset(LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(RunOptions):
     """Llama 3 training with TP x FSDP2."""
 
     config: Literal["debug", "8b", "70b", "405b"] = "debug"
@@ -72,13 +72,7 @@ class Config:
     compile: bool = False
     data_path: str = field(default="", metadata={"help": "pre-tokenized token file"})
     token_dtype: Literal["uint16", "uint32"] = "uint32"
-    dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = 1
     tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
-    output_dir: str = "outputs"
-    run_name: str = ""
-    checkpoint_every: int = 0
-    resume: bool = False
 
 
 def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:

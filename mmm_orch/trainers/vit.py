@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +18,7 @@ from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
 from mmm_orch.runtime.loop import StepTimer, autocast, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import parse
+from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
 
@@ -28,7 +27,7 @@ TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "heads": 2, "head_dim": 16,
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(RunOptions):
     """Vision Transformer with FSDP2."""
 
     img_size: int = 224
@@ -41,13 +40,7 @@ class Config:
     steps: int = 100
     lr: float = 3e-4
     compile: bool = False
-    dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = 1
     tiny: bool = field(default=False, metadata={"help": "32 px, depth 2: for smoke tests"})
-    output_dir: str = "outputs"
-    run_name: str = ""
-    checkpoint_every: int = 0
-    resume: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
