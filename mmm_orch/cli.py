@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true",
                    help="then stream the log until the job ends; exit with the job's exit code")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
+    p.add_argument("--host", metavar="HOST",
+                   help="submit through this login host over SSH ([user@]host[:port] or a "
+                        "~/.ssh/config alias; default: here when the scheduler is on PATH, else "
+                        "the profile's first login host)")
 
     p = sub.add_parser("status", help="states of submitted jobs (refreshed from the schedulers)")
     p.add_argument("jobs", nargs="*", type=int, metavar="JOB")
@@ -141,15 +145,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from mmm_orch.jobs.submit import submit
     from mmm_orch.plan import resolve
 
+    from mmm_orch.jobs.submit import target_for
+
     plan = resolve(_request(args))
-    record = submit(plan, db_path(args.db), args.template)
+    record = submit(plan, db_path(args.db), args.template, remote=target_for(plan, args.host))
     db = JobDB(db_path(args.db))
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:
         print(f"submitted job {record.id}: {record.workload} on {record.machine}, "
               f"{record.scheduler} id {record.native_id}")
-        print(f"log: {record.log_path}")
+        print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     if args.follow:
         return _follow(db, record.id, strip_ansi=False, exit_with_job=True)
     return 0
@@ -217,8 +223,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False,
             start: int = 0) -> int:
-    from pathlib import Path
-
+    from mmm_orch.hosts import host_for
     from mmm_orch.jobs import logs
     from mmm_orch.jobs.track import refresh
 
@@ -232,7 +237,8 @@ def _follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False,
         print(f"mmm-orch: waiting for job {job_id} to start writing {record.log_path}",
               file=sys.stderr)
 
-    for chunk in logs.follow(Path(record.log_path), done, start=start, on_wait=waiting):
+    for chunk in logs.follow(host_for(record.remote), record.log_path, done, start=start,
+                             on_wait=waiting):
         logs.write(logs.clean(chunk, strip_ansi))
     final = db.get(job_id, events=False)
     if not exit_with_job:
@@ -246,33 +252,32 @@ def _follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False,
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from mmm_orch.hosts import host_for
     from mmm_orch.jobs import logs
     from mmm_orch.jobs.db import open_db
 
     db = open_db(args.db)
     record = _job(db, args.job)
-    path = Path(record.log_path)
-    start = 0
-    if path.exists():
+    host = host_for(record.remote)
+    start = host.size(record.log_path)
+    if start is not None:
         if args.tail is not None:
-            text, start = logs.tail(path, args.tail)
+            text, start = logs.tail(host, record.log_path, args.tail)
         else:
-            text = path.read_bytes()
-            start = len(text)
+            text = host.read_from(record.log_path, 0, start) or b""
         logs.write(logs.clean(text, args.strip_ansi))
     elif not args.follow:
-        raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {path}; "
+        raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {record.log_path}; "
                        "use --follow to wait for it")
     if args.follow:
-        return _follow(db, args.job, args.strip_ansi, start=start)
+        return _follow(db, args.job, args.strip_ansi, start=start or 0)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from mmm_orch.hosts import host_for
     from mmm_orch.jobs.db import open_db
     from mmm_orch.jobs.track import refresh
     from mmm_orch.schedulers.base import JobRef, scheduler_for
@@ -285,7 +290,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         if record.terminal:
             print(f"job {record.id} already {record.state.value}")
             continue
-        scheduler = scheduler_for(record.scheduler, record.commands)
+        scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
         scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
         refresh(db, [record])
         now = db.get(record.id, events=False)
@@ -364,3 +369,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmm-orch: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
               file=sys.stderr)
         return 1
+    finally:
+        if "mmm_orch.hosts" in sys.modules:  # one SSH connection per command, closed at its end
+            sys.modules["mmm_orch.hosts"].close_all()

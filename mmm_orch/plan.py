@@ -104,6 +104,12 @@ class Plan:
     backend: str
     device_index: tuple[int, ...]
     physical_devices: tuple[int | None, ...]
+    python: str
+    watchdog_first_step: int  # seconds; 0 = no watchdog
+    watchdog_step: int
+    login_hosts: tuple[str, ...]
+    remote_jobs_dir: str
+    workdir_given: bool  # False: a remote submission runs in its job directory instead
     log_path: str | None = None
 
     @property
@@ -115,8 +121,9 @@ class Plan:
         """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted."""
         return " ".join([*self.launcher, *(shlex.quote(a) for a in self.program)])
 
-    def with_log_path(self, path: str) -> Plan:
-        return dataclasses.replace(self, log_path=path)
+    def placed(self, log_path: str, workdir: str | None = None) -> Plan:
+        """The plan with its job's log path (and, for a remote job, its directory there)."""
+        return dataclasses.replace(self, log_path=log_path, workdir=workdir or self.workdir)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -395,4 +402,10 @@ def resolve(request: Request) -> Plan:
         backend=machine.backend,
         device_index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
         physical_devices=tuple(machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)),
+        python=python,
+        watchdog_first_step=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
+        watchdog_step=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
+        login_hosts=tuple(machine.login_hosts),
+        remote_jobs_dir=machine.remote_jobs_dir,
+        workdir_given=request.workdir is not None,
     )

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("MMM_ORCH_PATH", raising=False)
     monkeypatch.delenv("MMM_ORCH_ACCOUNT", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # only the keys a test names
     return work
 
 
@@ -84,13 +88,94 @@ def slurm_cluster():
     return CLUSTER_SCRIPT
 
 
-def write_probe(directory: Path, name: str, body: str, trainer_options: str = "") -> None:
-    """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH)."""
+def write_probe(directory: Path, name: str, body: str, trainer_options: str = "",
+                extra: str = "") -> None:
+    """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH);
+    `extra` is more YAML for the spec."""
     (directory / f"{name}_probe.py").write_text(body)
     specs = directory / ".mmm-orch" / "workloads"
     specs.mkdir(parents=True, exist_ok=True)
     (specs / f"{name}.yaml").write_text(
-        f"name: {name}\ntrainer: {name}_probe\n" + (f"options:\n{trainer_options}" if trainer_options else ""))
+        f"name: {name}\ntrainer: {name}_probe\n" + (f"options:\n{trainer_options}" if trainer_options else "")
+        + extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sshd:
+    """A real sshd on 127.0.0.1 with keys made for the test session."""
+
+    port: int
+    pid: int
+    host_key_pub: str       # "ssh-ed25519 AAAA..."
+    client_key: Path        # authorized for root
+    other_key: Path         # not authorized
+    log: Path
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_key_pub}\n"
+
+    def sessions(self) -> list:
+        """The per-connection sshd processes (children of the listener)."""
+        import psutil
+
+        return psutil.Process(self.pid).children()
+
+    def accepted(self) -> int:
+        return self.log.read_text().count("Accepted publickey")
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists():
+        pytest.skip("REAL SSHD TESTS NOT RUN: they need root and openssh-server (scripts/"
+                    "slurm-cluster.sh up installs it as root, as CI does)")
+    root = tmp_path_factory.mktemp("sshd")
+    keys = {}
+    for name in ("host", "client", "other"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)],
+                       check=True)
+        keys[name] = root / name
+    (root / "authorized_keys").write_text((root / "client.pub").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = root / "sshd_config"
+    log = root / "sshd.log"
+    config.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {keys["host"]}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AuthorizedKeysFile {root}/authorized_keys
+StrictModes no
+UsePAM no
+PidFile {root}/sshd.pid
+LogLevel VERBOSE
+Subsystem sftp internal-sftp
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True)
+    deadline = time.monotonic() + 10
+    while not (root / "sshd.pid").exists() or not (root / "sshd.pid").read_text().strip():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    pid = int((root / "sshd.pid").read_text())
+    yield Sshd(port=port, pid=pid, host_key_pub=" ".join((root / "host.pub").read_text().split()[:2]),
+               client_key=keys["client"], other_key=keys["other"], log=log)
+    os.kill(pid, signal.SIGTERM)
+
+
+def ssh_config(home: Path, sshd: Sshd, alias: str = "login", key: Path | None = None,
+               known_hosts: str | None = None) -> None:
+    """~/.ssh/config naming the test sshd `alias`, with its own known_hosts file."""
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (ssh / "known_hosts_test").write_text(sshd.known_hosts_line() if known_hosts is None else known_hosts)
+    (ssh / "config").write_text(
+        f"Host {alias}\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+        f"  IdentityFile {key or sshd.client_key}\n  UserKnownHostsFile {ssh / 'known_hosts_test'}\n")
 
 
 def command_wrappers(directory: Path, commands: list[str], log: Path) -> str:

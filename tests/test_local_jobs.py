@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 from conftest import run_cli, write_probe
+from mmm_orch.hosts import LocalHost
 from mmm_orch.jobs.db import JobDB
 
 
@@ -152,7 +153,7 @@ def test_logs_follow_waits_for_a_file_that_does_not_exist_yet(tmp_path):
 
     waits = []
     threading.Thread(target=writer).start()
-    chunks = list(logs.follow(path, done.is_set, poll=0.05, done_every=0.1,
+    chunks = list(logs.follow(LocalHost(), str(path), done.is_set, poll=0.05, done_every=0.1,
                               on_wait=lambda: waits.append(1)))
     assert waits == [1]
     assert b"".join(chunks) == b"first\nsecond\npartial"
@@ -172,14 +173,21 @@ def test_rejected_plan_leaves_no_database_and_no_directory(cli, isolated):
 
 
 def test_a_failing_scheduler_leaves_no_record_and_no_directory(cli, isolated, tmp_path):
-    # A Slurm profile whose sbatch is a command that does not exist on this machine.
+    # A Slurm profile whose sbatch refuses every job (exit 1), then one whose sbatch is missing
+    # here and that names no login host to reach it through.
     machines = isolated / ".mmm-orch" / "machines"
     machines.mkdir(parents=True)
+    (machines / "refuses.yaml").write_text(
+        "extends: slurm-local\nname: refuses\nscheduler: {commands: {submit: \"false\"}}\n")
     (machines / "nosbatch.yaml").write_text(
         "extends: slurm-local\nname: nosbatch\n"
         "scheduler: {commands: {submit: /nonexistent/sbatch}}\n")
+    result = cli("submit", "refuses", "dist_check")
+    assert result.code == 2 and result.err.startswith("mmm-orch: error: false:"), result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
     result = cli("submit", "nosbatch", "dist_check")
-    assert result.code == 2 and "/nonexistent/sbatch: command not found" in result.err
+    assert result.code == 2 and "/nonexistent/sbatch is not on PATH here" in result.err
+    assert "give --host HOST" in result.err and len(result.err.splitlines()) == 1
     assert not Path(os.environ["XDG_STATE_HOME"]).exists()
 
 

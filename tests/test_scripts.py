@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 
 import pytest
@@ -35,8 +36,12 @@ def evaluate_environment(script: str, tmp_path, extra_env: dict[str, str] | None
 
 
 def launch_line(script: str) -> str:
+    """The launcher command line, unwrapped from the watchdog when the script has one."""
     lines = script.splitlines()
-    return lines[lines.index("set +e") + 1]
+    line = next(x for x in lines[lines.index("set +e") + 1:] if not x.startswith("#"))
+    if " -m mmm_orch.watchdog " in line:
+        return shlex.split(line)[-1]
+    return line
 
 
 def test_aurora_llama3_8b(cli, tmp_path):

@@ -177,6 +177,8 @@ class Machine:
     extends: str = ""  # only meaningful in user override files; resolved by the registry
     scheduler: Scheduler
     login_hosts: list[str] = field(default_factory=list)
+    # Job directories on the login node when submitting over SSH (relative to the remote home).
+    remote_jobs_dir: str = ".local/state/mmm-orch/jobs"
     node: NodeShape
     max_nodes: PositiveInt
     launcher: Launcher

@@ -71,6 +71,16 @@ class Resources:
 
 
 @config
+class Watchdog:
+    """Ends a launch in which no training step completed for too long (a hung collective), so it
+    does not burn the whole allocation: the job exits 124 and is recorded `hung`."""
+
+    enabled: bool = True
+    first_step_timeout: Walltime = 1800  # launch to first step: imports, init, compile
+    step_timeout: Walltime = 900         # between two completed steps
+
+
+@config
 class MachineOverride:
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[EnvName, str] = field(default_factory=dict)
@@ -89,6 +99,7 @@ class Workload:
     args: dict[str, Any] = field(default_factory=dict)  # options always passed, before per-machine args and --set
     defaults: Defaults = field(default_factory=Defaults)
     resources: Resources = field(default_factory=Resources)
+    watchdog: Watchdog = field(default_factory=Watchdog)
     env: dict[EnvName, str] = field(default_factory=dict)
     machines: dict[str, MachineOverride] = field(default_factory=dict)
 

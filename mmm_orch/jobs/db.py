@@ -16,12 +16,13 @@ from typing import Any, Iterable
 
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.remote
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     machine      TEXT NOT NULL,
     host         TEXT NOT NULL,
+    remote       TEXT NOT NULL DEFAULT '',  -- SSH target the job went through, '' for here
     scheduler    TEXT NOT NULL,      -- kind: slurm, pbs, local
     commands     TEXT NOT NULL,      -- JSON: the profile's scheduler commands at submit time
     workload     TEXT NOT NULL,
@@ -65,6 +66,7 @@ class JobRecord:
     id: int
     machine: str
     host: str
+    remote: str
     scheduler: str
     commands: dict[str, str]
     workload: str
@@ -120,11 +122,14 @@ class JobDB:
             self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA foreign_keys = ON")
-        if self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
             with self._write():
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
+                if version == 1:
+                    self.conn.execute("ALTER TABLE jobs ADD COLUMN remote TEXT NOT NULL DEFAULT ''")
                 self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:

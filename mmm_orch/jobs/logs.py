@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections import deque
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from mmm_orch.hosts import Host
 
 # CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks).
 ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -19,45 +20,45 @@ def clean(chunk: bytes, strip_ansi: bool) -> str:
     return chunk.decode("utf-8", errors="replace")
 
 
-def tail(path: Path, lines: int) -> tuple[bytes, int]:
-    """The last `lines` lines of the file, and the offset where they end."""
-    with open(path, "rb") as f:
-        data = deque(f, maxlen=lines) if lines else deque()
-        return b"".join(data), f.tell()
+def tail(host: Host, path: str, lines: int, block: int = 1 << 16) -> tuple[bytes, int]:
+    """The last `lines` lines of the file and the offset where they end, reading backwards in
+    blocks (a remote log may be large)."""
+    end = host.size(path) or 0
+    data, start = b"", end
+    while start > 0 and data.count(b"\n") <= lines:
+        start = max(0, start - block)
+        data = (host.read_from(path, start, end - start) or b"")
+    kept = data.splitlines(keepends=True)[-lines:] if lines else []
+    return b"".join(kept), end
 
 
-def follow(path: Path, is_done: Callable[[], bool], start: int = 0, poll: float = 0.25,
-           done_every: float = 2.0, on_wait: Callable[[], None] | None = None) -> Iterator[bytes]:
+def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
+           poll: float = 0.25, done_every: float = 2.0,
+           on_wait: Callable[[], None] | None = None) -> Iterator[bytes]:
     """New bytes of `path` from `start` as they are written. Waits while the file does not exist;
     stops once `is_done()` (checked every `done_every` seconds) and everything was read."""
     offset = start
     last_check = 0.0
     waited = False
     while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            if chunk:
-                # Hold back a trailing partial line until it is complete (or the job ended).
-                cut = chunk.rfind(b"\n") + 1
-                if cut:
-                    offset += cut
-                    yield chunk[:cut]
-                    continue
-        elif not waited and on_wait:
+        chunk = host.read_from(path, offset)
+        if chunk:
+            # Hold back a trailing partial line until it is complete (or the job ended).
+            cut = chunk.rfind(b"\n") + 1
+            if cut:
+                offset += cut
+                yield chunk[:cut]
+                continue
+        elif chunk is None and not waited and on_wait:
             on_wait()
             waited = True
         now = time.monotonic()
         if now - last_check >= done_every:
             last_check = now
             if is_done():
-                if path.exists():
-                    with open(path, "rb") as f:
-                        f.seek(offset)
-                        rest = f.read()
-                    if rest:
-                        yield rest
+                while rest := host.read_from(path, offset):
+                    offset += len(rest)
+                    yield rest
                 return
         time.sleep(poll)
 

@@ -3,6 +3,7 @@ accepted the job, and nothing is left on disk when it did not."""
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import shutil
 import socket
@@ -10,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from mmm_orch.errors import MmmError
+from mmm_orch.hosts import host_for
 from mmm_orch.jobs.db import JobDB, JobRecord
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
@@ -30,65 +33,70 @@ def git_commit(directory: str) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def _make_dir(path: Path) -> list[Path]:
-    """mkdir -p with mode 0700; returns the directories it created, outermost first."""
-    created = []
-    for parent in reversed([path, *path.parents]):
-        if not parent.exists():
-            created.append(parent)
-    path.mkdir(parents=True, mode=0o700)
-    for directory in created:
-        directory.chmod(0o700)
-    return created
+def target_for(plan: Plan, host: str | None) -> str:
+    """The SSH target to submit through, '' for here: --host when given; else here when the
+    machine's submit command is on PATH (we are on its login node); else its first login host."""
+    if host is not None:
+        if plan.scheduler == "local":
+            raise MmmError(f"--host {host!r}: machine {plan.machine} runs jobs on this computer; "
+                           "--host is for machines with a batch scheduler")
+        return host
+    submit_command = plan.scheduler_commands.get("submit") or _DEFAULT_SUBMIT.get(plan.scheduler)
+    if plan.scheduler == "local" or (submit_command and shutil.which(submit_command)):
+        return ""
+    if plan.login_hosts:
+        return plan.login_hosts[0]
+    raise MmmError(f"machine {plan.machine}: {submit_command} is not on PATH here and the profile "
+                   "lists no login_hosts; run on its login node or give --host HOST")
 
 
-def _remove(created: list[Path]) -> None:
-    """Undo _make_dir: the job directory with its files, then the parents if left empty."""
-    if created:
-        shutil.rmtree(created[-1], ignore_errors=True)
-        for directory in reversed(created[:-1]):
-            try:
-                directory.rmdir()
-            except OSError:
-                break  # not empty: another process uses it
+_DEFAULT_SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}
 
 
-def submit(plan: Plan, db_path: Path, template: str | None = None) -> JobRecord:
-    """Render `plan` into its job directory, submit it, then record it. The database is opened
-    only once the scheduler accepted the job, so a rejected job leaves no file behind."""
+def submit(plan: Plan, db_path: Path, template: str | None = None, remote: str = "") -> JobRecord:
+    """Render `plan` into its job directory (here, or on the login node through `remote`), submit
+    it, then record it. The database is opened only once the scheduler accepted the job, so a
+    rejected job leaves no file behind, here or there."""
+    render(plan.placed("/job-dir/job.log"), template)  # template errors surface before any side effect
+    host = host_for(remote)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    job_dir = JobDB.jobs_root_for(db_path) / f"{stamp}-{plan.machine}-{plan.workload}-{secrets.token_hex(3)}"
-    created = _make_dir(job_dir)
+    leaf = f"{stamp}-{plan.machine}-{plan.workload}-{secrets.token_hex(3)}"
+    if remote:
+        root = posixpath.join(host.home(), plan.remote_jobs_dir)
+        job_dir = posixpath.join(root, leaf)
+    else:
+        job_dir = str(JobDB.jobs_root_for(db_path) / leaf)
+    created = host.make_private_dir(job_dir)
     try:
-        log_path = job_dir / "job.log"
-        plan = plan.with_log_path(str(log_path))
+        log_path = posixpath.join(job_dir, "job.log")
+        # A remote job runs in its job directory unless --workdir named one there.
+        plan = plan.placed(log_path, job_dir if remote and not plan.workdir_given else None)
         script = render(plan, template)
-        script_path = job_dir / "job.sh"
-        script_path.write_text(script, encoding="utf-8")
-        script_path.chmod(0o700)
-        scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
-        native_id = scheduler.submit(Submission(script=script_path, workdir=plan.workdir,
-                                                job_dir=job_dir, log_path=log_path,
+        script_path = posixpath.join(job_dir, "job.sh")
+        host.write_file(script_path, script, 0o700)
+        scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
+        native_id = scheduler.submit(Submission(script=Path(script_path), workdir=plan.workdir,
+                                                job_dir=Path(job_dir), log_path=Path(log_path),
                                                 walltime=plan.walltime))
     except BaseException:
-        _remove(created)
+        host.remove_tree(created)
         raise
     try:
         db = JobDB(db_path)
         job_id = db.insert(
-            machine=plan.machine, host=socket.gethostname(), scheduler=plan.scheduler,
-            commands=plan.scheduler_commands, workload=plan.workload, name=plan.name,
-            nodes=plan.nodes, ranks=plan.ranks, native_id=native_id, job_dir=str(job_dir),
-            script_path=str(script_path), script=script, plan=plan.to_dict(),
-            submit_dir=plan.workdir, git_commit=git_commit(plan.workdir),
-            log_path=str(log_path), submitted_at=time.time())
+            machine=plan.machine, host=remote or socket.gethostname(), remote=remote,
+            scheduler=plan.scheduler, commands=plan.scheduler_commands, workload=plan.workload,
+            name=plan.name, nodes=plan.nodes, ranks=plan.ranks, native_id=native_id,
+            job_dir=job_dir, script_path=script_path, script=script, plan=plan.to_dict(),
+            submit_dir=plan.workdir, git_commit=None if remote else git_commit(plan.workdir),
+            log_path=log_path, submitted_at=time.time())
     except BaseException:
         # The scheduler has the job but we could not record it: take it back rather than leave
         # a job nobody tracks.
         try:
-            scheduler.cancel(JobRef(native_id=native_id, job_dir=job_dir))
+            scheduler.cancel(JobRef(native_id=native_id, job_dir=Path(job_dir)))
         finally:
-            _remove(created)
+            host.remove_tree(created)
         raise
     record = db.get(job_id)
     assert record is not None

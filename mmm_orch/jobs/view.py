@@ -9,7 +9,7 @@ from mmm_orch.jobs.db import JobRecord
 from mmm_orch.jobs.track import Refresh
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
-_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "cancelled": "yellow",
+_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "hung": "red", "cancelled": "yellow",
           "running": "cyan", "pending": "blue", "unknown": "magenta"}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import mmap
+import warnings
 import struct
 from pathlib import Path
 
@@ -46,7 +47,10 @@ class TokenFile:
         self._file = open(path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
-        self.tokens = torch.frombuffer(self._map, dtype=torch_dtype)
+        with warnings.catch_warnings():
+            # The map is read-only and the tensor is only read: no copy of the file is needed.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            self.tokens = torch.frombuffer(self._map, dtype=torch_dtype)
         self.seq_len = seq_len
         self.windows = (self.tokens.numel() - 1) // seq_len
         if self.windows < 1:

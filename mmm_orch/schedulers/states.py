@@ -13,6 +13,7 @@ class JobState(str, enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
+    HUNG = "hung"  # ended by the watchdog: no step completed for too long
     UNKNOWN = "unknown"
 
     @property
@@ -20,7 +21,8 @@ class JobState(str, enum.Enum):
         return self in TERMINAL
 
 
-TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                      JobState.HUNG})
 _RANK = {JobState.UNKNOWN: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 
 

@@ -9,7 +9,6 @@ Prints `[dist_check] PASS` on rank 0 and exits 0 only when every rank's check pa
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -91,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime_dist.exit_process(main())

@@ -10,7 +10,6 @@ tests on its own slice of the test set.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -151,4 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime_dist.exit_process(main())

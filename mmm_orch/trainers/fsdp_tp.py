@@ -10,7 +10,6 @@ any mesh starts from the same weights as a single-process run (tests compare the
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -100,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime_dist.exit_process(main())

@@ -9,7 +9,6 @@ pre-tokenized token file, DCP checkpoints, tokens/s per device and MFU.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -159,4 +158,4 @@ def _full(value: torch.Tensor) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime_dist.exit_process(main())

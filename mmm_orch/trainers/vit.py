@@ -7,7 +7,6 @@ bf16 autocast and optional torch.compile; reports samples/s.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -91,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime_dist.exit_process(main())

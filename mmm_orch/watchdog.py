@@ -1,0 +1,107 @@
+"""Hang protection for a launch: run it, pass its output through, and end it when no training
+step completed for too long. A rank stuck in a collective otherwise holds every node until the
+walltime.
+
+    python -m mmm_orch.watchdog --first-step-timeout 1800 --step-timeout 900 -- 'srun ... python -m ...'
+
+Progress is a `step=N` field on an output line (what the trainers print on rank 0). On a hang it
+prints `[mmm-orch] hung: ...`, sends SIGTERM to the launch's process group (trainers checkpoint on
+it), SIGKILL after a grace period, and exits 124. Signals the scheduler sends before the walltime
+(TERM, USR1, INT) are passed on to the launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
+HUNG_EXIT = 124
+HUNG_MARKER = "[mmm-orch] hung:"
+
+
+def _stop(process: subprocess.Popen, grace: float) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0) -> int:
+    process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signum, forward)
+
+    assert process.stdout is not None
+    os.set_blocking(process.stdout.fileno(), False)
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    out = sys.stdout.buffer
+    started = last_progress = time.monotonic()
+    last_step: int | None = None
+    pending = b""
+    while True:
+        for _ in selector.select(timeout=1.0):
+            chunk = process.stdout.read()
+            if chunk is None:  # spurious wake-up
+                continue
+            if not chunk:  # EOF: every writer closed the pipe
+                selector.unregister(process.stdout)
+                out.write(pending)
+                out.flush()
+                return process.wait()
+            out.write(chunk)
+            out.flush()
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if match := STEP.search(line):
+                    last_step, last_progress = int(match[1]), time.monotonic()
+        now = time.monotonic()
+        limit, since = ((step_timeout, last_progress) if last_step is not None
+                        else (first_step_timeout, started))
+        if now - since > limit:
+            what = (f"no step completed in {limit:.0f}s after step {last_step}" if last_step is not None
+                    else f"no first step within {limit:.0f}s of launch")
+            print(f"{HUNG_MARKER} {what}; last_step={last_step if last_step is not None else 'none'}; "
+                  f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)", flush=True)
+            _stop(process, grace)
+            for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
+                out.write(pending + (process.stdout.read() or b""))
+                out.flush()
+            return HUNG_EXIT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.watchdog", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--first-step-timeout", type=float, required=True, metavar="SECONDS")
+    parser.add_argument("--step-timeout", type=float, required=True, metavar="SECONDS")
+    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                        help="after SIGTERM, before SIGKILL")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch line")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if len(command) != 1:
+        parser.error("give the launch line as one argument after --")
+    return watch(command[0], args.first_step_timeout, args.step_timeout, args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

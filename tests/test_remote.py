@@ -1,0 +1,181 @@
+"""Remote submission through a real sshd on 127.0.0.1 in front of the real Slurm cluster: every
+scheduler command, file write and log read goes over paramiko."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import command_wrappers, ssh_config
+from mmm_orch.jobs.db import JobDB
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
+
+
+@pytest.fixture
+def remote(isolated, sshd, tmp_path):
+    """A Slurm profile reached through the test sshd (alias `login`), job dirs under tmp_path."""
+    home = Path(os.environ["HOME"])
+    ssh_config(home, sshd)
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True)
+    remote_root = tmp_path / "remote-jobs"
+    (machines / "slurm-ssh.yaml").write_text(
+        f"extends: slurm-local\nname: slurm-ssh\nlogin_hosts: [login]\n"
+        f"remote_jobs_dir: {remote_root}\n")
+    return remote_root
+
+
+def db() -> JobDB:
+    return JobDB(Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db")
+
+
+def wait_state(cli, job: int, states=TERMINAL, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = cli("status", str(job), "--json")
+        assert result.code == 0, result.err
+        row = json.loads(result.out)[0]
+        if row["state"] in states:
+            return row
+        assert time.monotonic() < deadline, f"job {job} still {row['state']}"
+        time.sleep(1)
+
+
+def test_submit_status_logs_over_ssh(cli, remote, sshd):
+    before = sshd.accepted()
+    result = cli("submit", "slurm-ssh", "dist_check", "--nodes", "2", "--host", "login")
+    assert result.code == 0, result.err
+    assert sshd.accepted() == before + 1  # one connection for the whole submit
+    record = db().get(1)
+    assert record.remote == "login" and record.host == "login"
+    job_dir = Path(record.job_dir)
+    assert job_dir.parent == remote and stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+    assert (job_dir / "job.sh").read_text() == record.script  # uploaded over SFTP
+    assert f"cd \"${{SLURM_SUBMIT_DIR}}\"" in record.script and record.submit_dir == str(job_dir)
+    row = wait_state(cli, 1)
+    assert (row["state"], row["exit_code"]) == ("completed", 0)
+    logs = cli("logs", "1")
+    assert logs.code == 0 and "[dist_check] PASS world=4" in logs.out, logs.out[-2000:]
+    assert cli("logs", "1", "--tail", "1").out.strip() == logs.out.strip().splitlines()[-1]
+
+
+def test_status_of_many_remote_jobs_is_one_connection_and_one_squeue(cli, remote, sshd, tmp_path):
+    # 30 real jobs submitted held (sbatch --hold: they never run), queried through a counting
+    # squeue wrapper.
+    calls = tmp_path / "calls.log"
+    command_wrappers(tmp_path / "bin", ["squeue", "sacct"], calls)
+    profile = remote.parent / "work" / ".mmm-orch" / "machines" / "slurm-ssh.yaml"
+    profile.write_text(profile.read_text() + f"scheduler: {{commands: {{query: {tmp_path}/bin/squeue, "
+                       f"accounting: {tmp_path}/bin/sacct}}}}\n"
+                       "directives: ['--nodes={nodes}', '--ntasks-per-node={ranks_per_node}', "
+                       "'--cpus-per-task={cpus_per_rank}', '--hold']\n")
+    for _ in range(30):
+        assert cli("submit", "slurm-ssh", "dist_check", "--host", "login").code == 0
+    ids = [r.native_id for r in db().list()]
+    try:
+        calls.write_text("")
+        before = sshd.accepted()
+        result = cli("status", "--all", "--json")
+        assert result.code == 0, result.err
+        rows = json.loads(result.out)
+        assert len(rows) == 30 and {r["state"] for r in rows} == {"pending"}
+        assert sshd.accepted() == before + 1
+        assert calls.read_text().count("squeue ") == 1 and "sacct" not in calls.read_text()
+    finally:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
+def test_logs_follow_survives_a_dropped_connection_and_cancel_works(cli, remote, sshd, tmp_path):
+    # A job whose first rank prints a numbered line every 0.2 s for about 12 s.
+    probe = tmp_path / "ticker.py"
+    probe.write_text("import os, time\nfor i in range(60):\n"
+                     "    if os.environ['SLURM_PROCID'] == '0':\n        print(f'tick {i}', flush=True)\n"
+                     "    time.sleep(0.2)\n")
+    specs = remote.parent / "work" / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True)
+    (specs / "ticker.yaml").write_text("name: ticker\ntrainer: ticker\nwatchdog: {enabled: false}\n")
+    assert cli("submit", "slurm-ssh", "ticker", "--host", "login",
+               "--env", f"PYTHONPATH={tmp_path}").code == 0
+    follower = subprocess.Popen([sys.executable, "-m", "mmm_orch", "logs", "1", "--follow"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(240, follower.kill)
+    guard.start()
+    try:
+        text = line = follower.stdout.readline()
+        while not line.startswith("tick "):
+            line = follower.stdout.readline()
+            assert line, follower.stderr.read()
+            text += line
+        before = sshd.accepted()
+        for session in sshd.sessions():  # the server side drops every connection
+            session.kill()
+        text += follower.stdout.read()  # (the same buffered reader: nothing read is skipped)
+        err = follower.stderr.read()
+        follower.wait()
+    finally:
+        guard.cancel()
+        follower.kill()
+    assert follower.returncode == 0, err
+    assert "reconnecting" in err and sshd.accepted() > before
+    ticks = [line for line in text.splitlines() if line.startswith("tick ")]
+    assert ticks == [f"tick {i}" for i in range(60)], text  # nothing lost, nothing twice
+
+    # cancel over SSH: a second ticker, cancelled while it runs
+    (specs / "sleeper.yaml").write_text("name: sleeper\ntrainer: ticker\nwatchdog: {enabled: false}\n")
+    probe.write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    assert cli("submit", "slurm-ssh", "sleeper", "--host", "login",
+               "--env", f"PYTHONPATH={tmp_path}").code == 0
+    wait_state(cli, 2, ("running",))
+    cancelled = cli("cancel", "2")
+    assert cancelled.code == 0, cancelled.err
+    assert wait_state(cli, 2)["state"] == "cancelled"
+
+
+def test_unknown_host_key_is_refused_and_nothing_is_left(cli, remote, sshd):
+    ssh_config(Path(os.environ["HOME"]), sshd, known_hosts="")
+    result = cli("submit", "slurm-ssh", "dist_check", "--host", "login")
+    assert result.code == 2
+    assert "host key of [127.0.0.1]" in result.err and "is not known" in result.err
+    assert "ssh-keyscan -p" in result.err and len(result.err.splitlines()) == 1
+    assert "SHA256:" in result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists() and not remote.exists()
+    assert (Path(os.environ["HOME"]) / ".ssh" / "known_hosts_test").read_text() == ""  # not added
+
+
+def test_changed_host_key_is_refused(cli, remote, sshd, tmp_path):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")],
+                   check=True)
+    impostor = " ".join((tmp_path / "impostor.pub").read_text().split()[:2])
+    ssh_config(Path(os.environ["HOME"]), sshd, known_hosts=f"[127.0.0.1]:{sshd.port} {impostor}\n")
+    result = cli("submit", "slurm-ssh", "dist_check", "--host", "login")
+    assert result.code == 2 and "has CHANGED" in result.err and "ssh-keygen -R" in result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists() and not remote.exists()
+
+
+def test_wrong_key_is_refused_and_nothing_is_recorded(cli, remote, sshd):
+    ssh_config(Path(os.environ["HOME"]), sshd, key=sshd.other_key)
+    result = cli("submit", "slurm-ssh", "dist_check", "--host", "login")
+    assert result.code == 2
+    assert "authentication as root@127.0.0.1 failed" in result.err and str(sshd.other_key) in result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists() and not remote.exists()
+
+
+def test_rejected_remote_submission_leaves_no_record_and_no_remote_directory(cli, remote):
+    profile = remote.parent / "work" / ".mmm-orch" / "machines" / "slurm-ssh.yaml"
+    profile.write_text(profile.read_text()
+                       + "queues: [{name: nosuchpartition, max_nodes: 2, max_walltime: '01:00:00'}]\n")
+    result = cli("submit", "slurm-ssh", "dist_check", "--host", "login")
+    assert result.code == 2, result.err
+    assert "sbatch: error: invalid partition specified: nosuchpartition" in result.err
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+    assert not remote.exists() or not any(remote.iterdir())
