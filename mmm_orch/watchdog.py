@@ -65,8 +65,6 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
                 continue
             if not chunk:  # EOF: every writer closed the pipe
                 selector.unregister(process.stdout)
-                out.write(pending)
-                out.flush()
                 return process.wait()
             out.write(chunk)
             out.flush()
@@ -84,7 +82,7 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
                   f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)", flush=True)
             _stop(process, grace)
             for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
-                out.write(pending + (process.stdout.read() or b""))
+                out.write(process.stdout.read() or b"")
                 out.flush()
             return HUNG_EXIT
 

@@ -16,7 +16,7 @@ from conftest import command_wrappers, run_cli, write_probe
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
-TERMINAL = ("completed", "failed", "cancelled", "timeout")
+TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
 def db_file() -> Path:
@@ -201,3 +201,40 @@ def test_job_over_its_walltime_ends_timeout(over_walltime):
         time.sleep(2)
     assert row["state"] == "timeout", row
     assert row["native_state"] == "TIMEOUT"
+
+
+HANG = """import time
+import torch
+import torch.distributed as dist
+from mmm_orch.runtime import dist as runtime_dist
+
+rt = runtime_dist.setup()
+for step in range(1, 1000):
+    if step == 4 and rt.rank == 1:
+        time.sleep(3600)  # this rank stops; every other rank waits in the all-reduce below
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    if rt.rank == 0:
+        print(f"step={step} loss={1 / step:.3f}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_watchdog_ends_a_job_hung_in_a_collective(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "hang", HANG, extra="watchdog: {first_step_timeout: '00:02:00', "
+                                              "step_timeout: '00:00:08'}\n")
+    submitted = cli("submit", "slurm-local", "hang", "--nodes", "2")
+    assert submitted.code == 0, submitted.err
+    start = time.monotonic()
+    row = wait_state(cli, 1, TERMINAL, timeout=150)
+    assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out
+    assert row["reason"] == "no step completed in 8s after step 3; last_step=3"
+    assert time.monotonic() - start < 90  # not the 60-minute walltime
+    log = cli("logs", "1").out
+    assert "[mmm-orch] hung: no step completed in 8s after step 3" in log
+    assert "[mmm-orch] launch_end=" in log and "exit_code=124" in log
+    diagnosis = json.loads(cli("diagnose", "1", "--json").out)["first"]
+    assert diagnosis["signature"] == "watchdog-hung" and diagnosis["host"]
+    assert not subprocess.run(["squeue", "--noheader", "--jobs", JobDB(db_file()).get(1).native_id],
+                              capture_output=True, text=True).stdout.strip()

@@ -6,10 +6,12 @@ facts (and their sources) in machines/*.yaml rather than in code.
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
-from typing import Literal
+from typing import Annotated, Literal
 
 from mmm_orch.config.common import (
+    Check,
     EnvName,
     NonEmptyStr,
     NonNegativeInt,
@@ -163,6 +165,33 @@ class Rendezvous:
     source: str = ""
 
 
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    return value
+
+
+Regex = Annotated[str, Check(after=_regex)]
+
+
+@config
+class FailureSignature:
+    """A known way for a job to fail: a regex over log lines (a `host` group names the node),
+    what it means, the documented fix and where that fix comes from."""
+
+    name: NonEmptyStr
+    pattern: Regex
+    meaning: str = ""
+    fix: str = ""
+    source: str = ""
+    # fallout: a consequence of a failure elsewhere (ranks killed after another rank died), never
+    # reported as the first failure. catch_all: only reported when nothing specific matched.
+    fallout: bool = False
+    catch_all: bool = False
+
+
 @config
 class Account:
     required: bool = False
@@ -194,6 +223,7 @@ class Machine:
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     python: str = "python3"  # "auto": the interpreter running mmm-orch
     notes: list[str] = field(default_factory=list)
+    failures: list[FailureSignature] = field(default_factory=list)
 
     @property
     def default_ranks_per_node(self) -> int:

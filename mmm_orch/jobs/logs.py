@@ -63,6 +63,17 @@ def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
         time.sleep(poll)
 
 
+def head_and_tail(host: Host, path: str, head: int = 8 << 20, last: int = 1 << 16) -> str | None:
+    """The start and the end of a log (markers sit there), without reading all of a huge one."""
+    size = host.size(path)
+    if size is None:
+        return None
+    first = host.read_from(path, 0, head) or b""
+    if size > head:
+        first += b"\n" + (host.read_from(path, max(head, size - last), last) or b"")
+    return first.decode("utf-8", errors="replace")
+
+
 def write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()

@@ -1,0 +1,104 @@
+"""Why did a job die: the first real failure in its log, matched against known signatures (the
+machine profile's own, then machines/common/failures.yaml), with the node it happened on.
+
+The first real failure is the earliest line matching a specific signature. Lines that are
+fallout (ranks killed because another rank failed) never count; catch-all signatures (any Python
+exception) only count when nothing specific matched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.config.common import config
+from mmm_orch.config.machine import FailureSignature
+from mmm_orch.paths import search_dirs
+
+# Who a line is about: `x4512c5s2b0n0: rank 6 ...` (PALS), `n1: task 3: ...` (srun), `[rank0]:`.
+_HOST_PREFIX = re.compile(r"^(?P<host>[A-Za-z][\w.-]*\d[\w.-]*): ")
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+_JOB_HOST = re.compile(r"(?:\[mmm-orch\] job_start=\S+ host=|Job started at: \S+ on )(?P<host>\S+)")
+
+
+@config
+class FailureCatalog:
+    failures: list[FailureSignature] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    signature: FailureSignature
+    line_number: int
+    line: str
+    host: str = ""
+    rank: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature.name, "line_number": self.line_number,
+                "line": self.line, "host": self.host, "rank": self.rank,
+                "meaning": self.signature.meaning, "fix": self.signature.fix,
+                "source": self.signature.source}
+
+
+@dataclass
+class Diagnosis:
+    first: Finding | None
+    later: dict[str, int]   # other specific signatures seen after the first: name -> lines
+    fallout: int            # lines ignored as consequences of the first failure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first.to_dict() if self.first else None, "later": self.later,
+                "fallout_lines": self.fallout}
+
+
+def generic_signatures() -> list[FailureSignature]:
+    from mmm_orch.config.yamlio import load_yaml, validate
+
+    path = next(d / "common" / "failures.yaml" for d in search_dirs("machines")
+                if (d / "common" / "failures.yaml").is_file())
+    return validate(FailureCatalog, load_yaml(Path(path))).failures
+
+
+def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
+    compiled = [(s, re.compile(s.pattern)) for s in signatures]
+    first: Finding | None = None
+    fallback: Finding | None = None
+    later: dict[str, int] = {}
+    fallout = 0
+    job_host = ""
+    prefix_hosts: set[str] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not job_host and (match := _JOB_HOST.search(line)):
+            job_host = match["host"]
+        if prefix := _HOST_PREFIX.match(line):
+            prefix_hosts.add(prefix["host"])
+        for signature, pattern in compiled:
+            match = pattern.search(line)
+            if not match:
+                continue
+            if signature.fallout:
+                fallout += 1
+            elif signature.catch_all:
+                fallback = fallback or _finding(signature, match, number, line)
+            elif first is None:
+                first = _finding(signature, match, number, line)
+            else:
+                later[signature.name] = later.get(signature.name, 0) + 1
+            break  # one signature per line: the most specific, listed first
+    chosen = first or fallback
+    if chosen and not chosen.host:
+        # A line without a node name: the only node the launcher named, else the head node.
+        chosen.host = prefix_hosts.pop() if len(prefix_hosts) == 1 else job_host
+    return Diagnosis(first=chosen, later=later, fallout=fallout)
+
+
+def _finding(signature: FailureSignature, match: re.Match, number: int, line: str) -> Finding:
+    host = match.groupdict().get("host") or ""
+    if not host and (prefix := _HOST_PREFIX.match(line)):
+        host = prefix["host"]
+    rank = _RANK_PREFIX.match(line)
+    return Finding(signature=signature, line_number=number, line=line.strip()[:400], host=host,
+                   rank=int(rank["rank"]) if rank else None)

@@ -1,0 +1,110 @@
+"""Startup timing from job logs: when the job started, when the launch began, when the first
+training step completed, when the launch ended.
+
+Our scripts and trainers print epoch-second markers (`[mmm-orch] job_start=`, `launch_start=`,
+`first_step=`, `launch_end=`). Logs that mmm-orch did not write are read the way the startup-time
+study did (seeds/002): `Job started at: 2023-11-02-183323 on HOST` and the first timestamped line
+with `step=` (DeepSpeed's `[2023-11-02 18:34:13,122] ... step=0, ...`). Both of those are in
+the node's local time, so their difference is right even without a time zone.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+_EPOCH_MARKERS = {
+    "job_start": re.compile(r"\[mmm-orch\] job_start=(\d+(?:\.\d+)?)(?: host=(\S+))?"),
+    "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d+(?:\.\d+)?)(?: ranks=(\d+) nodes=(\d+))?"),
+    "first_step": re.compile(r"\[mmm-orch\] first_step=(\d+(?:\.\d+)?)"),
+    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)"),
+}
+_JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
+_STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
+_FILE_LAYOUT = re.compile(r"nhosts(\d+)-ngpu(\d+)")
+
+
+@dataclass
+class Markers:
+    """Times in seconds: epoch seconds for our markers, or seconds on the log's local clock for
+    logs we did not write (only differences between them are meaningful)."""
+
+    job_start: float | None = None
+    launch_start: float | None = None
+    first_step: float | None = None
+    launch_end: float | None = None
+    host: str = ""
+    ranks: int | None = None
+    nodes: int | None = None
+
+    @property
+    def startup_s(self) -> float | None:
+        """Job start (else launch start) to the end of the first training step."""
+        start = self.job_start if self.job_start is not None else self.launch_start
+        if start is None or self.first_step is None:
+            return None
+        return round(self.first_step - start, 3)  # logs stamp milliseconds at best
+
+
+def _local_seconds(stamp: datetime) -> float:
+    return (stamp - datetime(1970, 1, 1)).total_seconds()
+
+
+def parse_markers(text: str) -> Markers:
+    found = Markers()
+    local = Markers()  # from the seed-style lines, used where our markers are absent
+    for line in text.splitlines():
+        for name, pattern in _EPOCH_MARKERS.items():
+            match = pattern.search(line)
+            if match and getattr(found, name) is None:
+                setattr(found, name, float(match[1]))
+                if name == "job_start" and match[2]:
+                    found.host = match[2]
+                if name == "launch_start" and match[2]:
+                    found.ranks, found.nodes = int(match[2]), int(match[3])
+        if local.job_start is None and (match := _JOB_STARTED.search(line)):
+            local.job_start = _local_seconds(datetime.strptime(match[1], "%Y-%m-%d-%H%M%S"))
+            local.host = match[2] or ""
+        elif local.first_step is None and (match := _STAMPED_STEP.search(line)):
+            fraction = float(f"0.{match[2]}") if match[2] else 0.0
+            local.first_step = _local_seconds(datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + fraction
+    if found.job_start is None and found.launch_start is None and found.first_step is None:
+        found.job_start, found.first_step = local.job_start, local.first_step
+    found.host = found.host or local.host
+    return found
+
+
+def from_file_name(name: str, markers: Markers) -> Markers:
+    """Nodes and ranks from the study's log names (`...-nhosts4-ngpu16-...`) when the log has
+    no launch marker."""
+    match = _FILE_LAYOUT.search(name)
+    if match and markers.nodes is None:
+        markers.nodes, markers.ranks = int(match[1]), int(match[2])
+    return markers
+
+
+def timeline(submitted: float | None, markers: Markers, ended: float | None) -> list[dict[str, Any]]:
+    """The job's events in order, each with the gap to the one before it."""
+    events = [("submitted", submitted), ("job start", markers.job_start),
+              ("launch start", markers.launch_start), ("first step", markers.first_step),
+              ("launch end", markers.launch_end), ("ended", ended)]
+    rows, previous = [], None
+    for name, at in events:
+        if at is None:
+            continue
+        rows.append({"event": name, "at": at, "gap_s": None if previous is None else at - previous})
+        previous = at
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Median and worst start-to-first-step per group of `keys`, over the rows that have one."""
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        if row["startup_s"] is not None:
+            groups.setdefault(tuple(row[k] for k in keys), []).append(row["startup_s"])
+    return [{**dict(zip(keys, key)), "runs": len(values), "median_s": statistics.median(values),
+             "worst_s": max(values)} for key, values in sorted(groups.items(), key=str)]

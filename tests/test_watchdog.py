@@ -1,0 +1,48 @@
+"""The launch watchdog, run as the job scripts run it, on real child processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+WATCHDOG = [sys.executable, "-m", "mmm_orch.watchdog"]
+
+
+def run(command: str, first: float = 5, step: float = 5, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*WATCHDOG, "--first-step-timeout", str(first), "--step-timeout", str(step),
+                           "--grace", "2", "--", command], capture_output=True, text=True,
+                          timeout=60, **kwargs)
+
+
+def test_output_and_exit_code_pass_through():
+    proc = run("echo 'step=1 loss=2'; echo to-stderr >&2; printf 'no newline'; exit 7")
+    assert proc.returncode == 7
+    assert proc.stdout == "step=1 loss=2\nto-stderr\nno newline"
+
+
+def test_no_first_step_in_time_is_a_hang():
+    start = time.monotonic()
+    proc = run("echo importing; sleep 300", first=1)
+    assert proc.returncode == 124 and time.monotonic() - start < 10
+    assert "[mmm-orch] hung: no first step within 1s of launch; last_step=none" in proc.stdout
+
+
+def test_steps_keep_it_alive_until_they_stop():
+    proc = run("for i in 1 2 3 4 5 6; do echo \"step=$i\"; sleep 0.5; done; "
+               "trap 'echo checkpoint on TERM; exit 143' TERM; sleep 300 & wait", first=2, step=1.5)
+    assert proc.returncode == 124
+    assert "no step completed in 2s after step 6; last_step=6" in proc.stdout
+    assert "checkpoint on TERM" in proc.stdout  # the launch got SIGTERM first
+
+
+def test_scheduler_signals_reach_the_launch(tmp_path):
+    marker = tmp_path / "got"
+    proc = subprocess.Popen([*WATCHDOG, "--first-step-timeout", "60", "--step-timeout", "60", "--",
+                             f"trap 'echo USR1 > {marker}; exit 0' USR1; echo ready; sleep 300 & wait"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=30) == 0
+    assert marker.read_text() == "USR1\n"
