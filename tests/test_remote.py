@@ -61,7 +61,7 @@ def test_submit_status_logs_over_ssh(cli, remote, sshd):
     job_dir = Path(record.job_dir)
     assert job_dir.parent == remote and stat.S_IMODE(job_dir.stat().st_mode) == 0o700
     assert (job_dir / "job.sh").read_text() == record.script  # uploaded over SFTP
-    assert f"cd \"${{SLURM_SUBMIT_DIR}}\"" in record.script and record.submit_dir == str(job_dir)
+    assert 'cd "${SLURM_SUBMIT_DIR}"' in record.script and record.submit_dir == str(job_dir)
     row = wait_state(cli, 1)
     assert (row["state"], row["exit_code"]) == ("completed", 0)
     logs = cli("logs", "1")
@@ -179,3 +179,18 @@ def test_rejected_remote_submission_leaves_no_record_and_no_remote_directory(cli
     assert "sbatch: error: invalid partition specified: nosuchpartition" in result.err
     assert not Path(os.environ["XDG_STATE_HOME"]).exists()
     assert not remote.exists() or not any(remote.iterdir())
+
+
+def test_proxyjump_goes_through_the_jump_host(cli, remote, sshd):
+    # `jumped` is reached through `login` (both this sshd): two SSH connections, each with its
+    # own host key check, the second tunnelled through the first.
+    home = Path(os.environ["HOME"])
+    config = home / ".ssh" / "config"
+    config.write_text(config.read_text() + config.read_text().replace("Host login", "Host jumped")
+                      + "  ProxyJump login\n")
+    before = sshd.accepted()
+    result = cli("submit", "slurm-ssh", "dist_check", "--host", "jumped")
+    assert result.code == 0, result.err
+    assert sshd.accepted() == before + 2
+    assert "Accepted publickey for root from 127.0.0.1" in sshd.log.read_text()
+    assert wait_state(cli, 1)["state"] == "completed"

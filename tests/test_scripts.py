@@ -172,7 +172,7 @@ def test_every_pair_renders_valid_bash_or_is_refused_with_a_reason(cli, tmp_path
     if result.code == 0:
         bash_n(result.out, tmp_path)
         assert "\n#PBS -V" not in result.out
-        assert 'echo "[mmm-orch] launch_end=$(date +%s) exit_code=${rc}"' in result.out
+        assert 'echo "[mmm-orch] launch_end=$(date +%s.%N) exit_code=${rc}"' in result.out
     else:
         assert result.code == 2
         assert machine == "local" and "needs an accelerator" in result.err
