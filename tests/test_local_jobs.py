@@ -216,3 +216,24 @@ def _insert_many(path: Path, worker: int, count: int) -> None:
                   nodes=1, ranks=1, native_id=f"{worker}-{i}", job_dir="d", script_path="s",
                   script="#!/bin/bash\n", plan={"i": i}, submit_dir="/", git_commit=None,
                   log_path="l", submitted_at=time.time())
+
+
+def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated):
+    # aurora's qsub is not on PATH here, so submit heads for the profile's login host; here that
+    # host refuses connections: exit 3 (unreachable), one line, nothing recorded or written.
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True)
+    (machines / "aurora.yaml").write_text("extends: aurora\nlogin_hosts: [login]\n")
+    ssh = Path(os.environ["HOME"]) / ".ssh"
+    ssh.mkdir(parents=True)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again once the block ends
+    (ssh / "config").write_text(f"Host login\n  HostName 127.0.0.1\n  Port {port}\n")
+    result = cli("submit", "aurora", "fsdp", "-A", "PROJ")
+    assert result.code == 3, result.err
+    assert result.err.startswith(f"mmm-orch: error: ssh login: cannot reach 127.0.0.1:{port}")
+    assert len(result.err.splitlines()) == 1
+    assert not Path(os.environ["XDG_STATE_HOME"]).exists()

@@ -41,16 +41,13 @@ def target_for(plan: Plan, host: str | None) -> str:
             raise MmmError(f"--host {host!r}: machine {plan.machine} runs jobs on this computer; "
                            "--host is for machines with a batch scheduler")
         return host
-    submit_command = plan.scheduler_commands.get("submit") or _DEFAULT_SUBMIT.get(plan.scheduler)
-    if plan.scheduler == "local" or (submit_command and shutil.which(submit_command)):
+    submit_command = scheduler_for(plan.scheduler, plan.scheduler_commands).submit_command
+    if not submit_command or shutil.which(submit_command):
         return ""
     if plan.login_hosts:
         return plan.login_hosts[0]
     raise MmmError(f"machine {plan.machine}: {submit_command} is not on PATH here and the profile "
                    "lists no login_hosts; run on its login node or give --host HOST")
-
-
-_DEFAULT_SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}
 
 
 def submit(plan: Plan, db_path: Path, template: str | None = None, remote: str = "") -> JobRecord:

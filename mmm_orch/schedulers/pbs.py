@@ -22,6 +22,7 @@ class PbsScheduler:
     def __init__(self, commands: dict[str, str], runner: Runner):
         self.cmd = {**_DEFAULTS, **{k: v for k, v in commands.items() if v}}
         self.runner = runner
+        self.submit_command = self.cmd["submit"]
 
     def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
         return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose),
