@@ -126,6 +126,18 @@ class JobRef:
     job_dir: Path
 
 
+class CommandScheduler:
+    """A batch scheduler driven by its commands: the profile's command names over `defaults`,
+    run through `runner` (here or on a login node)."""
+
+    defaults: dict[str, str] = {}
+
+    def __init__(self, commands: dict[str, str], runner: Runner):
+        self.cmd = {**self.defaults, **{k: v for k, v in commands.items() if v}}
+        self.runner = runner
+        self.submit_command = self.cmd["submit"]
+
+
 class Scheduler(Protocol):
     submit_command: str  # what must be on PATH to submit from here ('' for none)
 

@@ -6,24 +6,19 @@ from typing import Sequence
 
 from mmm_orch.schedulers import slurm_parse as parse
 from mmm_orch.schedulers.base import (
+    CommandScheduler,
     JobRef,
     Retry,
-    Runner,
     SchedulerError,
     Submission,
     run_command,
 )
 from mmm_orch.schedulers.states import JobState, JobStatus
 
-_DEFAULTS = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
-             "control": "scontrol"}
 
-
-class SlurmScheduler:
-    def __init__(self, commands: dict[str, str], runner: Runner):
-        self.cmd = {**_DEFAULTS, **{k: v for k, v in commands.items() if v}}
-        self.runner = runner
-        self.submit_command = self.cmd["submit"]
+class SlurmScheduler(CommandScheduler):
+    defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
+                "control": "scontrol"}
 
     def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
         return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose), cwd=cwd)
