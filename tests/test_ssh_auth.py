@@ -40,11 +40,10 @@ class TwoFactorServer(paramiko.ServerInterface):
         return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel, command):
-        def answer():
-            channel.sendall(b"ran: " + command + b"\n")
-            channel.send_exit_status(0)
-            channel.close()
-        threading.Thread(target=answer, daemon=True).start()
+        # Output and exit status only; the client closes the channel. (A close from here could
+        # overtake the server's reply to the exec request.)
+        channel.sendall(b"ran: " + command + b"\n")
+        channel.send_exit_status(0)
         return True
 
 
