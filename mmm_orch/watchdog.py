@@ -24,31 +24,33 @@ import time
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
 HUNG_EXIT = 124
 HUNG_MARKER = "[mmm-orch] hung:"
+# After the launch exits, how long processes it left behind may keep its output open before
+# they are ended: a stray child must not hold the allocation until the walltime.
+LINGER = 5.0
+
+
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _stop(process: subprocess.Popen, grace: float) -> None:
+    _signal_group(process.pid, signal.SIGTERM)
     try:
-        os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        _signal_group(process.pid, signal.SIGKILL)
         process.wait()
-    except ProcessLookupError:
-        pass
 
 
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0) -> int:
     process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, start_new_session=True)
 
-    def forward(signum, _frame):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            pass
-
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, forward)
+        signal.signal(signum, lambda signum, _frame: _signal_group(process.pid, signum))
 
     assert process.stdout is not None
     os.set_blocking(process.stdout.fileno(), False)
@@ -57,6 +59,7 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
     out = sys.stdout.buffer
     started = last_progress = time.monotonic()
     last_step: int | None = None
+    exited_at: float | None = None
     pending = b""
     while True:
         for _ in selector.select(timeout=1.0):
@@ -73,6 +76,15 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
                 if match := STEP.search(line):
                     last_step, last_progress = int(match[1]), time.monotonic()
         now = time.monotonic()
+        if exited_at is None and process.poll() is not None:
+            exited_at = now
+        if exited_at is not None:
+            if now - exited_at > LINGER:
+                print(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
+                      f"it started still hold its output after {LINGER:.0f}s; ending them", flush=True)
+                _signal_group(process.pid, signal.SIGKILL)
+                return process.returncode
+            continue
         limit, since = ((step_timeout, last_progress) if last_step is not None
                         else (first_step_timeout, started))
         if now - since > limit:

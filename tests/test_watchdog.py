@@ -46,3 +46,12 @@ def test_scheduler_signals_reach_the_launch(tmp_path):
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=30) == 0
     assert marker.read_text() == "USR1\n"
+
+
+def test_leftovers_of_an_ended_launch_do_not_hold_it():
+    # The launch exits, but a child it left behind keeps the output pipe open.
+    start = time.monotonic()
+    proc = run("sleep 300 & echo launched; exit 5")
+    assert proc.returncode == 5
+    assert time.monotonic() - start < 20
+    assert "launch exited (5) but processes it started still hold its output" in proc.stdout
