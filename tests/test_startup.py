@@ -50,7 +50,8 @@ def test_our_markers_win_over_the_study_style_lines():
 
 
 def test_timeline_and_startup_of_a_real_local_run(cli, isolated):
-    submitted = cli("submit", "local", "fsdp", "--set", "epochs=1", "--set", "train_samples=512")
+    submitted = cli("submit", "local", "fsdp", "--set", "tiny=true", "--set", "epochs=1",
+                    "--set", "train_samples=512")
     assert submitted.code == 0, submitted.err
     assert wait_terminal(cli, 1)["state"] == "completed"
     result = cli("timeline", "1", "--json")

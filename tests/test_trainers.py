@@ -214,3 +214,15 @@ def test_unknown_and_mistyped_options_are_errors(tmp_path):
     for args in (["--no-such-option", "1"], ["--steps", "many"]):
         proc = launch("llama3", ["--tiny", *args], 1, "none", tmp_path / "out")
         assert proc.returncode == 2 and "error:" in proc.stderr
+
+
+def test_tiny_changes_defaults_and_given_options_win():
+    from mmm_orch.runtime.options import parse
+    from mmm_orch.trainers import fsdp, fsdp_tp
+
+    assert parse(fsdp.Config, [], tiny=fsdp.TINY).train_samples == 60000
+    assert parse(fsdp.Config, ["--tiny"], tiny=fsdp.TINY).train_samples == 512
+    given = parse(fsdp.Config, ["--tiny", "--train-samples", "64"], tiny=fsdp.TINY)
+    assert (given.train_samples, given.test_batch_size) == (64, 128)
+    shaped = parse(fsdp_tp.Config, ["--tiny", "--dim", "96", "--batch-size", "2"], tiny=fsdp_tp.TINY)
+    assert (shaped.dim, shaped.n_layers, shaped.batch_size) == (96, 2, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -47,6 +48,21 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def classifier_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, timer: StepTimer,
+                    rt: Runtime, dtype: str, images: torch.Tensor, labels: torch.Tensor
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward, cross-entropy, backward and optimizer step on one batch of labelled images, after
+    the caller started `timer`; returns the loss and the step's times."""
+    with autocast(rt, dtype):
+        logits = model(images.to(rt.device.torch))
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
+    timer.forward_done()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, timer.stop()
+
+
 def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
     """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
     if rt.world_size % tp:
@@ -61,15 +77,28 @@ def mean_across(value: torch.Tensor, group=None) -> float:
     return value.item() / dist.get_world_size(group)
 
 
+@functools.cache
+def _bf16(rt: Runtime, dtype: str) -> bool:
+    """Whether to compute in bf16: asked for, and native on this device (said once if not)."""
+    if dtype != "bf16":
+        return False
+    if not rt.device.supports_bf16:
+        if rt.is_main:
+            print(f"[runtime] bf16 is not native on this {rt.device.type}: computing in fp32",
+                  flush=True)
+        return False
+    return True
+
+
 def autocast(rt: Runtime, dtype: str):
     """bf16 autocast where asked for and supported; a no-op context otherwise."""
-    if dtype == "bf16" and rt.device.supports_bf16:
+    if _bf16(rt, dtype):
         return torch.autocast(rt.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def param_dtype(rt: Runtime, dtype: str) -> torch.dtype:
-    return torch.bfloat16 if dtype == "bf16" and rt.device.supports_bf16 else torch.float32
+    return torch.bfloat16 if _bf16(rt, dtype) else torch.float32
 
 
 def run_dir(output_dir: str, run_name: str, trainer: str) -> Path:

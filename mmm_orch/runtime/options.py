@@ -1,5 +1,6 @@
 """Typed command-line options from a trainer's config dataclass: `--key-with-dashes VALUE`,
-booleans as `--flag/--no-flag`, choices from Literal types. Unknown options are an error."""
+booleans as `--flag/--no-flag`, choices from Literal types. Unknown options are an error.
+`--tiny` swaps in a trainer's small defaults; options given on the command line still win."""
 
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ class RunOptions:
     resume: bool = False
 
 
-def parse(cls: type, argv: list[str] | None = None, description: str = "") -> Any:
-    parser = argparse.ArgumentParser(description=description or cls.__doc__,
-                                     allow_abbrev=False)
+def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None = None) -> Any:
+    parser = argparse.ArgumentParser(description=cls.__doc__, allow_abbrev=False)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
@@ -42,4 +42,6 @@ def parse(cls: type, argv: list[str] | None = None, description: str = "") -> An
                                 type=type(choices[0]), help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_text)
+    if tiny and parser.parse_known_args(argv)[0].tiny:
+        parser.set_defaults(**tiny)
     return cls(**vars(parser.parse_args(argv)))

@@ -19,13 +19,15 @@ import torch.nn.functional as F
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
-from mmm_orch.runtime.loop import StepTimer, autocast, mesh, param_dtype, run_dir
+from mmm_orch.runtime.loop import (StepTimer, autocast, classifier_step, mesh, param_dtype,
+                                   run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
 
 TEST_OFFSET = 10**9  # synthetic test images are samples nobody trains on
+TINY = {"train_samples": 512, "test_batch_size": 128}
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,7 @@ class _Slice:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv)
-    if cfg.tiny:
-        cfg = dataclasses.replace(cfg, train_samples=512, test_batch_size=128)
+    cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "fsdp")
@@ -119,15 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
             timer.start()
             picked = order[batch_indices(batch, rt.rank, cfg.batch_size, rt.world_size) % len(train)]
-            images, labels = train.batch(picked)
-            with autocast(rt, cfg.dtype):
-                logits = model(images.to(rt.device.torch))
-            loss = F.cross_entropy(logits.float(), labels.to(rt.device.torch))
-            timer.forward_done()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            times = timer.stop()
+            loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *train.batch(picked))
             epoch_loss += loss.detach()
             logger.step(step, epoch=epoch, loss=loss.item(), **times,
                         samples_per_s=cfg.batch_size * rt.world_size / times["dt"],

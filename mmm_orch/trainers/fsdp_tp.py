@@ -24,8 +24,8 @@ from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 
-# --tiny replaces the model shape and sequence length; the batch stays the user's (or 4).
-TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "seq_len": 64}
+TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "seq_len": 64,
+        "batch_size": 4}
 
 
 @dataclass(frozen=True)
@@ -39,18 +39,14 @@ class Config(RunOptions):
     n_kv_heads: int = 4
     vocab_size: int = 32000
     seq_len: int = 2048
-    batch_size: int | None = field(default=None,
-                                   metadata={"help": "per data-parallel rank (24; 4 with --tiny)"})
+    batch_size: int = field(default=24, metadata={"help": "per data-parallel rank"})
     steps: int = 50
     lr: float = 3e-3
     tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv)
-    if cfg.tiny:
-        cfg = dataclasses.replace(cfg, **TINY)
-    cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size or (4 if cfg.tiny else 24))
+    cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]

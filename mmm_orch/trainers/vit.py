@@ -10,12 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
-from mmm_orch.runtime.loop import StepTimer, autocast, mean_across, mesh, param_dtype, run_dir
+from mmm_orch.runtime.loop import StepTimer, classifier_step, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -43,9 +42,7 @@ class Config(RunOptions):
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv)
-    if cfg.tiny:
-        cfg = dataclasses.replace(cfg, **TINY)
+    cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "vit")
@@ -70,15 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     while step < cfg.steps:
         step += 1
         timer.start()
-        images, labels = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
-        with autocast(rt, cfg.dtype):
-            logits = model(images.to(rt.device.torch))
-        loss = F.cross_entropy(logits.float(), labels.to(rt.device.torch))
-        timer.forward_done()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times = timer.stop()
+        batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
+        loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *batch)
         logger.step(step, loss=mean_across(loss), **times,
                     samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
                     mem_gib=rt.device.memory_gib())
