@@ -5,9 +5,10 @@
    process in its own virtualenv (benchmarks/.venvs/, as in cli_render.py). Every submitted job
    is cancelled at the end.
 2. Wall time of `mmm-orch status --all` with 1,000 recorded jobs against one raw `squeue` call,
-   twice: the usual history (990 finished jobs, cached, and 10 queued jobs that squeue answers
-   for) and the worst case (all 1,000 open with ids the controller does not know, so one squeue
-   and then one sacct call carry all 1,000 ids).
+   three times: the usual history (990 finished jobs, cached, and 10 queued jobs that squeue
+   answers for), the worst case (all 1,000 open with ids the controller does not know, so one
+   squeue and then one sacct call carry all 1,000 ids), and like for like (1,000 jobs really
+   queued and open in the database: squeue, raw or ours, lists all of them).
 
 Needs the cluster: `sudo bash scripts/slurm-cluster.sh up`.
 
@@ -57,9 +58,8 @@ def measure_status(mmm: Path, env: dict[str, str], work: str, runs: int,
                 if k not in ("id", "events", "state", "native_state", "reason", "exit_code",
                              "signal", "started_at", "ended_at", "checked_at")}
     status = [str(mmm / "mmm-orch"), "status", "--all"]
-    times["squeue (raw, one call)"] = []
-    for label, open_ids in (("10 open", queued),
-                            ("1,000 open", [str(800000 + i) for i in range(1000)])):
+
+    def compare(label: str, open_ids: list[str], squeue_label: str) -> None:
         state = Path(work) / label.replace(",", "").replace(" ", "-")
         db = JobDB(state / "mmm-orch" / "jobs.db")
         for i in range(1000 - len(open_ids)):
@@ -68,11 +68,20 @@ def measure_status(mmm: Path, env: dict[str, str], work: str, runs: int,
             db.insert(**{**template, "native_id": native_id, "state": "pending"})
         name = f"mmm-orch status (1,000 jobs, {label})"
         times[name] = []
+        times.setdefault(squeue_label, [])
         for _ in range(runs):
             elapsed, out = timed(status, {**env, "XDG_STATE_HOME": str(state)}, work)
             assert len(out.splitlines()) == 1001, len(out.splitlines())
             times[name].append(elapsed)
-            times["squeue (raw, one call)"].append(timed(["squeue"], env, work)[0])
+            times[squeue_label].append(timed(["squeue"], env, work)[0])
+
+    compare("10 open", queued, "squeue (raw, one call)")
+    compare("1,000 open", [str(800000 + i) for i in range(1000)], "squeue (raw, one call)")
+    # Like for like: 1,000 jobs really queued, all of them open in mmm-orch's database, so one
+    # squeue answers for every job and the raw squeue lists them all too.
+    real = [timed(["sbatch", "--parsable", "--job-name=bench", "--wrap=true"], env, work)[1]
+            .strip().split(";")[0] for _ in range(1000)]
+    compare("1,000 open, all queued", real, "squeue (raw, one call, 1,000+ jobs queued)")
     times["python3 -c pass (interpreter floor)"] = [
         timed([str(mmm / "python"), "-c", "pass"], env, work)[0] for _ in range(runs)]
 
@@ -117,6 +126,9 @@ def main() -> None:
         / results["squeue (raw, one call)"]["median_ms"],
         "status_1000_open_vs_squeue": results["mmm-orch status (1,000 jobs, 1,000 open)"]["median_ms"]
         / results["squeue (raw, one call)"]["median_ms"],
+        "status_1000_queued_vs_squeue_1000_queued":
+            results["mmm-orch status (1,000 jobs, 1,000 open, all queued)"]["median_ms"]
+            / results["squeue (raw, one call, 1,000+ jobs queued)"]["median_ms"],
     }
     results["torchx_version"] = version
     out = ROOT / "benchmarks" / "results" / "execution.json"

@@ -4,6 +4,7 @@ and the state machine."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -176,6 +177,44 @@ def test_qstat_invalid_json_numbers_are_repaired():
     fragment = '{"Jobs": {"53.pbs": {"job_state": "Q", "Variable_List": {"foo":005,\n "FOO1":.123, "FOO2":123.}}}}'
     jobs = pbs_parse.parse_qstat_json(fragment)
     assert jobs["53.pbs"].state is S.PENDING
+
+
+def test_qstat_json_is_mended_for_every_recorded_breakage():
+    # The recorded lines themselves (bare numbers, unescaped quotes) inside one job record.
+    lines = [line.rstrip().rstrip(",") for line in text("pbs/qstat_json_invalid_fragments.txt").splitlines()
+             if re.match(r'\s+"(foo|FOO\d|comment)":', line)]
+    assert len(lines) == 8
+    document = ('{\n"Jobs":{\n"7.pbs":{\n"job_state":"R",\n"Variable_List":{\n'
+                + ",\n".join(lines) + ',\n"WINPATH":"C:\\scratch\\x"\n}}}}')
+    job = pbs_parse.load_qstat_json(document)["Jobs"]["7.pbs"]["Variable_List"]
+    assert (job["foo"], job["FOO1"], job["FOO2"], job["FOO3"], job["FOO4"], job["FOO5"],
+            job["FOO6"]) == ("005", ".123", "123.", "00", "-00", "00.123", "-00.123")
+    assert '"zaskly sdileny scratch" (Sep 04' in job["comment"]
+    assert job["WINPATH"] == "C:\\scratch\\x"
+    assert pbs_parse.parse_qstat_json(document)["7.pbs"].state is S.RUNNING
+
+
+def test_qstat_plain_table_before_the_json_is_skipped():
+    data = pbs_parse.load_qstat_json(text("pbs/qstat_u_fF_JSON_mixed_plaintext_bug_openpbs23.txt"))
+    assert (data["pbs_version"], data["pbs_server"]) == ("23.06.06", "VMa")
+
+
+def test_unreadable_qstat_json_is_a_scheduler_error_not_a_crash():
+    from mmm_orch.schedulers.base import SchedulerError
+    from mmm_orch.schedulers.pbs import statuses_for
+
+    with pytest.raises(SchedulerError, match="qstat: qstat printed JSON that cannot be read"):
+        statuses_for(["1.pbs"], 0, '{"Jobs": {"1.pbs": {"job_state": }}}', "")
+
+
+def test_every_recorded_pbs_error_is_classified():
+    """qsub rejections are permanent (no retry: the user must change the request); qstat's
+    unknown-job and finished-job texts are not scheduler outages either."""
+    for entry in record("pbs/pbs_error_messages_catalog.json"):
+        assert not pbs_parse.TRANSIENT_ERRORS.search(entry["text"]), entry["text"]
+    for message in ("qstat: cannot connect to host pbs01", "Communication failure.",
+                    "qsub: Connection refused"):
+        assert pbs_parse.TRANSIENT_ERRORS.search(message)
 
 
 def test_pbs_signal_and_failure_exit_statuses():

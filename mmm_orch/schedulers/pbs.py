@@ -56,7 +56,10 @@ def statuses_for(ids: list[str], returncode: int, stdout: str, message: str) -> 
     no history) still carry the other jobs on stdout; unknown ids are UNKNOWN, never done."""
     if returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
         raise SchedulerError(f"qstat: {message}")
-    reported = parse.parse_qstat_json(stdout)
+    try:
+        reported = parse.parse_qstat_json(stdout)
+    except ValueError as exc:
+        raise SchedulerError(f"qstat: {exc}") from None
     out = {}
     for job_id in ids:
         match = next((s for native, s in reported.items() if parse.same_job(native, job_id)), None)

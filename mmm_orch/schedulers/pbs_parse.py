@@ -48,15 +48,36 @@ def same_job(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
+# Known ways qstat writes invalid JSON (tests/fixtures/pbs/qstat_json_invalid_fragments.txt):
+# bare number-like values ("foo":005, .123, 123., -00), unescaped quotes inside a value, and
+# backslashes that are no JSON escape. qstat writes one "key":value per line, so lines are mended.
 _BARE_NUMBERISH = re.compile(r'(":\s*)(-?\.\d+|-?\d+\.(?!\d)|-?0\d+(?:\.\d+)?|-?00+(?:\.\d+)?)(\s*[,}\n])')
+_STRING_VALUE_LINE = re.compile(r'^(\s*"[^"]*":\s*")(.*)("\s*,?\s*)$')
+_BAD_ESCAPE = re.compile(r'\\(?!["\\/bfnrtu])')
+
+
+def _mend_line(line: str) -> str:
+    line = _BAD_ESCAPE.sub(r"\\\\", line)
+    if match := _STRING_VALUE_LINE.match(line):
+        head, value, tail = match.groups()
+        line = head + re.sub(r'(?<!\\)"', r'\"', value) + tail
+    return line
 
 
 def load_qstat_json(text: str) -> dict[str, Any]:
-    """qstat -F json output as a dict, repairing the bare number-like values qstat emits."""
+    """qstat -F json output as a dict, mending what qstat is known to get wrong; text before the
+    document (OpenPBS 23 prints a -u table first) is skipped."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return json.loads(_BARE_NUMBERISH.sub(r'\1"\2"\3', text))
+        pass
+    start = re.search(r"^\{", text, re.M)
+    body = text[start.start():] if start else text
+    mended = "\n".join(_mend_line(line) for line in _BARE_NUMBERISH.sub(r'\1"\2"\3', body).splitlines())
+    try:
+        return json.loads(mended)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"qstat printed JSON that cannot be read even after repair: {exc}") from None
 
 
 def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
