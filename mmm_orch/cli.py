@@ -201,6 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         _job(db, job_id)
 
     def select():
+        """The jobs to show: every open one among them, so one refresh covers them all."""
         if args.jobs or args.all:
             return db.list(ids=args.jobs, machine=args.machine)
         recent = db.list(limit=20, machine=args.machine)
@@ -217,8 +218,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         live.start()
     try:
         while True:
-            outcome = refresh(db, db.list(open_only=True, machine=args.machine, ids=args.jobs))
             records = select()
+            outcome = refresh(db, records)
+            if open_ids := [r.id for r in records if not r.terminal]:
+                fresh = {r.id: r for r in db.list(ids=open_ids)}
+                records = [fresh.get(r.id, r) for r in records]
             for warning in outcome.warnings:
                 print(f"mmm-orch: warning: {warning}", file=sys.stderr)
             if args.json:

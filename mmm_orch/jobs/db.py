@@ -191,6 +191,7 @@ class JobDB:
         if not updates:
             return
         now = now or time.time()
+        changes, events = [], []
         with self._write():
             rows = {row["id"]: row for row in self.conn.execute(
                 "SELECT id, state, native_state, reason, started_at, ended_at FROM jobs "
@@ -216,14 +217,14 @@ class JobDB:
                 code = status.exit_code if new.terminal else None
                 if new in (JobState.CANCELLED, JobState.TIMEOUT) and not code:
                     code = None
-                self.conn.execute(
-                    "UPDATE jobs SET state = ?, native_state = ?, reason = ?, exit_code = ?, "
-                    "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?",
-                    (new.value, native, reason, code, status.signal if new.terminal else None,
-                     started, ended, now, job_id))
+                changes.append((new.value, native, reason, code,
+                                status.signal if new.terminal else None, started, ended, now, job_id))
                 if new is not current or native != row["native_state"] or reason != row["reason"]:
-                    self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                                      (job_id, now, new.value, native, reason))
+                    events.append((job_id, now, new.value, native, reason))
+            self.conn.executemany(
+                "UPDATE jobs SET state = ?, native_state = ?, reason = ?, exit_code = ?, "
+                "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?", changes)
+            self.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
 
     def count(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
