@@ -255,10 +255,15 @@ class SshHost:
                 transport.close()
         self._transport, self._hops, self._sftp = None, [], None
 
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30) -> CommandResult:
+    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
+            env: dict[str, str] | None = None) -> CommandResult:
         """Run argv in a login shell (so the site's profile puts the scheduler on PATH); every
         word is quoted, so nothing in it is interpreted by the remote shell."""
         command = shlex.join(argv)
+        for name, value in (env or {}).items():
+            if not name.isidentifier():
+                raise ValueError(f"environment variable name {name!r}")
+            command = f"{name}={shlex.quote(value)} {command}"
         if cwd:
             command = f"cd {shlex.quote(cwd)} && {command}"
         try:

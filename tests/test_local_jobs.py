@@ -237,3 +237,19 @@ def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated)
     assert result.err.startswith(f"mmm-orch: error: ssh login: cannot reach 127.0.0.1:{port}")
     assert len(result.err.splitlines()) == 1
     assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+
+
+def test_elapsed_is_the_jobs_own_not_when_status_looked(cli, isolated, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "nap", "import time\ntime.sleep(4)\n")
+    assert cli("submit", "local", "nap").code == 0
+    result = Path(JobDB(db_path()).get(1).job_dir) / "result.json"
+    deadline = time.monotonic() + 60
+    while not result.exists():  # no status call until the job has ended
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)
+    row = wait_terminal(cli, 1)
+    assert row["state"] == "completed"
+    assert 4 <= row["ended_at"] - row["started_at"] < 20, row
+    assert row["ended_at"] <= time.time() - 2  # when it ended, not when we looked

@@ -179,6 +179,15 @@ def test_qstat_invalid_json_numbers_are_repaired():
     assert jobs["53.pbs"].state is S.PENDING
 
 
+def test_qstat_start_and_end_times_are_read_as_utc():
+    jobs = pbs_parse.parse_qstat_json(text("pbs/qstat_fx_F_json_openpbs23_finished_and_running.json"))
+    done = [s for s in jobs.values() if s.state.terminal and s.ended_at]
+    assert done, jobs
+    assert all(s.started_at <= s.ended_at for s in done)
+    assert pbs_parse.utc_time("Sat Dec  3 20:25:38 2022") == 1670099138.0
+    assert pbs_parse.utc_time("") is None
+
+
 def test_qstat_json_is_mended_for_every_recorded_breakage():
     # The recorded lines themselves (bare numbers, unescaped quotes) inside one job record.
     lines = [line.rstrip().rstrip(",") for line in text("pbs/qstat_json_invalid_fragments.txt").splitlines()

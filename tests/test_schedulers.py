@@ -153,17 +153,19 @@ def test_recorded_submit_loop_socket_timeouts_are_transient():
 
 
 def test_squeue_fixed_format_recorded_on_the_test_cluster():
-    text = (FIXTURES / "slurm" / "squeue_format_A_T_r_22.05_slurm_local.txt").read_text()
+    text = (FIXTURES / "slurm" / "squeue_format_A_T_S_r_22.05_slurm_local.txt").read_text()
     states = slurm_parse.parse_squeue_format(text)
-    assert {k: (v.state, v.reason) for k, v in states.items()} == {
-        "3": (JobState.RUNNING, ""), "4": (JobState.PENDING, "Resources"),
-        "5": (JobState.PENDING, "Priority")}
+    assert {k: (v.state, v.reason, v.started_at) for k, v in states.items()} == {
+        "2275": (JobState.RUNNING, "", 1795345932.0),
+        "2276": (JobState.PENDING, "Resources", None),  # %S of a pending job is a forecast
+        "2277": (JobState.PENDING, "Priority", None)}
 
 
 def test_sacct_recorded_on_the_test_cluster_failed_and_cancelled():
     text = (FIXTURES / "slurm" / "sacct_n_P2_22.05_slurm_local_failed_cancelled.txt").read_text()
     states = slurm_parse.parse_sacct_parsable(text, slurm_parse.SACCT_FIELDS)
-    assert (states["1"].state, states["1"].exit_code) == (JobState.FAILED, 3)
-    assert (states["2"].state, states["2"].exit_code) == (JobState.COMPLETED, 0)
-    assert states["3"].state is JobState.CANCELLED
-    assert re.match(r"step 3\.batch", states["3"].reason)
+    assert (states["2278"].state, states["2278"].exit_code) == (JobState.FAILED, 3)
+    assert (states["2279"].state, states["2279"].exit_code) == (JobState.COMPLETED, 0)
+    assert states["2280"].state is JobState.CANCELLED
+    assert re.match(r"step 2280\.batch", states["2280"].reason)
+    assert (states["2280"].started_at, states["2280"].ended_at) == (1795345934.0, 1795345940.0)

@@ -84,6 +84,11 @@ def test_exit_code_3_ends_failed_with_3(cli, isolated, monkeypatch, over_walltim
     row = wait_state(cli, 1, TERMINAL)
     assert (row["state"], row["exit_code"]) == ("failed", 3)
     assert row["native_state"] == "FAILED"
+    # Start and end are the controller's, not the moments status happened to look.
+    times = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start,End", "-j", row["native_id"]],
+                           capture_output=True, text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"},
+                           check=True).stdout.split()[0].split("|")
+    assert (row["started_at"], row["ended_at"]) == (float(times[0]), float(times[1]))
 
 
 def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):

@@ -202,13 +202,16 @@ class JobDB:
                     continue
                 current = JobState(row["state"])
                 new = advance(current, status.state)
+                # The scheduler's own times when it gives them, else when we first saw the change.
                 started, ended = row["started_at"], row["ended_at"]
+                if status.started_at and new is not JobState.PENDING:
+                    started = status.started_at
                 if new is JobState.RUNNING and started is None:
                     started = now
                 if new.terminal and not current.terminal:
-                    ended = now
+                    ended = status.ended_at or now
                     if started is None and new is not JobState.CANCELLED:
-                        started = now  # finished between two looks: it ran, briefly
+                        started = ended  # finished between two looks, with no start on record
                 if new.terminal and current.terminal:
                     continue  # terminal records are final
                 native = status.native_state or row["native_state"]

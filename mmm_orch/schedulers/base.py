@@ -40,16 +40,20 @@ class CommandResult:
 
 
 class Runner(Protocol):
-    """Runs a scheduler command here or on a login node (the SSH runner has the same shape)."""
+    """Runs a scheduler command here or on a login node (the SSH runner has the same shape);
+    `env` adds variables for that command only."""
 
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30) -> CommandResult:
+    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
+            env: dict[str, str] | None = None) -> CommandResult:
         ...
 
 
 class LocalRunner:
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30) -> CommandResult:
+    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
+            env: dict[str, str] | None = None) -> CommandResult:
         proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **env} if env else None)
         return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -76,7 +80,8 @@ class Retry:
 
 
 def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str], retry: Retry,
-                *, cwd: str | None = None, transient_codes: frozenset[int] = frozenset()) -> CommandResult:
+                *, cwd: str | None = None, transient_codes: frozenset[int] = frozenset(),
+                env: dict[str, str] | None = None) -> CommandResult:
     """Run until the command answers with something other than a transient failure.
 
     Returns the result whatever its exit code (the caller knows which codes mean what); raises
@@ -88,7 +93,8 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
     for attempt in range(1, retry.attempts + 1):
         remaining = retry.deadline - (time.monotonic() - start)
         try:
-            result = runner.run(argv, cwd=cwd, timeout=max(1.0, min(retry.timeout, remaining)))
+            result = runner.run(argv, cwd=cwd, timeout=max(1.0, min(retry.timeout, remaining)),
+                                env=env)
         except subprocess.TimeoutExpired:
             last = f"no answer within {retry.timeout:g}s"
         except FileNotFoundError:

@@ -42,6 +42,7 @@ class LocalScheduler:
         return {job.native_id: self._status(job) for job in jobs}
 
     def _status(self, job: JobRef) -> JobStatus:
+        started = self._started(job)
         result_file = job.job_dir / RESULT
         if result_file.exists():
             result = json.loads(result_file.read_text())
@@ -54,12 +55,22 @@ class LocalScheduler:
             else:
                 state, native = JobState.FAILED, "exited non-zero"
             return JobStatus(native_id=job.native_id, state=state, native_state=native,
-                             exit_code=result["exit_code"], signal=result["signal"])
+                             exit_code=result["exit_code"], signal=result["signal"],
+                             started_at=started, ended_at=result["ended_at"])
         if self._supervisor(job) is not None:
-            return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running")
+            return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
+                             started_at=started)
         return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
                          reason="the supervisor ended without recording an exit code "
                                 "(killed, or the computer restarted)")
+
+    @staticmethod
+    def _started(job: JobRef) -> float | None:
+        """Local jobs start with their supervisor (no queue)."""
+        try:
+            return json.loads((job.job_dir / _SUPERVISOR).read_text())["create_time"]
+        except (OSError, ValueError, KeyError):
+            return None
 
     def _supervisor(self, job: JobRef) -> psutil.Process | None:
         """The live supervisor process, checked by start time so a reused pid never matches."""

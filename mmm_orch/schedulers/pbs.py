@@ -21,7 +21,8 @@ class PbsScheduler(CommandScheduler):
 
     def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
         return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose),
-                           cwd=cwd, transient_codes=parse.TRANSIENT_EXIT_CODES)
+                           cwd=cwd, transient_codes=parse.TRANSIENT_EXIT_CODES,
+                           env=parse.QUERY_ENV if purpose == "query" else None)
 
     def submit_argv(self, submission: Submission) -> list[str]:
         return [self.cmd["submit"], str(submission.script)]

@@ -6,8 +6,10 @@ keys) and qstat's exit code mixes "some ids unknown" (153) with output for the o
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
+import time
 from typing import Any
 
 from mmm_orch.schedulers.states import JobState, JobStatus
@@ -28,6 +30,8 @@ TRANSIENT_ERRORS = re.compile(
     r"cannot connect to host|all reserved ports in use|Invalid credential|Connection refused|"
     r"premature end of message|Communication failure|Connection timed out", re.I)
 TRANSIENT_EXIT_CODES = frozenset({162, 171, 183})
+# qstat prints times in its own time zone: queries run in UTC so that they read the same anywhere.
+QUERY_ENV = {"TZ": "UTC"}
 
 _JOB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9][\w.-]*)?$")
 
@@ -99,6 +103,14 @@ def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
     return JobState.FAILED, status, None
 
 
+def utc_time(value: Any) -> float | None:
+    """A qstat time such as 'Sat Dec  3 20:25:38 2022', read as UTC (see QUERY_ENV)."""
+    try:
+        return float(calendar.timegm(time.strptime(" ".join(str(value).split()), "%a %b %d %H:%M:%S %Y")))
+    except ValueError:
+        return None
+
+
 def parse_qstat_json(text: str) -> dict[str, JobStatus]:
     data = load_qstat_json(text.strip() or "{}")
     out = {}
@@ -106,5 +118,7 @@ def parse_qstat_json(text: str) -> dict[str, JobStatus]:
         state, code, signal = pbs_state(job)
         out[job_id] = JobStatus(native_id=job_id, state=state,
                                 native_state=str(job.get("job_state", "")), exit_code=code,
-                                signal=signal, reason=str(job.get("comment", "")))
+                                signal=signal, reason=str(job.get("comment", "")),
+                                started_at=utc_time(job["stime"]) if "stime" in job else None,
+                                ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None)
     return out

@@ -21,7 +21,8 @@ class SlurmScheduler(CommandScheduler):
                 "control": "scontrol"}
 
     def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
-        return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose), cwd=cwd)
+        return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose),
+                           cwd=cwd, env=parse.QUERY_ENV if purpose == "query" else None)
 
     def submit(self, submission: Submission) -> str:
         result = self._run([self.cmd["submit"], "--parsable", str(submission.script)], "submit",

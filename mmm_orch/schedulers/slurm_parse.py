@@ -141,7 +141,8 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
             code = derived or None
         out[job_id] = JobStatus(native_id=job_id, state=state, native_state=row.get("state", ""),
                                 exit_code=code if state.terminal else None,
-                                signal=sig if state.terminal else None, reason=reason)
+                                signal=sig if state.terminal else None, reason=reason,
+                                started_at=epoch(row.get("start")), ended_at=epoch(row.get("end")))
     return out
 
 
@@ -159,7 +160,9 @@ def parse_scontrol_show_job(text: str) -> dict[str, JobStatus]:
         out[fields["JobId"]] = JobStatus(
             native_id=fields["JobId"], state=state, native_state=fields.get("JobState", ""),
             exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
-            reason="" if reason == "None" else reason)
+            reason="" if reason == "None" else reason,
+            started_at=epoch(fields.get("StartTime")) if state is not JobState.PENDING else None,
+            ended_at=epoch(fields.get("EndTime")) if state.terminal else None)
     return out
 
 
@@ -171,21 +174,34 @@ def _reason(value: Any) -> str:
     return "" if value in (None, "None") else str(value)
 
 
-# squeue's fixed format: job id, long state name, reason; '|' never occurs in these fields.
-SQUEUE_FORMAT = "%A|%T|%r"
-SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode"]
+# Queries run with SLURM_TIME_FORMAT=%s (QUERY_ENV), so every time is epoch seconds, whatever the
+# cluster's time zone; "Unknown", "None" or "N/A" mean no time yet.
+QUERY_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+
+def epoch(value: Any) -> float | None:
+    text = str(value or "").strip()
+    return float(text) if text.isdigit() and int(text) > 0 else None
+
+
+# squeue's fixed format: job id, long state name, start time, reason; '|' never occurs in the
+# first three and the reason comes last.
+SQUEUE_FORMAT = "%A|%T|%S|%r"
+SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End"]
 ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.I)
 INVALID_JOB_ID = re.compile(r"Invalid job id specified", re.I)
 
 
 def parse_squeue_format(text: str) -> dict[str, JobStatus]:
-    """`squeue --noheader --format='%A|%T|%r'`."""
+    """`squeue --noheader --format=SQUEUE_FORMAT`. A pending job's %S is a forecast, not a start."""
     out = {}
     for line in text.splitlines():
-        parts = line.strip().split("|", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
+        parts = line.strip().split("|", 3)
+        if len(parts) != 4 or not parts[0].isdigit():
             continue
-        job_id, native, reason = parts
-        out[job_id] = JobStatus(native_id=job_id, state=slurm_state(native), native_state=native,
-                                reason=_reason(reason))
+        job_id, native, start, reason = parts
+        state = slurm_state(native)
+        out[job_id] = JobStatus(native_id=job_id, state=state, native_state=native,
+                                reason=_reason(reason),
+                                started_at=epoch(start) if state is not JobState.PENDING else None)
     return out

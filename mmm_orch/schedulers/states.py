@@ -48,3 +48,5 @@ class JobStatus:
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    started_at: float | None = None  # epoch seconds, as the scheduler recorded them
+    ended_at: float | None = None
