@@ -226,3 +226,29 @@ def test_tiny_changes_defaults_and_given_options_win():
     assert (given.train_samples, given.test_batch_size) == (64, 128)
     shaped = parse(fsdp_tp.Config, ["--tiny", "--dim", "96", "--batch-size", "2"], tiny=fsdp_tp.TINY)
     assert (shaped.dim, shaped.n_layers, shaped.batch_size) == (96, 2, 2)
+
+
+def test_peak_flops_table_and_the_flops_count():
+    from mmm_orch.runtime.flops import peak_flops, transformer_flops_per_token
+
+    # Device names as torch reports them; variants before their family.
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert peak_flops("AMD Instinct MI250X") == 191.5e12  # one GCD
+    assert peak_flops("Intel(R) Data Center GPU Max 1550") == 419.5e12  # one tile
+    assert peak_flops("cpu") is None
+    # The 8b and 70b presets have Meta's published parameter counts (built on the meta device).
+    import torch
+
+    from mmm_orch.trainers.llama3 import PRESETS
+    from mmm_orch.trainers.models.llama import Transformer
+
+    counts = {}
+    for name in ("8b", "70b"):
+        with torch.device("meta"):
+            counts[name] = Transformer(PRESETS[name].model).count_params()
+    assert counts["8b"][0] == 8_030_261_248 and counts["70b"][0] == 70_553_706_496
+    # Llama 3 8B at 8192 tokens: 6 x 7.50e9 non-embedding parameters + 12.9e9 for attention.
+    per_token = transformer_flops_per_token(*counts["8b"], 32, 32, 128, 8192)
+    assert per_token == 57_914_449_920

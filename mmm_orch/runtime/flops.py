@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-# name fragment (lower case) -> (peak bf16 dense FLOPS, source)
+# name fragment (lower case) -> (peak bf16 dense FLOPS, source); the first fragment found wins,
+# so variants come before their family.
 PEAK_BF16 = {
     "h200": (989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 Tensor Core, dense (SXM)"),
+    "h100 pcie": (756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 Tensor Core, dense (PCIe)"),
+    "h100 nvl": (835e12, "NVIDIA H100 NVL datasheet: 835 TFLOPS BF16 Tensor Core, dense, per GPU"),
     "h100": (989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 Tensor Core, dense (SXM5)"),
     "a100": (312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 Tensor Core, dense"),
     # One MI250X is two GCDs, and Slurm profiles count GCDs as devices.
