@@ -1,5 +1,6 @@
-"""Parallelism applied to a model, in torchtitan's order: tensor parallel, activation
-checkpointing, compile, then FSDP2 over the data-parallel mesh dimension."""
+"""Parallelism applied to a model: tensor parallel, compile, activation checkpointing, then FSDP2
+over the data-parallel mesh dimension. torchtitan compiles around the checkpointed block; with
+TP that fails in torch 2.13's AOT autograd, so here the checkpoint wraps the compiled block."""
 
 from __future__ import annotations
 
