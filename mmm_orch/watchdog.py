@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from mmm_orch.procgroup import signal_group, stop_group
+
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
 HUNG_EXIT = 124
 HUNG_MARKER = "[mmm-orch] hung:"
@@ -29,28 +31,13 @@ HUNG_MARKER = "[mmm-orch] hung:"
 LINGER = 5.0
 
 
-def _signal_group(group: int, signum: int) -> None:
-    try:
-        os.killpg(group, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _stop(process: subprocess.Popen, grace: float) -> None:
-    _signal_group(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        _signal_group(process.pid, signal.SIGKILL)
-        process.wait()
-
 
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0) -> int:
     process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, start_new_session=True)
 
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, lambda signum, _frame: _signal_group(process.pid, signum))
+        signal.signal(signum, lambda signum, _frame: signal_group(process.pid, signum))
 
     assert process.stdout is not None
     os.set_blocking(process.stdout.fileno(), False)
@@ -82,7 +69,7 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
             if now - exited_at > LINGER:
                 print(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
                       f"it started still hold its output after {LINGER:.0f}s; ending them", flush=True)
-                _signal_group(process.pid, signal.SIGKILL)
+                signal_group(process.pid, signal.SIGKILL)
                 return process.returncode
             continue
         limit, since = ((step_timeout, last_progress) if last_step is not None
@@ -92,7 +79,7 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
                     else f"no first step within {limit:.0f}s of launch")
             print(f"{HUNG_MARKER} {what}; last_step={last_step if last_step is not None else 'none'}; "
                   f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)", flush=True)
-            _stop(process, grace)
+            stop_group(process, grace)
             for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
                 out.write(process.stdout.read() or b"")
                 out.flush()

@@ -8,32 +8,16 @@ whole group, and writes result.json (exit code, and whether it was cancelled or 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from mmm_orch.procgroup import stop_group
+
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait
 RESULT = "result.json"
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(GRACE_S)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-    _signal_group(proc.pid, signal.SIGKILL)  # stragglers left in the group after the script ended
 
 
 def supervise(job_dir: Path, script: str, walltime: float) -> int:
@@ -62,7 +46,7 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
         print("[mmm-orch] cancelled: stopping the job", flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if proc.poll() is None:
-        _stop(proc)
+        stop_group(proc, GRACE_S)
     code = proc.returncode
     result = {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
               **outcome, "ended_at": time.time()}
