@@ -134,14 +134,24 @@ class JobRef:
 
 class CommandScheduler:
     """A batch scheduler driven by its commands: the profile's command names over `defaults`,
-    run through `runner` (here or on a login node)."""
+    run through `runner` (here or on a login node) with the scheduler's own transient errors
+    retried and `query_env` set for its queries."""
 
     defaults: dict[str, str] = {}
+    transient: re.Pattern[str]
+    transient_codes: frozenset[int] = frozenset()
+    query_env: dict[str, str] = {}
 
     def __init__(self, commands: dict[str, str], runner: Runner):
         self.cmd = {**self.defaults, **{k: v for k, v in commands.items() if v}}
         self.runner = runner
         self.submit_command = self.cmd["submit"]
+
+    def _run(self, argv: list[str], purpose: str, cwd: str | None = None) -> CommandResult:
+        """`purpose` is "submit" (also cancel) or "query": it picks the retry budget and env."""
+        return run_command(self.runner, argv, self.transient, Retry.from_env(purpose), cwd=cwd,
+                           transient_codes=self.transient_codes,
+                           env=self.query_env if purpose == "query" else None)
 
 
 class Scheduler(Protocol):

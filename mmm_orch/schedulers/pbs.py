@@ -5,24 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from mmm_orch.schedulers import pbs_parse as parse
-from mmm_orch.schedulers.base import (
-    CommandScheduler,
-    JobRef,
-    Retry,
-    SchedulerError,
-    Submission,
-    run_command,
-)
+from mmm_orch.schedulers.base import CommandScheduler, JobRef, SchedulerError, Submission
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 
 class PbsScheduler(CommandScheduler):
     defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel"}
-
-    def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
-        return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose),
-                           cwd=cwd, transient_codes=parse.TRANSIENT_EXIT_CODES,
-                           env=parse.QUERY_ENV if purpose == "query" else None)
+    transient = parse.TRANSIENT_ERRORS
+    transient_codes = parse.TRANSIENT_EXIT_CODES
+    query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:
         return [self.cmd["submit"], str(submission.script)]

@@ -5,24 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from mmm_orch.schedulers import slurm_parse as parse
-from mmm_orch.schedulers.base import (
-    CommandScheduler,
-    JobRef,
-    Retry,
-    SchedulerError,
-    Submission,
-    run_command,
-)
+from mmm_orch.schedulers.base import CommandScheduler, JobRef, SchedulerError, Submission
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 
 class SlurmScheduler(CommandScheduler):
     defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
                 "control": "scontrol"}
-
-    def _run(self, argv: list[str], purpose: str, cwd: str | None = None):
-        return run_command(self.runner, argv, parse.TRANSIENT_ERRORS, Retry.from_env(purpose),
-                           cwd=cwd, env=parse.QUERY_ENV if purpose == "query" else None)
+    transient = parse.TRANSIENT_ERRORS
+    query_env = parse.QUERY_ENV
 
     def submit(self, submission: Submission) -> str:
         result = self._run([self.cmd["submit"], "--parsable", str(submission.script)], "submit",
