@@ -42,7 +42,8 @@ class LocalScheduler:
         return {job.native_id: self._status(job) for job in jobs}
 
     def _status(self, job: JobRef) -> JobStatus:
-        started = self._started(job)
+        supervisor = _supervisor_info(job)
+        started = supervisor["create_time"] if supervisor else None  # no queue: it starts at once
         result_file = job.job_dir / RESULT
         if result_file.exists():
             result = json.loads(result_file.read_text())
@@ -57,36 +58,17 @@ class LocalScheduler:
             return JobStatus(native_id=job.native_id, state=state, native_state=native,
                              exit_code=result["exit_code"], signal=result["signal"],
                              started_at=started, ended_at=result["ended_at"])
-        if self._supervisor(job) is not None:
+        if _live(supervisor) is not None:
             return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
                              started_at=started)
         return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
                          reason="the supervisor ended without recording an exit code "
                                 "(killed, or the computer restarted)")
 
-    @staticmethod
-    def _started(job: JobRef) -> float | None:
-        """Local jobs start with their supervisor (no queue)."""
-        try:
-            return json.loads((job.job_dir / _SUPERVISOR).read_text())["create_time"]
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def _supervisor(self, job: JobRef) -> psutil.Process | None:
-        """The live supervisor process, checked by start time so a reused pid never matches."""
-        try:
-            info = json.loads((job.job_dir / _SUPERVISOR).read_text())
-            proc = psutil.Process(info["pid"])
-            if abs(proc.create_time() - info["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            return proc
-        except (OSError, ValueError, psutil.Error):
-            return None
-
     def cancel(self, job: JobRef) -> None:
         """SIGTERM to the supervisor, which stops the job's process group (TERM, then KILL after
         the grace time); anything still alive from the tree afterwards is killed here."""
-        proc = self._supervisor(job)
+        proc = _live(_supervisor_info(job))
         if proc is None:
             raise SchedulerError(f"local job {job.native_id} is not running")
         tree = [proc, *proc.children(recursive=True)]
@@ -103,3 +85,24 @@ class LocalScheduler:
                                        "cancelled": True, "timed_out": False,
                                        "ended_at": time.time()}))
             os.replace(tmp, job.job_dir / RESULT)
+
+
+def _supervisor_info(job: JobRef) -> dict | None:
+    """What submit recorded of the supervisor: its pid and start time."""
+    try:
+        return json.loads((job.job_dir / _SUPERVISOR).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _live(info: dict | None) -> psutil.Process | None:
+    """The live supervisor process, checked by start time so a reused pid never matches."""
+    if info is None:
+        return None
+    try:
+        proc = psutil.Process(info["pid"])
+        if abs(proc.create_time() - info["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except psutil.Error:
+        return None
