@@ -27,8 +27,28 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
 _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
 LAYOUT_OPTIONS = ("tp", "pp")
-# Scripts, logs and the job database are readable: secrets never go into them.
-_SECRET = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+# Scripts, logs and the job database are readable: secrets never go into them. A name is
+# refused when it contains one of these, or when one of its _-separated words is a secret word.
+_SECRET = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)
+_SECRET_WORDS = {"KEY", "KEYS", "PAT", "PASS", "PWD", "AUTH", "COOKIE", "SESSION", "SIGNATURE"}
+_NOT_SECRET = {"PWD", "OLDPWD"}  # the shell's working directories
+
+
+def looks_secret(name: str) -> bool:
+    words = set(name.upper().split("_"))
+    return name.upper() not in _NOT_SECRET and bool(_SECRET.search(name) or words & _SECRET_WORDS)
+
+
+def check_text(field: str, value: str) -> str:
+    """One line of text: no control characters, nothing that is not valid Unicode (such a value
+    cannot be written into the UTF-8 job script, or reach the job intact)."""
+    bad = sorted({c for c in value if ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF})
+    if bad:
+        shown = ", ".join(repr(c) if not 0xD800 <= ord(c) <= 0xDFFF else "a byte that is not UTF-8"
+                          for c in bad)
+        raise MmmError(f"{field} {value!r} is invalid: it contains {shown}; values are one line "
+                       "of text")
+    return value
 
 
 @dataclass(frozen=True)
@@ -97,8 +117,9 @@ class Plan:
     setup: tuple[str, ...]
     env: tuple[EnvGroup, ...]
     launcher: tuple[str, ...]
-    program: tuple[str, ...]
+    python_prefix: bool  # mpiexec/srun start `python -m trainer`; torchrun takes `-m trainer`
     trainer_args: dict[str, Any] = field(hash=False)
+    trainer_options: tuple[str, ...]  # what the workload's trainer accepts
     device: str
     torch_device: str
     backend: str
@@ -110,23 +131,49 @@ class Plan:
     login_hosts: tuple[str, ...]
     remote_jobs_dir: str
     workdir_given: bool  # False: a remote submission runs in its job directory instead
+    # Set by placed() at submission: where the job's files are and how the scheduler tags it.
     log_path: str | None = None
+    log_directive: str = ""  # the log path as the scheduler's directive syntax needs it
+    job_dir: str = ""
+    tag: str = ""
 
     @property
     def walltime_hms(self) -> str:
         return format_walltime(self.walltime)
 
     @property
+    def program(self) -> tuple[str, ...]:
+        prefix = [self.python] if self.python_prefix else []
+        return (*prefix, "-m", self.trainer, *_argv(self.trainer_args))
+
+    @property
     def launch_line(self) -> str:
         """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted."""
         return " ".join([*self.launcher, *(shlex.quote(a) for a in self.program)])
 
-    def placed(self, log_path: str, workdir: str | None = None) -> Plan:
-        """The plan with its job's log path (and, for a remote job, its directory there)."""
-        return dataclasses.replace(self, log_path=log_path, workdir=workdir or self.workdir)
+    @property
+    def run_dir(self) -> str:
+        """Where the trainer writes metrics and checkpoints ('' for trainers without one)."""
+        name = self.trainer_args.get("run_name")
+        if not name or "output_dir" not in self.trainer_options:
+            return ""
+        return os.path.join(self.workdir, str(self.trainer_args.get("output_dir", "outputs")), name)
+
+    def placed(self, job_dir: str, tag: str, log_directive: str,
+               workdir: str | None = None) -> Plan:
+        """The plan of a submission: its job directory and log (and, for a remote job, the
+        directory it runs in there), its tag, and a run directory of its own unless the user
+        named one (so that no two runs share metrics or checkpoints by accident)."""
+        args = dict(self.trainer_args)
+        if "run_name" in self.trainer_options and not args.get("run_name"):
+            args["run_name"] = f"{self.name}-{tag}"
+        return dataclasses.replace(
+            self, log_path=f"{job_dir}/job.log", log_directive=log_directive, job_dir=job_dir,
+            tag=tag, workdir=workdir or self.workdir, trainer_args=args)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "program": list(self.program),
+                "launch_line": self.launch_line, "run_dir": self.run_dir}
 
 
 def _fail(field: str, value: Any, allowed: str) -> MmmError:
@@ -139,7 +186,7 @@ def _pairs(items: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise _fail(flag, item, "expected KEY=VALUE")
-        out.append((key.strip(), value))
+        out.append((key, check_text(f"{flag} {key}", value)))
     return out
 
 
@@ -262,7 +309,7 @@ def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: i
     for key, value in _pairs(request.envs, "--env"):
         if not ENV_NAME.match(key):
             raise _fail("--env", key, "names are letters, digits and _, not starting with a digit")
-        if _SECRET.search(key):
+        if looks_secret(key):
             raise MmmError(
                 f"--env {key}: refusing to write a secret into the job script, its log and the job "
                 f"database; set it in your shell startup file on {machine.name} instead")
@@ -270,6 +317,20 @@ def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: i
     if user:
         groups.append(EnvGroup(name="user --env", set=tuple(user)))
     return groups
+
+
+def _workdir(given: str | None) -> str:
+    """The directory the job runs in: --workdir (checked where the job runs, at submission), else
+    the current directory."""
+    if given is not None:
+        if not given:
+            raise _fail("--workdir", given, "name a directory")
+        return os.path.abspath(check_text("--workdir", given))
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise MmmError("the current directory no longer exists: cd to one that does, or give "
+                       "--workdir") from None
 
 
 def resolve(request: Request) -> Plan:
@@ -315,7 +376,7 @@ def resolve(request: Request) -> Plan:
     if account and not _SAFE_WORD.match(account):
         raise _fail("--account", account, "use letters, digits, '_', '.', '+', '-'")
 
-    name = request.name or workload.name
+    name = workload.name if request.name is None else request.name
     if not _JOB_NAME.match(name):
         raise _fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")
 
@@ -339,8 +400,6 @@ def resolve(request: Request) -> Plan:
               "cpu_bind": machine.launcher.cpu_bind, "python": shlex.quote(python)}
     launcher = [machine.launcher.command.format(**fields)]
     launcher += [arg.format(**fields) for arg in machine.launcher.args]
-    program = [python] if machine.launcher.python_prefix else []
-    program += ["-m", workload.trainer, *_argv(args)]
 
     torch_device = "cuda" if machine.node.device == "rocm" else machine.node.device
     device_env = [EnvEntry(name="MMM_DEVICE", value=torch_device),
@@ -391,12 +450,13 @@ def resolve(request: Request) -> Plan:
         account=account,
         directives=tuple(d.format(**fields) for d in machine.directives),
         submit_dir_var=machine.scheduler.submit_dir_var,
-        workdir=os.path.abspath(request.workdir or os.getcwd()),
+        workdir=_workdir(request.workdir),
         setup=tuple(machine.setup),
         env=tuple(env),
         launcher=tuple(launcher),
-        program=tuple(program),
+        python_prefix=machine.launcher.python_prefix,
         trainer_args=args,
+        trainer_options=tuple(workload.options),
         device=machine.node.device,
         torch_device=torch_device,
         backend=machine.backend,

@@ -33,8 +33,10 @@ LINGER = 5.0
 
 
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0) -> int:
+    # A process group of its own, so that a hang stops all of the launch; the same session, so
+    # that a PBS MoM (which signals the job's session at the walltime) still reaches it.
     process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+                               stderr=subprocess.STDOUT, preexec_fn=os.setpgrp)
 
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signum, lambda signum, _frame: signal_group(process.pid, signum))

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Install mmm-orch with its test and training extras on a fresh machine (Python >= 3.10).
-# torch is pinned: `pip install torch==2.13.0` (a CPU wheel here); never an unpinned torch.
+# Install mmm-orch into its own virtual environment, .venv (never the machine's own Python),
+# with the training and test extras. torch is pinned: `pip install torch==2.13.0` (a CPU wheel
+# here); never an unpinned torch. Idempotent: a second run only checks that all is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-"$PY" -m pip install --quiet --disable-pip-version-check torch==2.13.0
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[train,test]"
+VENV=${MMM_ORCH_VENV:-.venv}
+if [[ ! -x $VENV/bin/python ]]; then
+    "$PY" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" -e ".[train,test,plot]"
+echo "mmm-orch installed in $VENV: run $VENV/bin/mmm-orch, or 'source $VENV/bin/activate' first" >&2

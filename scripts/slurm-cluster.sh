@@ -78,6 +78,8 @@ start_mariadb() {
 
 write_configs() {
     mkdir -p "$CONF" /var/spool/slurmctld /var/log/slurm
+    local old=""
+    [[ -f $CONF/slurm.conf ]] && old=$(cat "$CONF/slurm.conf")
     cat >"$CONF/slurm.conf" <<EOF
 # Written by mmm-orch scripts/slurm-cluster.sh: a two-node test cluster on one host.
 ClusterName=${CLUSTER}
@@ -107,9 +109,13 @@ OverTimeLimit=0
 MinJobAge=300
 MessageTimeout=5
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
+# Comments are where mmm-orch tags its jobs; keep them in accounting too.
+AccountingStoreFlags=job_comment
 NodeName=n1 NodeHostname=localhost Port=17001 CPUs=2 RealMemory=4000 State=UNKNOWN
 NodeName=n2 NodeHostname=localhost Port=17002 CPUs=2 RealMemory=4000 State=UNKNOWN
-PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=60 State=UP
+NodeName=n3 NodeHostname=localhost Port=17003 CPUs=2 RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=60 State=UP
+PartitionName=parked Nodes=n1,n2,n3 MaxTime=60 State=DOWN
 EOF
     cat >"$CONF/slurmdbd.conf" <<EOF
 # Written by mmm-orch scripts/slurm-cluster.sh
@@ -125,6 +131,11 @@ StoragePass=${DB_PASS}
 StorageLoc=slurm_acct_db
 EOF
     chmod 600 "$CONF/slurmdbd.conf"
+    if [[ -n $old && $old != "$(cat "$CONF/slurm.conf")" ]] && running slurmctld; then
+        log "slurm.conf changed: restarting slurmctld and the slurmd"
+        pkill -x slurmd 2>/dev/null || true
+        stop_controller
+    fi
 }
 
 start_slurmdbd() {
@@ -146,20 +157,24 @@ stop_controller() {
     pkill -9 -x slurmctld 2>/dev/null || true
 }
 
+NODES=(n1 n2 n3)
+
 start_nodes() {
-    for node in n1 n2; do
+    for node in "${NODES[@]}"; do
         mkdir -p "/var/spool/slurmd-$node"
         running "slurmd -N $node" || slurmd -N "$node"
     done
-    # Nodes left DOWN by an earlier unclean stop come back; then wait until both take jobs.
-    scontrol update nodename=n1,n2 state=resume >/dev/null 2>&1 || true
-    wait_for 30 "nodes n1,n2 idle" nodes_idle
+    # Nodes left DOWN by an earlier unclean stop come back; then wait until all take jobs.
+    scontrol update nodename="$(IFS=,; echo "${NODES[*]}")" state=resume >/dev/null 2>&1 || true
+    wait_for 30 "nodes ${NODES[*]} idle" nodes_idle
 }
 
 nodes_idle() {
-    local states
-    states=$(sinfo -h -N -o "%N %t" 2>/dev/null | sort -u)
-    grep -q "^n1 \(idle\|mix\|alloc\)" <<<"$states" && grep -q "^n2 \(idle\|mix\|alloc\)" <<<"$states"
+    local states node
+    states=$(sinfo -h -N -p debug -o "%N %t" 2>/dev/null | sort -u)
+    for node in "${NODES[@]}"; do
+        grep -q "^$node \(idle\|mix\|alloc\)" <<<"$states" || return 1
+    done
 }
 
 up() {
@@ -171,7 +186,7 @@ up() {
     start_slurmdbd
     start_controller
     start_nodes
-    log "up: cluster ${CLUSTER}, nodes n1 n2, partition debug, accounting on"
+    log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug and parked, accounting on"
 }
 
 down() {
@@ -181,6 +196,12 @@ down() {
     pkill -x slurmdbd 2>/dev/null || true
     log "down (munge and MariaDB left running)"
 }
+
+# One run at a time: tests running side by side may all call `up`. flock holds the lock for the
+# run; -o keeps it from the daemons started here (they would hold it for ever).
+if [[ $(id -u) -eq 0 && -z ${MMM_ORCH_SCRIPT_LOCKED:-} ]]; then
+    MMM_ORCH_SCRIPT_LOCKED=1 exec flock -o /run/mmm-orch-slurm-cluster.lock bash "$0" "$@"
+fi
 
 case "${1:-up}" in
     up) up ;;

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The test command from the README: set up, then run the whole suite.
+# The test command from the README: set up (.venv), start the test schedulers, run the suite from
+# the virtual environment. Tests that wait on a scheduler mostly sleep, so pytest-xdist runs them
+# side by side (MMM_ORCH_TEST_WORKERS, default 4 on CI's 2 cores); the few that stop a shared
+# scheduler (marked `serial`) run first, alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The real Slurm test cluster (munge, MariaDB, slurmdbd, slurmctld, two slurmd); needs root, as in
-# CI. Without root the cluster tests skip and say so.
+# The real test schedulers (Slurm: munge, MariaDB, slurmdbd, slurmctld, three slurmd; OpenPBS:
+# server, scheduler, comm and a MoM with three vnodes) need root, as in CI. Without root their
+# tests skip and say so.
 if [[ $(id -u) -eq 0 ]]; then
     bash scripts/slurm-cluster.sh up
+    bash scripts/pbs-server.sh up
 fi
-PY=${PYTHON:-python3}
-"$PY" -m pytest -q "$@"
+PY=${MMM_ORCH_VENV:-.venv}/bin/python
+run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial tests) is fine
+    "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || exit "$rc"; }
+}
+run -m serial -p no:xdist "$@"
+run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-4}" "$@"

@@ -56,6 +56,44 @@ def cli(capsys):
     return run
 
 
+def cancel_leftovers() -> None:
+    """Cancel the jobs a test left queued or running on a shared test scheduler, so that a failed
+    test does not hold nodes the next ones wait for."""
+    import sqlite3
+
+    path = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
+    if not path.exists():
+        return
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT scheduler, native_id FROM jobs WHERE state IN "
+                            "('submitting', 'pending', 'running', 'unknown') AND native_id != ''"
+                            ).fetchall()
+    for kind, native_id in rows:
+        command = {"slurm": "scancel", "pbs": "qdel"}.get(kind)
+        if command:
+            subprocess.run([command, native_id], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def leftovers_cancelled():
+    yield
+    cancel_leftovers()
+
+
+def assert_nothing_recorded() -> None:
+    """After a submission the scheduler refused: no record and no job directory. (The database
+    itself may exist: the record is written before the scheduler is asked, then removed.)"""
+    import sqlite3
+
+    state = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch"
+    if (state / "jobs.db").exists():
+        with sqlite3.connect(state / "jobs.db") as conn:
+            assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+            assert conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+    jobs = state / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir()), list(jobs.iterdir())
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh interpreter (for import checks and real exit codes)."""

@@ -25,8 +25,8 @@ def user_dir(root: Path, kind: str) -> Path:
 
 
 def test_packaged_profiles_and_specs_all_validate():
-    assert registry.names("machines") == ["aurora", "frontier", "local", "perlmutter", "polaris",
-                                        "slurm-local"]
+    assert registry.names("machines") == ["aurora", "frontier", "local", "pbs-local", "perlmutter",
+                                        "polaris", "slurm-local"]
     for name in registry.names("machines"):
         assert registry.load_machine(name).name == name
     for name in registry.names("workloads"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from conftest import run_cli, write_probe
+from conftest import assert_nothing_recorded, run_cli, write_probe
 from mmm_orch.hosts import LocalHost
 from mmm_orch.jobs.db import JobDB
 
@@ -61,7 +61,7 @@ def test_dist_check_runs_detached_and_is_tracked(cli, isolated):
     script = Path(json.loads(cli("show", "1", "--json").out)["script_path"]).read_text()
     assert script in shown.out and "mmm_orch.trainers.dist_check" in script
     record = json.loads(cli("show", "1", "--json").out)
-    assert [e["state"] for e in record["events"]][0] == "pending"
+    assert [e["state"] for e in record["events"]][:2] == ["submitting", "pending"]
     assert record["events"][-1]["state"] == "completed"
     assert record["plan"]["machine"] == "local" and record["submit_dir"] == str(isolated)
 
@@ -184,11 +184,11 @@ def test_a_failing_scheduler_leaves_no_record_and_no_directory(cli, isolated, tm
         "scheduler: {commands: {submit: /nonexistent/sbatch}}\n")
     result = cli("submit", "refuses", "dist_check")
     assert result.code == 2 and result.err.startswith("mmm-orch: error: false:"), result.err
-    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+    assert_nothing_recorded()
     result = cli("submit", "nosbatch", "dist_check")
     assert result.code == 2 and "/nonexistent/sbatch is not on PATH here" in result.err
     assert "give --host HOST" in result.err and len(result.err.splitlines()) == 1
-    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+    assert_nothing_recorded()
 
 
 def test_concurrent_writers_never_lose_a_record(tmp_path):

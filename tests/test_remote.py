@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import command_wrappers, ssh_config
+from conftest import assert_nothing_recorded, command_wrappers, ssh_config
 from mmm_orch.jobs.db import JobDB
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
@@ -177,7 +177,7 @@ def test_rejected_remote_submission_leaves_no_record_and_no_remote_directory(cli
     result = cli("submit", "slurm-ssh", "dist_check", "--host", "login")
     assert result.code == 2, result.err
     assert "sbatch: error: invalid partition specified: nosuchpartition" in result.err
-    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+    assert_nothing_recorded()
     assert not remote.exists() or not any(remote.iterdir())
 
 

@@ -38,7 +38,8 @@ def evaluate_environment(script: str, tmp_path, extra_env: dict[str, str] | None
 def launch_line(script: str) -> str:
     """The launcher command line, unwrapped from the watchdog when the script has one."""
     lines = script.splitlines()
-    line = next(x for x in lines[lines.index("set +e") + 1:] if not x.startswith("#"))
+    line = next(x for x in lines[lines.index("set +e") + 1:]
+                if not x.startswith("#") and not x.startswith("trap "))
     if " -m mmm_orch.watchdog " in line:
         return shlex.split(line)[-1]
     return line

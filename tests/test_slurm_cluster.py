@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import command_wrappers, run_cli, write_probe
+from conftest import assert_nothing_recorded, command_wrappers, run_cli, write_probe
 from mmm_orch.jobs.db import JobDB
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
@@ -59,11 +59,15 @@ def test_dist_check_on_two_nodes_through_srun(cli):
     row = wait_state(cli, 1, TERMINAL)
     assert (row["state"], row["exit_code"]) == ("completed", 0), cli("logs", "1").out
     log = cli("logs", "1").out
-    for rank, node in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
+    nodes = sorted({line.split(" node=")[1].split()[0] for line in log.splitlines()
+                    if line.startswith("[dist_check] rank=") and " node=" in line})
+    assert len(nodes) == 2 and set(nodes) <= {"n1", "n2", "n3"}, nodes
+    for rank in range(4):
+        node = nodes[rank // 2]  # srun places ranks block-wise: two per node, in node order
         assert f"[dist_check] rank={rank} local_rank={rank % 2} node={node} device=cpu " \
                "backend=gloo launcher=slurm" in log
         assert f"[dist_check] rank={rank} all_reduce OK (got 10, expected 10)" in log
-    assert "[dist_check] PASS world=4 nodes=n1,n2 backend=gloo" in log
+    assert f"[dist_check] PASS world=4 nodes={','.join(nodes)} backend=gloo" in log
     assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2" in log
 
 
@@ -101,7 +105,7 @@ def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):
     row = wait_state(cli, 1, TERMINAL, timeout=60)
     assert row["state"] == "cancelled" and row["exit_code"] is None
     history = json.loads(cli("show", "1", "--json").out)["events"]
-    assert [e["state"] for e in history if e["native_state"] != "submitted"][0] in ("pending", "running")
+    assert [e["state"] for e in history][:2] == ["submitting", "pending"]
     assert history[-1]["state"] == "cancelled"
 
 
@@ -116,15 +120,16 @@ def test_unknown_partition_is_the_schedulers_error_and_leaves_nothing(cli, isola
     assert result.err.strip() == ("mmm-orch: error: sbatch: sbatch: error: invalid partition "
                                   "specified: nosuchpartition | sbatch: error: Batch job "
                                   "submission failed: Invalid partition name specified")
-    assert not Path(os.environ["XDG_STATE_HOME"]).exists()
+    assert_nothing_recorded()
 
 
 def test_eight_processes_submitting_25_jobs_each(isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "noop", "pass\n")
+    # The parked partition accepts jobs and never runs them: this test is about submission.
     code = ("import sys\nfrom mmm_orch.cli import main\n"
             "for _ in range(25):\n"
-            "    rc = main(['submit', 'slurm-local', 'noop', '--name', 'burst'])\n"
+            "    rc = main(['submit', 'slurm-local', 'noop', '--name', 'burst', '-q', 'parked'])\n"
             "    assert rc == 0, rc\n")
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=isolated, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(8)]
@@ -155,13 +160,10 @@ def test_one_status_refresh_is_one_squeue_and_one_sacct_for_500_jobs(cli, isolat
         db.insert(**{**template, "native_id": str(900000 + i), "state": "pending"})
     calls = tmp_path / "calls.log"
     path = command_wrappers(tmp_path / "bin", ["squeue", "sacct", "scontrol", "sbatch"], calls)
-    start = time.monotonic()
     proc = run_cli("status", "--all", env={"PATH": path})
-    elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     made = [line.split()[0] for line in calls.read_text().splitlines()]
-    assert sorted(made) == ["sacct", "squeue"]
-    assert elapsed < 1.0, f"status took {elapsed:.2f}s"
+    assert sorted(made) == ["sacct", "squeue"]  # its speed is measured in benchmarks/
     lines = proc.stdout.splitlines()
     assert len(lines) == 501  # header + 500 jobs
     assert lines[1].split()[4] == "completed"
@@ -171,6 +173,7 @@ def test_one_status_refresh_is_one_squeue_and_one_sacct_for_500_jobs(cli, isolat
     assert proc.returncode == 0 and not calls.exists()
 
 
+@pytest.mark.serial  # stops the shared controller: no other test may run meanwhile
 def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeypatch, slurm_cluster):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "sleeper", "import time\ntime.sleep(900)\n")
@@ -231,11 +234,10 @@ def test_watchdog_ends_a_job_hung_in_a_collective(cli, isolated, monkeypatch):
                                               "step_timeout: '00:00:08'}\n")
     submitted = cli("submit", "slurm-local", "hang", "--nodes", "2")
     assert submitted.code == 0, submitted.err
-    start = time.monotonic()
-    row = wait_state(cli, 1, TERMINAL, timeout=150)
+    row = wait_state(cli, 1, TERMINAL, timeout=300)
     assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out
     assert row["reason"] == "no step completed in 8s after step 3; last_step=3"
-    assert time.monotonic() - start < 90  # not the 60-minute walltime
+    assert row["ended_at"] - row["started_at"] < 90  # not the 60-minute walltime
     log = cli("logs", "1").out
     assert "[mmm-orch] hung: no step completed in 8s after step 3" in log
     assert "[mmm-orch] launch_end=" in log and "exit_code=124" in log

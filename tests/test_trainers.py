@@ -147,10 +147,10 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resumes(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr[-3000:]
+    assert proc.returncode == 75, stderr[-3000:]  # checkpointed, not finished
     saved = [json.loads(line) for line in metrics.read_text().splitlines()
              if '"event": "checkpoint"' in line]
-    assert len(saved) == 1 and saved[0]["reason"] == "signal 15"
+    assert len(saved) == 1 and saved[0]["reason"] == "signal" and saved[0]["save_s"] > 0
     stopped_at = saved[0]["step"]
     assert (out / "run" / "checkpoints" / "latest").read_text() == f"step-{stopped_at}"
     resumed = launch("llama3", ["--tiny", "--steps", str(stopped_at + 2), "--resume"], 1, "none", out)

@@ -12,7 +12,7 @@ CASES = [
     # (id, args, fragments the one-line message must contain)
     ("unknown machine", ["auroa", "llama3_8b", *PBS], ["unknown machine 'auroa'", "did you mean aurora"]),
     ("unknown workload", ["aurora", "llama3-8b", *PBS], ["unknown workload 'llama3-8b'", "llama3_8b"]),
-    ("nodes below 1", ["aurora", "llama3_8b", "--nodes", "0", *PBS], ["--nodes 0", "at least 1"]),
+    ("nodes below 1", ["aurora", "llama3_8b", "--nodes", "0", *PBS], ["--nodes '0' is invalid", ">= 1"]),
     ("nodes above machine", ["polaris", "fsdp", "--nodes", "600", *PBS], ["--nodes 600", "at most 496"]),
     ("nodes above queue", ["aurora", "fsdp", "--queue", "debug", "--nodes", "4", *PBS],
      ["--queue 'debug'", "4 nodes", "takes 1-2 nodes"]),
@@ -37,7 +37,7 @@ CASES = [
     ("unknown set key", ["aurora", "fsdp", "--set", "epoch=3", *PBS],
      ["unknown --set key for workload fsdp 'epoch'", "did you mean epochs"]),
     ("set value of the wrong type", ["aurora", "fsdp", "--set", "epochs=many", *PBS],
-     ["--set option epochs='many' is not an integer"]),
+     ["--set option epochs='many' is invalid: an integer >= 1"]),
     ("set without =", ["aurora", "fsdp", "--set", "epochs", *PBS], ["--set 'epochs'", "KEY=VALUE"]),
     ("choice value", ["aurora", "fsdp", "--set", "dtype=fp8", *PBS], ["dtype='fp8'", "one of bf16, fp32"]),
     ("env name", ["aurora", "fsdp", "--env", "1X=2", *PBS], ["--env '1X'"]),

@@ -188,8 +188,12 @@ class FailureSignature:
     source: str = ""
     # fallout: a consequence of a failure elsewhere (ranks killed after another rank died), never
     # reported as the first failure. catch_all: only reported when nothing specific matched.
+    # consequence: what the surviving ranks see when a peer died (gloo "connection closed by
+    # peer", a collective timing out): reported only when no cause, specific or catch-all, is
+    # in the log, since the peer's own failure is the story.
     fallout: bool = False
     catch_all: bool = False
+    consequence: bool = False
 
 
 @config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import field
 from typing import Any, Literal
@@ -14,47 +15,72 @@ _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @config
 class Option:
-    """One trainer option that --set may give; passed as --name value (bools as --name/--no-name)."""
+    """One trainer option that --set may give; passed as --name value (bools as --name/--no-name).
+    Numbers may carry bounds (`ge`, `gt`, `le`); floats are always finite; a `pattern` (a full
+    match) constrains strings. Every bad value is refused before anything is written."""
 
     type: Literal["int", "float", "str", "bool", "choice"]
     default: Any = None
     choices: list[str] = field(default_factory=list)
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    pattern: str = ""
     help: str = ""
+
+    def allowed(self) -> str:
+        """What a value must be, in words (for error messages)."""
+        if self.type == "bool":
+            return "true or false"
+        if self.type == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.type == "str":
+            return f"text matching {self.pattern}" if self.pattern else "one line of text"
+        bounds = [f">= {_num(self.ge)}" if self.ge is not None else "",
+                  f"> {_num(self.gt)}" if self.gt is not None else "",
+                  f"<= {_num(self.le)}" if self.le is not None else ""]
+        kind = "an integer" if self.type == "int" else "a finite number"
+        return " ".join([kind, " and ".join(b for b in bounds if b)]).strip()
 
     def coerce(self, name: str, value: Any) -> Any:
         """The typed value, or ValueError naming the option, the value and what is allowed."""
-        text = value if isinstance(value, str) else None
         try:
-            if self.type == "bool":
-                if isinstance(value, bool):
-                    return value
-                lowered = (text or "").lower()
-                if lowered in ("1", "true", "yes", "on"):
-                    return True
-                if lowered in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            if self.type == "int":
-                if isinstance(value, bool):
-                    raise ValueError
-                return int(value)
-            if self.type == "float":
-                if isinstance(value, bool):
-                    raise ValueError
-                return float(value)
-            if self.type == "choice":
-                if str(value) not in self.choices:
-                    raise ValueError
-                return str(value)
-            return str(value)
-        except (TypeError, ValueError):
-            allowed = {
-                "bool": "true or false",
-                "int": "an integer",
-                "float": "a number",
-                "choice": "one of " + ", ".join(self.choices),
-            }.get(self.type, "a string")
-            raise ValueError(f"option {name}={value!r} is not {allowed}") from None
+            typed = self._typed(value)
+        except (TypeError, ValueError, OverflowError):
+            typed = None
+        if typed is None or not self._within(typed):
+            raise ValueError(f"option {name}={value!r} is invalid: {self.allowed()}")
+        return typed
+
+    def _typed(self, value: Any) -> Any:
+        text = value if isinstance(value, str) else None
+        if self.type == "bool":
+            if isinstance(value, bool):
+                return value
+            return {"1": True, "true": True, "yes": True, "on": True, "0": False,
+                    "false": False, "no": False, "off": False}.get((text or "").strip().lower())
+        if isinstance(value, bool):
+            return None
+        if self.type == "int":
+            return int(value.strip()) if text is not None else (value if isinstance(value, int) else None)
+        if self.type == "float":
+            number = float(value)
+            return number if math.isfinite(number) else None
+        if self.type == "choice":
+            return str(value) if str(value) in self.choices else None
+        return str(value)
+
+    def _within(self, value: Any) -> bool:
+        if self.type in ("int", "float"):
+            return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                    and (self.le is None or value <= self.le))
+        if self.type == "str":
+            return not self.pattern or re.fullmatch(self.pattern, value) is not None
+        return True
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 @config
@@ -111,6 +137,15 @@ class Workload:
                 raise ValueError(f"option name {name!r} must be lower_snake_case")
             if option.type == "choice" and not option.choices:
                 raise ValueError(f"option {name} is a choice without choices")
+            if option.type not in ("int", "float") and {option.ge, option.gt, option.le} != {None}:
+                raise ValueError(f"option {name}: ge/gt/le bound numbers, not {option.type}")
+            if option.pattern:
+                if option.type != "str":
+                    raise ValueError(f"option {name}: a pattern constrains str options only")
+                try:
+                    re.compile(option.pattern)
+                except re.error as exc:
+                    raise ValueError(f"option {name}: pattern {option.pattern!r}: {exc}") from None
             if option.default is not None:
                 option.coerce(name, option.default)
         for where, args in [("args", self.args)] + [

@@ -1,35 +1,48 @@
 """The job database: SQLite in WAL mode, safe for many mmm-orch processes at once.
 
 Every write is one short IMMEDIATE transaction (a writer waits for the lock instead of failing,
-up to busy_timeout), so concurrent submits never lose or corrupt a record. Records are only
-added after the scheduler accepted the job: a failed submission leaves nothing behind.
+up to busy_timeout), so concurrent submits never lose or corrupt a record. A record is written
+*before* the scheduler is asked (state `submitting`), so an interrupted submit always leaves a
+trace that the next `status` reconciles; a submission the scheduler refused is removed again.
+
+The database is checked before anything is done with it (a directory, a foreign file, a truncated
+or damaged database, a read-only place, a full disk: one clear error, exit 2, nothing written),
+and two copies make recovery real: `jobs.db.backup` (SQLite's online backup, refreshed at most
+every BACKUP_EVERY seconds by a writer) and one `record.json` per job in its directory beside the
+database. `mmm-orch db recover` rebuilds from the damaged file, the backup and those records.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
+from mmm_orch.errors import MmmError
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
-SCHEMA_VERSION = 2  # 2: jobs.remote
+SCHEMA_VERSION = 3  # 2: jobs.remote; 3: tag, submitter, run_dir, group and rerun links
+SQLITE_HEADER = b"SQLite format 3\x00"
+BACKUP_EVERY = 600.0
+RECORD_FILE = "record.json"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     machine      TEXT NOT NULL,
     host         TEXT NOT NULL,
-    remote       TEXT NOT NULL DEFAULT '',  -- SSH target the job went through, '' for here
     scheduler    TEXT NOT NULL,      -- kind: slurm, pbs, local
     commands     TEXT NOT NULL,      -- JSON: the profile's scheduler commands at submit time
     workload     TEXT NOT NULL,
     name         TEXT NOT NULL,
     nodes        INTEGER NOT NULL,
     ranks        INTEGER NOT NULL,
-    native_id    TEXT NOT NULL,
+    native_id    TEXT NOT NULL,      -- '' while submitting
     job_dir      TEXT NOT NULL,
     script_path  TEXT NOT NULL,
     script       TEXT NOT NULL,      -- the exact script that was submitted
@@ -56,9 +69,28 @@ CREATE TABLE IF NOT EXISTS events (
     reason       TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS groups (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind         TEXT NOT NULL,      -- chain or sweep
+    created_at   REAL NOT NULL,
+    spec         TEXT NOT NULL       -- JSON: what was asked (links, axes and points)
+);
 """
+# Columns added after the first schema, created on older databases by _migrate().
+_ADDED_COLUMNS = {
+    "remote": "TEXT NOT NULL DEFAULT ''",     # SSH target the job went through, '' for here
+    "tag": "TEXT NOT NULL DEFAULT ''",        # the mark the scheduler shows (comment, variable)
+    "submitter": "TEXT NOT NULL DEFAULT ''",  # JSON: host, pid, start of the submitting process
+    "run_dir": "TEXT NOT NULL DEFAULT ''",    # where the trainer writes metrics and checkpoints
+    "group_id": "INTEGER",                    # the chain or sweep the job belongs to
+    "group_index": "INTEGER",                 # its link (chains) or point (sweeps), from 1
+    "rerun_of": "INTEGER",                    # the job this one reruns
+}
 _OPEN_STATES = tuple(s.value for s in JobState if not s.terminal)
 
+
+class DatabaseError(MmmError):
+    """The job database cannot be used as it is; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +120,12 @@ class JobRecord:
     started_at: float | None
     ended_at: float | None
     checked_at: float
+    tag: str = ""
+    submitter: str = ""
+    run_dir: str = ""
+    group_id: int | None = None
+    group_index: int | None = None
+    rerun_of: int | None = None
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)
@@ -106,85 +144,218 @@ class JobRecord:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
         data["state"] = self.state.value
         if not full:
-            for key in ("script", "plan", "events", "commands"):
+            for key in ("script", "plan", "events", "commands", "submitter"):
                 data.pop(key)
         return data
+
+
+def db_path(path: str | None = None) -> Path:
+    """`path`, else $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
+    from mmm_orch.paths import default_db_path
+
+    return Path(path) if path else default_db_path()
+
+
+def jobs_root_for(db_file: Path) -> Path:
+    """Per-job directories (script copy, log, record.json, local supervisor files) beside the db."""
+    return db_file.parent / "jobs"
+
+
+def backup_path(db_file: Path) -> Path:
+    return db_file.with_name(db_file.name + ".backup")
+
+
+_open: dict[Path, JobDB] = {}
+_connected: collections.Counter[Path] = collections.Counter()  # live connections per file
+
+
+def open_db(path: str | None = None, create: bool = False) -> JobDB | None:
+    """The checked job database; None when there is none yet and `create` is False (commands
+    that only read never create one). One connection per file and process: SQLite's locks are
+    POSIX locks, which any other open-and-close of the file in the same process would drop."""
+    file = db_path(path)
+    key = file.absolute()
+    if key in _open:
+        return _open[key]
+    check_file(file)
+    if not file.exists() and not create:
+        return None
+    _open[key] = JobDB(file)
+    return _open[key]
+
+
+def close_all() -> None:
+    while _open:
+        _open.popitem()[1].close()
+
+
+def check_file(file: Path) -> None:
+    """Refuse what is not a usable job database, before anything is written."""
+    if file.is_dir():
+        raise DatabaseError(f"job database {file}: is a directory, not a database file "
+                            "(--db or $MMM_ORCH_DB names the file, e.g. .../jobs.db)")
+    if not file.exists():
+        parent = next((p for p in file.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise DatabaseError(f"job database {file}: {parent} is a file, not a directory")
+        return
+    if _connected[file.absolute()]:
+        return  # already open here, so a database; reading it again would drop SQLite's locks
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise DatabaseError(f"job database {file}: cannot read: {exc.strerror}") from None
+    if not head:
+        evidence = _earlier_records(file)
+        if evidence:
+            raise DatabaseError(
+                f"job database {file} is empty (0 bytes) but {evidence}: it was truncated. "
+                f"Nothing was written; `mmm-orch db recover` rebuilds it from the backup and "
+                f"the job directories (the empty file is kept aside)")
+        return
+    if head != SQLITE_HEADER:
+        raise DatabaseError(f"job database {file}: not an SQLite database (it starts with "
+                            f"{head[:8]!r}); name another file with --db, or move this one away")
+
+
+def _earlier_records(file: Path) -> str:
+    """What shows that a database at `file` once held jobs: its backup, or job directories."""
+    backup = backup_path(file)
+    if backup.is_file() and backup.stat().st_size:
+        return f"its backup {backup.name} exists"
+    root = jobs_root_for(file)
+    with contextlib.suppress(OSError):
+        count = sum(1 for d in root.iterdir() if (d / RECORD_FILE).is_file())
+        if count:
+            return f"{count} job directories with records exist in {root}"
+    return ""
+
+
+def describe(exc: sqlite3.Error) -> str:
+    """One line for an SQLite failure: what it means for the user."""
+    text = str(exc)
+    if "disk is full" in text or "disk I/O error" in text:
+        return f"the disk is full or failing ({text})"
+    if "readonly" in text or "unable to open" in text or "access permission" in text:
+        return f"cannot write there (read-only place or no permission: {text})"
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return (f"the database is damaged ({text}); `mmm-orch db check` says more and "
+                "`mmm-orch db recover` rebuilds it from its backup and the job directories")
+    if "locked" in text or "busy" in text:
+        return f"another mmm-orch holds it for too long ({text}); try again"
+    return text
 
 
 class JobDB:
     def __init__(self, path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.conn = sqlite3.connect(path, timeout=60, isolation_level=None)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA busy_timeout = 60000")
-        if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA synchronous = NORMAL")
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
-            with self._write():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self.conn.execute(statement)
-                if version == 1:
-                    self.conn.execute("ALTER TABLE jobs ADD COLUMN remote TEXT NOT NULL DEFAULT ''")
-                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        with self._errors("open"):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise DatabaseError(f"job database {path}: cannot create {path.parent}: "
+                                    f"{exc.strerror}") from None
+            self.conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+            _connected[path.absolute()] += 1
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA busy_timeout = 60000")
+            if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            if self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                self._migrate()
+
+    def _migrate(self) -> None:
+        """Create what is missing: tables, indexes, and columns added since (all have defaults)."""
+        with self._write():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self.conn.execute(statement)
+            have = {row["name"] for row in self.conn.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:
+                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"job database {self.path}: cannot {doing}: {describe(exc)}") from None
 
     def close(self) -> None:
         self.conn.close()
+        _connected[self.path.absolute()] -= 1
 
-    def _write(self):
-        return _Immediate(self.conn)
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): take the write lock up front."""
+        with self._errors("write"):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
 
-    @staticmethod
-    def jobs_root_for(db_path: Path) -> Path:
-        """Per-job directories (script copy, log, local supervisor files) sit beside the db."""
-        return db_path.parent / "jobs"
+    # -- writes ------------------------------------------------------------------------------
 
     def insert(self, **values: Any) -> int:
+        """A new record (state `submitting` unless given); returns its id."""
         now = time.time()
         values = {**values, "commands": json.dumps(values["commands"]),
                   "plan": json.dumps(values["plan"]), "checked_at": now,
-                  "state": values.get("state", JobState.PENDING.value)}
+                  "state": values.get("state", JobState.SUBMITTING.value)}
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self._write():
             cur = self.conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})",
                                     list(values.values()))
-            job_id = cur.lastrowid
+            job_id = int(cur.lastrowid)
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                              (job_id, now, values["state"], "submitted", ""))
-        return int(job_id)
+                              (job_id, now, values["state"], "", "recorded before submission"))
+        self._refresh_backup()
+        return job_id
 
-    def get(self, job_id: int, events: bool = True) -> JobRecord | None:
-        row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    def accepted(self, job_id: int, native_id: str, note: str = "submitted") -> None:
+        """The scheduler took the job under `native_id`: it is pending from now on."""
+        now = time.time()
+        with self._write():
+            self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
+                              "WHERE id = ? AND state = ?",
+                              (native_id, JobState.PENDING.value, now, job_id,
+                               JobState.SUBMITTING.value))
+            self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                              (job_id, now, JobState.PENDING.value, "", note))
+
+    def note(self, job_id: int, reason: str) -> None:
+        """Say why a record is as it is (e.g. a submission whose outcome is not known yet)."""
+        with self._write():
+            self.conn.execute("UPDATE jobs SET reason = ? WHERE id = ?", (reason, job_id))
+
+    def delete(self, job_id: int) -> None:
+        """Remove the record of a job the scheduler never took (rejected, or never asked)."""
+        with self._write():
+            self.conn.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+            self.conn.execute("DELETE FROM jobs WHERE id = ? AND state = ?",
+                              (job_id, JobState.SUBMITTING.value))
+
+    def new_group(self, kind: str, spec: dict[str, Any]) -> int:
+        with self._write():
+            cur = self.conn.execute("INSERT INTO groups (kind, created_at, spec) VALUES (?, ?, ?)",
+                                    (kind, time.time(), json.dumps(spec)))
+            return int(cur.lastrowid)
+
+    def group(self, group_id: int) -> dict[str, Any] | None:
+        with self._errors("read"):
+            row = self.conn.execute("SELECT * FROM groups WHERE id = ?", (group_id,)).fetchone()
         if row is None:
             return None
-        record = _record(row)
-        if events:
-            record.events.extend(dict(e) for e in self.conn.execute(
-                "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
-                (job_id,)))
-        return record
-
-    def list(self, *, ids: Iterable[int] = (), open_only: bool = False, limit: int | None = None,
-             machine: str | None = None) -> list[JobRecord]:
-        where, args = [], []
-        ids = list(ids)
-        if ids:
-            where.append(f"id IN ({','.join('?' * len(ids))})")
-            args += ids
-        if open_only:
-            where.append(f"state IN ({','.join('?' * len(_OPEN_STATES))})")
-            args += _OPEN_STATES
-        if machine:
-            where.append("machine = ?")
-            args.append(machine)
-        sql = f"SELECT {_list_columns()} FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
-        sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        return [_record(row) for row in self.conn.execute(sql, args)][::-1]
+        return {**dict(row), "spec": json.loads(row["spec"])}
 
     def apply(self, updates: dict[int, JobStatus], now: float | None = None) -> None:
         """Record what the scheduler said, in one transaction; states only move forward."""
@@ -229,22 +400,73 @@ class JobDB:
                 "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?", changes)
             self.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
 
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, job_id: int, events: bool = True) -> JobRecord | None:
+        with self._errors("read"):
+            row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                return None
+            record = _record(row)
+            if events:
+                record.events.extend(dict(e) for e in self.conn.execute(
+                    "SELECT at, state, native_state, reason FROM events WHERE job_id = ? "
+                    "ORDER BY at", (job_id,)))
+        return record
+
+    def list(self, *, ids: Iterable[int] = (), open_only: bool = False, limit: int | None = None,
+             machine: str | None = None, group_id: int | None = None) -> list[JobRecord]:
+        where, args = [], []
+        ids = list(ids)
+        if ids:
+            where.append(f"id IN ({','.join('?' * len(ids))})")
+            args += ids
+        if open_only:
+            where.append(f"state IN ({','.join('?' * len(_OPEN_STATES))})")
+            args += _OPEN_STATES
+        if machine:
+            where.append("machine = ?")
+            args.append(machine)
+        if group_id is not None:
+            where.append("group_id = ?")
+            args.append(group_id)
+        sql = f"SELECT {_list_columns()} FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        with self._errors("read"):
+            return [_record(row) for row in self.conn.execute(sql, args)][::-1]
+
     def count(self) -> int:
-        return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        with self._errors("read"):
+            return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
+    def machines(self) -> set[str]:
+        with self._errors("read"):
+            return {row[0] for row in self.conn.execute("SELECT DISTINCT machine FROM jobs")}
 
-class _Immediate:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): take the write lock up front."""
+    # -- safety copies -----------------------------------------------------------------------
 
-    def __init__(self, conn: sqlite3.Connection):
-        self.conn = conn
+    def _refresh_backup(self, force: bool = False) -> None:
+        """Copy the whole database to jobs.db.backup when the copy is older than BACKUP_EVERY.
+        A failed backup never fails the write that triggered it."""
+        target = backup_path(self.path)
+        with contextlib.suppress(OSError):
+            if not force and time.time() - target.stat().st_mtime < BACKUP_EVERY:
+                return
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            copy = sqlite3.connect(tmp)
+            try:
+                self.conn.backup(copy)
+            finally:
+                copy.close()
+            os.chmod(tmp, 0o600)
+            tmp.replace(target)
+        except (sqlite3.Error, OSError):
+            tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+    def backup(self) -> Path:
+        self._refresh_backup(force=True)
+        return backup_path(self.path)
 
 
 def _list_columns() -> str:
@@ -258,14 +480,3 @@ def _record(row: sqlite3.Row) -> JobRecord:
         data["plan"] = json.loads(data["plan"])
     data["state"] = JobState(data["state"])
     return JobRecord(**data)
-
-
-def db_path(path: str | None = None) -> Path:
-    """`path`, else $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
-    from mmm_orch.paths import default_db_path
-
-    return Path(path) if path else default_db_path()
-
-
-def open_db(path: str | None = None) -> JobDB:
-    return JobDB(db_path(path))

@@ -1,9 +1,10 @@
 """Why did a job die: the first real failure in its log, matched against known signatures (the
 machine profile's own, then machines/common/failures.yaml), with the node it happened on.
 
-The first real failure is the earliest line matching a specific signature. Lines that are
-fallout (ranks killed because another rank failed) never count; catch-all signatures (any Python
-exception) only count when nothing specific matched.
+The first real failure is the earliest line matching a specific signature; else the earliest
+catch-all (any Python exception); else the earliest consequence (a peer gone, a collective timed
+out: what survivors report when another rank died first). Fallout lines (ranks killed because
+another rank failed) never count.
 """
 
 from __future__ import annotations
@@ -64,9 +65,7 @@ def generic_signatures() -> list[FailureSignature]:
 
 def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
     compiled = [(s, re.compile(s.pattern)) for s in signatures]
-    first: Finding | None = None
-    fallback: Finding | None = None
-    later: dict[str, int] = {}
+    findings: list[Finding] = []  # every non-fallout match, one per line, in log order
     fallout = 0
     job_host = ""
     prefix_hosts: set[str] = set()
@@ -76,19 +75,21 @@ def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
         if prefix := _HOST_PREFIX.match(line):
             prefix_hosts.add(prefix["host"])
         for signature, pattern in compiled:
-            match = pattern.search(line)
-            if not match:
-                continue
-            if signature.fallout:
-                fallout += 1
-            elif signature.catch_all:
-                fallback = fallback or _finding(signature, match, number, line)
-            elif first is None:
-                first = _finding(signature, match, number, line)
-            else:
-                later[signature.name] = later.get(signature.name, 0) + 1
-            break  # one signature per line: the most specific, listed first
-    chosen = first or fallback
+            if match := pattern.search(line):
+                if signature.fallout:
+                    fallout += 1
+                else:
+                    findings.append(_finding(signature, match, number, line))
+                break  # one signature per line: the most specific, listed first
+
+    def rank(finding: Finding) -> int:  # causes first, then any exception, then consequences
+        return 2 if finding.signature.consequence else 1 if finding.signature.catch_all else 0
+
+    chosen = min(findings, key=lambda f: (rank(f), f.line_number), default=None)
+    later: dict[str, int] = {}
+    for finding in findings:
+        if chosen and finding.line_number > chosen.line_number and not finding.signature.catch_all:
+            later[finding.signature.name] = later.get(finding.signature.name, 0) + 1
     if chosen and not chosen.host:
         # A line without a node name: the only node the launcher named, else the head node.
         chosen.host = prefix_hosts.pop() if len(prefix_hosts) == 1 else job_host

@@ -1,22 +1,43 @@
-"""request -> plan -> script -> scheduler -> record. Nothing is recorded unless the scheduler
-accepted the job, and nothing is left on disk when it did not."""
+"""request -> plan -> script -> record -> scheduler. The submission protocol, safe to interrupt at
+any instant:
+
+1. Everything that can be checked is checked first: the template renders, the database opens,
+   the log path fits the scheduler's directive syntax, the work directory exists.
+2. The job directory and script are written, then the record, in state `submitting`, with the
+   tag the scheduler will show (Slurm comment, PBS variable) and who is submitting.
+3. The scheduler is asked (schedulers/base.py: an ambiguous failure is resolved by looking for
+   the tag before any retry). Refused or never sent: record and directory are removed. Accepted:
+   the record gets its native id.
+
+A process killed during 3 leaves a `submitting` record; the next `status` finds the job by its
+tag (or by the id the job wrote at its start into its log), or removes the record once the
+scheduler says it has no such job. So every job started is recorded exactly once.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import posixpath
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
 
 from mmm_orch.errors import MmmError
-from mmm_orch.hosts import host_for
-from mmm_orch.jobs.db import JobDB, JobRecord
+from mmm_orch.hosts import Host, host_for
+from mmm_orch.jobs.db import RECORD_FILE, JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
-from mmm_orch.schedulers.base import JobRef, Submission, scheduler_for
+from mmm_orch.schedulers.base import (SchedulerError, Submission, SubmissionUnconfirmed,
+                                      Unreachable, scheduler_for)
 
 
 def git_commit(directory: str) -> str | None:
@@ -50,51 +71,179 @@ def target_for(plan: Plan, host: str | None) -> str:
                    "lists no login_hosts; run on its login node or give --host HOST")
 
 
-def submit(plan: Plan, db_path: Path, template: str | None = None, remote: str = "") -> JobRecord:
-    """Render `plan` into its job directory (here, or on the login node through `remote`), submit
-    it, then record it. The database is opened only once the scheduler accepted the job, so a
-    rejected job leaves no file behind, here or there."""
-    render(plan.placed("/job-dir/job.log"), template)  # template errors surface before any side effect
-    host = host_for(remote)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    leaf = f"{stamp}-{plan.machine}-{plan.workload}-{secrets.token_hex(3)}"
-    if remote:
-        root = posixpath.join(host.home(), plan.remote_jobs_dir)
-        job_dir = posixpath.join(root, leaf)
-    else:
-        job_dir = str(JobDB.jobs_root_for(db_path) / leaf)
-    created = host.make_private_dir(job_dir)
+def new_tag() -> str:
+    """Unique per submission, readable, and safe in any directive or path."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def submitter() -> str:
+    """Who is submitting: host, pid and start time (a reused pid never matches)."""
+    me = psutil.Process()
+    return json.dumps({"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()})
+
+
+def submitter_alive(text: str) -> bool | None:
+    """Whether the process that wrote a `submitting` record still runs (None: another host)."""
     try:
-        log_path = posixpath.join(job_dir, "job.log")
+        info = json.loads(text)
+    except ValueError:
+        return False
+    if info.get("host") != socket.gethostname():
+        return None
+    try:
+        return abs(psutil.Process(info["pid"]).create_time() - info["started"]) < 1
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while submitting: handled like Ctrl-C, so that the record is settled."""
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    def interrupt(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def write_record(directory: Path, values: dict[str, Any]) -> None:
+    """The job's own copy of its record (what `mmm-orch db recover` rebuilds from)."""
+    tmp = directory / (RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(values, indent=1))
+    tmp.replace(directory / RECORD_FILE)
+
+
+def _check_workdir(host: Host, plan: Plan) -> None:
+    if not plan.workdir_given:
+        return
+    result = host.run(["test", "-d", plan.workdir], timeout=30)
+    if result.returncode != 0:
+        raise MmmError(f"--workdir {plan.workdir!r} is invalid: no such directory"
+                       + (f" on {host.name}" if host.name != "local" else ""))
+
+
+def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str = "",
+           links: dict[str, Any] | None = None) -> JobRecord:
+    """Render, record and submit `plan` (here, or through the login node `remote`); see the
+    module's docstring for the protocol. `links` are extra record fields (group, rerun)."""
+    render(plan.placed("/job-dir", "tag", "/job-dir/job.log"), template)  # template errors first
+    host = host_for(remote)
+    home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
+    db = open_db(str(db_file), create=True)
+    assert db is not None
+    scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
+    tag = new_tag()
+    leaf = f"{tag}-{plan.machine}-{plan.workload}"
+    local_dir = jobs_root_for(db_file) / leaf
+    job_dir = posixpath.join(home, plan.remote_jobs_dir, leaf) if remote else str(local_dir)
+    log_directive = scheduler.directive_path(posixpath.join(job_dir, "job.log"))
+    _check_workdir(host, plan)
+
+    created_here = host_for("").make_private_dir(str(local_dir))
+    created_there = host.make_private_dir(job_dir) if remote else []
+    job_id = None
+
+    def undo() -> None:
+        if job_id is not None:
+            db.delete(job_id)
+        host.remove_tree(created_there)
+        host_for("").remove_tree(created_here)
+
+    try:
         # A remote job runs in its job directory unless --workdir named one there.
-        plan = plan.placed(log_path, job_dir if remote and not plan.workdir_given else None)
+        plan = plan.placed(job_dir, tag, log_directive,
+                           job_dir if remote and not plan.workdir_given else None)
         script = render(plan, template)
         script_path = posixpath.join(job_dir, "job.sh")
         host.write_file(script_path, script, 0o700)
-        scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
-        native_id = scheduler.submit(Submission(script=Path(script_path), workdir=plan.workdir,
-                                                job_dir=Path(job_dir), log_path=Path(log_path),
-                                                walltime=plan.walltime))
-    except BaseException:
-        host.remove_tree(created)
-        raise
-    try:
-        db = JobDB(db_path)
-        job_id = db.insert(
+        values = dict(
             machine=plan.machine, host=remote or socket.gethostname(), remote=remote,
             scheduler=plan.scheduler, commands=plan.scheduler_commands, workload=plan.workload,
-            name=plan.name, nodes=plan.nodes, ranks=plan.ranks, native_id=native_id,
-            job_dir=job_dir, script_path=script_path, script=script, plan=plan.to_dict(),
+            name=plan.name, nodes=plan.nodes, ranks=plan.ranks, native_id="", job_dir=job_dir,
+            script_path=script_path, script=script, plan=plan.to_dict(),
             submit_dir=plan.workdir, git_commit=None if remote else git_commit(plan.workdir),
-            log_path=log_path, submitted_at=time.time())
+            log_path=plan.log_path, submitted_at=time.time(), tag=tag, submitter=submitter(),
+            run_dir=plan.run_dir, **(links or {}))
+        with _signals_as_interrupts():
+            job_id = db.insert(**values)
+            write_record(local_dir, {"id": job_id, **values})
     except BaseException:
-        # The scheduler has the job but we could not record it: take it back rather than leave
-        # a job nobody tracks.
-        try:
-            scheduler.cancel(JobRef(native_id=native_id, job_dir=Path(job_dir)))
-        finally:
-            host.remove_tree(created)
+        undo()
         raise
+
+    submission = Submission(script=Path(script_path), workdir=plan.workdir, job_dir=Path(job_dir),
+                            log_path=Path(plan.log_path), walltime=plan.walltime, name=plan.name,
+                            tag=tag)
+    try:
+        with _signals_as_interrupts():
+            native_id = scheduler.submit(submission)
+    except (SchedulerError, Unreachable):
+        undo()  # the scheduler does not have the job: nothing is left behind
+        raise
+    except SubmissionUnconfirmed as exc:
+        db.note(job_id, f"submission unconfirmed: {exc}")
+        raise
+    except BaseException:
+        db.note(job_id, "submission interrupted; `mmm-orch status` finds out whether it went "
+                        "through")
+        raise
+    db.accepted(job_id, native_id)
+    write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
     record = db.get(job_id)
     assert record is not None
     return record
+
+
+def forget(db: JobDB, record: JobRecord) -> None:
+    """Remove the record of a submission the scheduler never took, and its directories."""
+    db.delete(record.id)
+    host_for(record.remote).run(["rm", "-rf", "--", record.job_dir], timeout=30)
+    local = jobs_root_for(db.path) / posixpath.basename(record.job_dir)
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def job_id_from_log(host: Host, log_path: str) -> str | None:
+    """The scheduler's id the job wrote at its start (`[mmm-orch] job_start=... job=ID`)."""
+    head = host.read_from(log_path, 0, 8192)
+    for line in (head or b"").decode(errors="replace").splitlines():
+        if "[mmm-orch] job_start=" in line and " job=" in line:
+            value = line.split(" job=", 1)[1].split()[0]
+            return value if value and value != "local" else None
+    return None
+
+
+def reconcile(db: JobDB, record: JobRecord, grace: float = 150.0) -> str | None:
+    """Settle a `submitting` record whose submitter is gone: the job's native id when the
+    scheduler (or the job's own log) shows it, or the record removed once the scheduler answered
+    that it has no such job and `grace` seconds have passed. Returns a warning, or None."""
+    alive = submitter_alive(record.submitter)
+    if alive:
+        return None
+    host = host_for(record.remote)
+    scheduler = scheduler_for(record.scheduler, record.commands, host)
+    found = scheduler.find(Submission(
+        script=Path(record.script_path), workdir=record.submit_dir, job_dir=Path(record.job_dir),
+        log_path=Path(record.log_path), walltime=0, name=record.name, tag=record.tag))
+    if found is None:
+        return f"job {record.id}: still submitting (the scheduler could not be asked)"
+    if not found and (from_log := job_id_from_log(host, record.log_path)):
+        found = [from_log]
+    if found:
+        db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
+        local = jobs_root_for(db.path) / posixpath.basename(record.job_dir)
+        with contextlib.suppress(OSError):
+            data = json.loads((local / RECORD_FILE).read_text())
+            write_record(local, {**data, "native_id": found[0]})
+        return None
+    if time.time() - record.submitted_at < grace:
+        return None  # a submitter on another host, or its scheduler command, may still be at it
+    forget(db, record)
+    return (f"job {record.id} removed: its submission was interrupted before "
+            f"{record.scheduler} took it (no job carries its tag {record.tag})")

@@ -21,14 +21,28 @@ from mmm_orch.watchdog import HUNG_EXIT, HUNG_MARKER
 class Refresh:
     stale: dict[int, float] = field(default_factory=dict)  # job id -> age of its last known state (s)
     warnings: list[str] = field(default_factory=list)
+    removed: set[int] = field(default_factory=set)  # records of submissions that never went through
 
 
 def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
+    outcome = Refresh()
+    settling = [r for r in records if r.state is JobState.SUBMITTING]
+    if settling:
+        from mmm_orch.jobs.submit import reconcile
+
+        for record in settling:
+            try:
+                warning = reconcile(db, record)
+            except MmmError as exc:
+                warning = f"job {record.id}: still submitting ({exc})"
+            if warning:
+                outcome.warnings.append(warning)
+            if db.get(record.id, events=False) is None:
+                outcome.removed.add(record.id)
     groups: dict[tuple[str, str], list[JobRecord]] = {}
     for record in records:
-        if not record.terminal:
+        if not record.terminal and record.native_id:
             groups.setdefault((record.machine, record.host), []).append(record)
-    outcome = Refresh()
     updates: dict[int, JobStatus] = {}
     now = time.time()
     for (machine, host_name), group in groups.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# The exit code of a run that saved a checkpoint because it was told to stop (the walltime is
+# near, or the job was signalled) before its last step: EX_TEMPFAIL, "try again later".
+EXIT_CHECKPOINTED = 75
 
 
 class Checkpointer:
@@ -27,6 +31,8 @@ class Checkpointer:
         self.root = run_dir / "checkpoints"
         self.every, self.device, self.is_main = every, device, is_main
         self.signalled: int | None = None
+        self.stopped = False
+        self.last_save_s = 0.0
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
 
@@ -44,6 +50,7 @@ class Checkpointer:
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              train_state: dict[str, Any]) -> Path:
+        started = time.perf_counter()
         final = self.root / f"step-{step}"
         staging = self.root / f".step-{step}.partial"
         if self.is_main:
@@ -60,6 +67,7 @@ class Checkpointer:
             (self.root / "latest.tmp").write_text(final.name)
             (self.root / "latest.tmp").replace(self.root / "latest")
         dist.barrier()
+        self.last_save_s = time.perf_counter() - started
         return final
 
     def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -68,9 +76,32 @@ class Checkpointer:
         stop = self.stop_requested()
         if self.due(step) or stop:
             path = self.save(step, model, optimizer, train_state)
-            logger.event("checkpoint", step=step, path=str(path),
-                         reason=f"signal {self.signalled}" if stop else "every")
+            # save_s: the watchdog keeps its pre-walltime margin at least twice the last save.
+            logger.event("checkpoint", step=step, path=str(path), save_s=self.last_save_s,
+                         reason="signal" if stop else "every")
+        self.stopped = stop
         return stop
+
+    def exit_code(self, step: int, last_step: int) -> int:
+        """0 when the run reached its last step; EXIT_CHECKPOINTED when it stopped on a signal
+        before that, having saved (the job can be continued with --resume)."""
+        return EXIT_CHECKPOINTED if self.stopped and step < last_step else 0
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resume: bool,
+                allow_fresh: bool) -> dict[str, Any] | None:
+        """With `resume`, the latest checkpoint's train state (model and optimizer restored in
+        place); a run asked to resume that has nothing to resume from stops with exit 2, unless
+        `allow_fresh` lets it start from step 0."""
+        if not resume:
+            return None
+        state = self.load_latest(model, optimizer)
+        if state is None and not allow_fresh:
+            if self.is_main:
+                print(f"[runtime] error: --resume: no checkpoint in {self.root}; name the run to "
+                      "continue with --run-name, or pass --allow-fresh to start from step 0",
+                      flush=True)
+            raise SystemExit(2)
+        return state
 
     def load_latest(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -98,3 +98,15 @@ def exit_process(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """A trainer's entry point: its exit code, including a SystemExit raised on the way (bad
+    options, a run that cannot resume), leaves through exit_process."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    exit_process(code)

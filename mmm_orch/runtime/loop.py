@@ -101,9 +101,44 @@ def param_dtype(rt: Runtime, dtype: str) -> torch.dtype:
     return torch.bfloat16 if _bf16(rt, dtype) else torch.float32
 
 
-def run_dir(output_dir: str, run_name: str, trainer: str) -> Path:
-    """<output_dir>/<run_name>; a default name from the job id (same on every rank)."""
+_RUN_LOCK = None  # rank 0 holds the run directory's lock for the life of the process
+
+
+def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
+    """<output_dir>/<run_name>, the same on every rank. mmm-orch always names the run; started by
+    hand, a run is named after its job id or, outside a job, the time rank 0 started. Rank 0 holds
+    a lock on the directory for the whole run: two runs never write one directory at once."""
+    global _RUN_LOCK
+    import fcntl
     import os
 
-    name = run_name or f"{trainer}-{os.environ.get('SLURM_JOB_ID') or os.environ.get('PBS_JOBID', 'local').split('.')[0]}"
-    return Path(output_dir) / name
+    name = run_name
+    if not name:
+        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID", "").split(".")[0]
+        picked = [job or time.strftime("%Y%m%d-%H%M%S")]
+        dist.broadcast_object_list(picked, src=0)
+        name = f"{trainer}-{picked[0]}"
+    path = Path(output_dir) / name
+    holder = ""
+    if rt.is_main:
+        path.mkdir(parents=True, exist_ok=True)
+        _RUN_LOCK = open(path / ".lock", "a+")
+        try:
+            fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _RUN_LOCK.seek(0)
+            _RUN_LOCK.truncate()
+            _RUN_LOCK.write(f"{rt.hostname} {os.getpid()}\n")
+            _RUN_LOCK.flush()
+        except BlockingIOError:
+            _RUN_LOCK.seek(0)
+            holder = _RUN_LOCK.read().strip() or "another process"
+        except OSError:  # a filesystem without flock: run unguarded
+            pass
+    verdict = [holder]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        if rt.is_main:
+            print(f"[runtime] error: run directory {path} is in use by another run ({verdict[0]}); "
+                  "give this run another --run-name", flush=True)
+        raise SystemExit(2)
+    return path

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
@@ -21,7 +21,10 @@ class RunOptions:
     output_dir: str = "outputs"
     run_name: str = ""
     checkpoint_every: int = 0
-    resume: bool = False
+    resume: bool = field(default=False, metadata={
+        "help": "continue from the run's latest checkpoint; an error when there is none"})
+    allow_fresh: bool = field(default=False, metadata={
+        "help": "with --resume: start from step 0 when the run has no checkpoint yet"})
 
 
 def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None = None) -> Any:

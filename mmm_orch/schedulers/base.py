@@ -1,13 +1,15 @@
 """What every scheduler module shares: running its commands (argument lists, never a shell
-string) with bounded retries, the errors they raise, and the job handles its verbs take."""
+string) with bounded retries, the submission protocol that never loses or duplicates a job, the
+errors they raise, and the job handles its verbs take."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -23,6 +25,16 @@ class SchedulerUnavailable(MmmError):
     """The scheduler could not be reached within the retry budget."""
 
     exit_code = 3
+
+
+class Unreachable(SchedulerUnavailable):
+    """The command never left this computer (no connection to the login node or the
+    scheduler): nothing can have been submitted."""
+
+
+class SubmissionUnconfirmed(SchedulerUnavailable):
+    """The scheduler may have taken the job, and could not be asked whether it did before the
+    retry budget ran out: the record stays `submitting` until `status` finds out."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +83,16 @@ class Retry:
     def from_env(cls, purpose: str) -> Retry:
         """Defaults per purpose; MMM_ORCH_RETRY_DEADLINE shortens or lengthens the budget."""
         base = cls() if purpose == "submit" else cls(attempts=3, deadline=12.0, timeout=15.0)
-        deadline = os.environ.get("MMM_ORCH_RETRY_DEADLINE")
-        if deadline:
-            from dataclasses import replace
-
-            base = replace(base, deadline=float(deadline))
+        text = os.environ.get("MMM_ORCH_RETRY_DEADLINE")
+        if text:
+            try:
+                deadline = float(text)
+            except ValueError:
+                deadline = math.nan
+            if not (math.isfinite(deadline) and deadline > 0):
+                raise MmmError(f"MMM_ORCH_RETRY_DEADLINE {text!r} is invalid: seconds, a number "
+                               "greater than 0 (e.g. 60)")
+            base = replace(base, deadline=deadline, timeout=min(base.timeout, deadline))
         return base
 
 
@@ -84,8 +101,9 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
                 env: dict[str, str] | None = None) -> CommandResult:
     """Run until the command answers with something other than a transient failure.
 
-    Returns the result whatever its exit code (the caller knows which codes mean what); raises
-    SchedulerUnavailable when every attempt within the budget timed out or was transient.
+    For commands that are safe to repeat (queries, cancels). Returns the result whatever its exit
+    code (the caller knows which codes mean what); raises SchedulerUnavailable when every attempt
+    within the budget timed out or was transient.
     """
     start = time.monotonic()
     delay = retry.first_delay
@@ -115,13 +133,15 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
 
 @dataclass(frozen=True)
 class Submission:
-    """What a scheduler needs to submit one rendered script."""
+    """What a scheduler needs to submit one rendered script, and to find it again by its tag."""
 
     script: Path
     workdir: str
     job_dir: Path
     log_path: Path
     walltime: int
+    name: str = ""
+    tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,15 +155,24 @@ class JobRef:
 class CommandScheduler:
     """A batch scheduler driven by its commands: the profile's command names over `defaults`,
     run through `runner` (here or on a login node) with the scheduler's own transient errors
-    retried and `query_env` set for its queries."""
+    retried and `query_env` set for its queries.
+
+    `transient` errors are worth another try; of those, `unsent` ones prove that the request
+    never reached the scheduler (connection refused). Every other transient failure, and a
+    timeout, is ambiguous: the scheduler may have taken the job, so submit looks for the job's
+    tag before it tries again."""
 
     defaults: dict[str, str] = {}
     transient: re.Pattern[str]
+    unsent: re.Pattern[str]
     transient_codes: frozenset[int] = frozenset()
     query_env: dict[str, str] = {}
 
     def __init__(self, commands: dict[str, str], runner: Runner):
-        self.cmd = {**self.defaults, **{k: v for k, v in commands.items() if v}}
+        given = {k: v for k, v in commands.items() if v}
+        # A profile that names its submit command by path finds the others in the same place.
+        where = os.path.dirname(given.get("submit", ""))
+        self.cmd = {**{k: os.path.join(where, v) for k, v in self.defaults.items()}, **given}
         self.runner = runner
         self.submit_command = self.cmd["submit"]
 
@@ -153,13 +182,99 @@ class CommandScheduler:
                            transient_codes=self.transient_codes,
                            env=self.query_env if purpose == "query" else None)
 
+    # Each scheduler module provides these four.
+    def submit_argv(self, submission: Submission) -> list[str]:
+        raise NotImplementedError
+
+    def parse_submit(self, stdout: str) -> str:
+        raise NotImplementedError
+
+    def find(self, submission: Submission) -> list[str] | None:
+        """Native ids of the jobs that carry the submission's tag; None when the scheduler
+        could not be asked."""
+        raise NotImplementedError
+
+    def cancel(self, job: JobRef) -> None:
+        raise NotImplementedError
+
+    def submit(self, submission: Submission) -> str:
+        """Submit exactly once: the native id, or SchedulerError (refused: nothing submitted),
+        Unreachable (never sent: nothing submitted), SubmissionUnconfirmed (it may have been)."""
+        retry = Retry.from_env("submit")
+        start, delay = time.monotonic(), retry.first_delay
+        argv = self.submit_argv(submission)
+        maybe_sent = False  # an earlier attempt may have reached the scheduler
+        last = ""
+        while True:
+            left = retry.deadline - (time.monotonic() - start)
+            # Never try again while the scheduler may have the job and cannot say whether it does.
+            found = self.find(submission) if maybe_sent else []
+            if found:
+                native_id = found[0]
+                break
+            if found is not None:
+                outcome = self._submit_once(argv, submission, max(1.0, min(retry.timeout, left)))
+                if isinstance(outcome, str):
+                    native_id = outcome
+                    break
+                sent, last = outcome
+                maybe_sent = maybe_sent or sent
+            if time.monotonic() - start + delay > retry.deadline:
+                if maybe_sent:
+                    time.sleep(min(delay, retry.first_delay))
+                    if found := self.find(submission):  # one last look before giving up
+                        native_id = found[0]
+                        break
+                    raise SubmissionUnconfirmed(
+                        f"{argv[0]}: no clear answer within {retry.deadline:g}s ({last}); the "
+                        "scheduler may have the job: `mmm-orch status` will find it by its tag")
+                raise Unreachable(f"{argv[0]} failed for {time.monotonic() - start:.0f}s: {last}")
+            time.sleep(delay)
+            delay = min(delay * 2, retry.max_delay)
+        if maybe_sent:
+            self._drop_duplicates(submission, native_id)
+        return native_id
+
+    def _submit_once(self, argv: list[str], submission: Submission,
+                     timeout: float) -> str | tuple[bool, str]:
+        """The native id, or (whether the request may have reached the scheduler, why not);
+        raises SchedulerError when the scheduler refused the job."""
+        try:
+            result = self.runner.run(argv, cwd=submission.workdir, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return True, f"no answer within {timeout:g}s"
+        except FileNotFoundError:
+            raise SchedulerError(f"{argv[0]}: command not found (is this the machine's login node?)")
+        except Unreachable as exc:
+            return False, str(exc)
+        except SchedulerUnavailable as exc:  # the connection dropped while the command ran
+            return True, str(exc)
+        if result.returncode == 0:
+            try:
+                return self.parse_submit(result.stdout)
+            except ValueError as exc:
+                return True, str(exc)
+        text = result.stderr + result.stdout
+        if not (self.transient.search(text) or result.returncode in self.transient_codes):
+            raise SchedulerError(f"{argv[0]}: {result.message}")
+        return not self.unsent.search(text), result.message
+
+    def _drop_duplicates(self, submission: Submission, keep: str) -> None:
+        """After an ambiguous attempt, a retry may have made a second copy: cancel any other job
+        with this tag, so that one submit is one job."""
+        for native_id in self.find(submission) or []:
+            if native_id != keep:
+                self.cancel(JobRef(native_id, submission.job_dir))
+
 
 class Scheduler(Protocol):
     submit_command: str  # what must be on PATH to submit from here ('' for none)
 
     def submit(self, submission: Submission) -> str: ...
+    def find(self, submission: Submission) -> list[str] | None: ...
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]: ...
     def cancel(self, job: JobRef) -> None: ...
+    def directive_path(self, path: str) -> str: ...
 
 
 def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = None) -> Scheduler:
@@ -178,3 +293,14 @@ def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = N
 
         return LocalScheduler()
     raise MmmError(f"scheduler kind {kind!r} is not supported: expected slurm, pbs or local")
+
+
+def check_directive_path(path: str, scheduler: str) -> None:
+    """Refuse what no directive can carry: line breaks and other control characters, and
+    characters outside printable ASCII (PBS rejects them; a log path must survive both)."""
+    bad = sorted({c for c in path if not (" " <= c <= "~")})
+    if bad:
+        raise MmmError(
+            f"path {path!r} cannot go into a {scheduler} directive: it contains "
+            f"{', '.join(repr(c) for c in bad)}; use a path of printable ASCII characters "
+            "(set XDG_STATE_HOME or --db to another place)")

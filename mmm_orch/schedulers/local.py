@@ -14,29 +14,39 @@ from typing import Sequence
 import psutil
 
 from mmm_orch.schedulers.base import JobRef, SchedulerError, Submission
-from mmm_orch.schedulers.local_run import GRACE_S, RESULT
+from mmm_orch.schedulers.local_run import GRACE_S, RESULT, SUPERVISOR
 from mmm_orch.schedulers.states import JobState, JobStatus
-
-_SUPERVISOR = "supervisor.json"
-
 
 class LocalScheduler:
     submit_command = ""  # runs here, always
 
     def submit(self, submission: Submission) -> str:
+        """Start the supervisor detached; it records its own pid and start time first thing
+        (supervisor.json), so the job can be found from its directory even if this process
+        is killed the instant after starting it."""
         with open(submission.log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
                  str(submission.script), str(submission.walltime)],
                 cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        try:
-            started = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:  # ended already; result.json tells how
-            started = time.time()
-        (submission.job_dir / _SUPERVISOR).write_text(
-            json.dumps({"pid": proc.pid, "create_time": started}))
-        return str(proc.pid)
+        deadline = time.monotonic() + 30
+        while not (found := self.find(submission)):
+            if proc.poll() is not None and not self.find(submission):
+                raise SchedulerError(f"the local supervisor exited ({proc.returncode}) before "
+                                     f"starting the job; see {submission.log_path}")
+            if time.monotonic() > deadline:
+                raise SchedulerError("the local supervisor did not start within 30 s")
+            time.sleep(0.01)
+        return found[0]
+
+    def find(self, submission: Submission) -> list[str]:
+        info = _supervisor_info(JobRef("", submission.job_dir))
+        return [str(info["pid"])] if info else []
+
+    @staticmethod
+    def directive_path(path: str) -> str:
+        return path  # no directives: the supervisor opens the log itself
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
         return {job.native_id: self._status(job) for job in jobs}
@@ -90,7 +100,7 @@ class LocalScheduler:
 def _supervisor_info(job: JobRef) -> dict | None:
     """What submit recorded of the supervisor: its pid and start time."""
     try:
-        return json.loads((job.job_dir / _SUPERVISOR).read_text())
+        return json.loads((job.job_dir / SUPERVISOR).read_text())
     except (OSError, ValueError):
         return None
 

@@ -1,26 +1,83 @@
 """The supervisor of one local job: `python -m mmm_orch.schedulers.local_run JOB_DIR SCRIPT WALLTIME`.
 
-Started detached (own session) by LocalScheduler.submit, so it outlives the CLI. It runs the job
-script in a process group of its own, enforces the walltime, forwards a cancel (SIGTERM) to the
-whole group, and writes result.json (exit code, and whether it was cancelled or timed out).
+Started detached (own session) by LocalScheduler.submit, so it outlives the CLI. It records its
+own pid first (supervisor.json: how the job is found again), runs the job script in a process
+group of its own, enforces the walltime, and on a cancel (SIGTERM) or at the walltime stops the
+job the way a batch scheduler does: SIGTERM to every process of the job, SIGKILL to what is left
+after GRACE_S. It waits for all of them, not only the script, so a trainer still writing its
+checkpoint is not killed because the shell above it already returned. Then it writes
+result.json (exit code, and whether it was cancelled or timed out).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from mmm_orch.procgroup import stop_group
+import psutil
 
-GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait
+GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
 RESULT = "result.json"
+SUPERVISOR = "supervisor.json"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _adopt_orphans() -> None:
+    """Become the subreaper of the job: processes whose parent exits (the job script, torchrun)
+    are re-parented here instead of to init, so the job's whole tree stays visible."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (AttributeError, OSError):  # not Linux: the tree is what is still attached
+        pass
+
+
+def stop_job(script: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to every process of the job (each once, including ones that appear meanwhile),
+    then SIGKILL to those still alive after `grace` s; returns when none is left."""
+    me = psutil.Process()
+    signalled: set[int] = set()
+
+    def signal_all(signum: int) -> list[psutil.Process]:
+        if signum == signal.SIGKILL or not signalled:  # the script's group: once per signal
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(script.pid, signum)
+        tree = me.children(recursive=True)
+        for proc in tree:
+            if signum == signal.SIGKILL or proc.pid not in signalled:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signum)
+                signalled.add(proc.pid)
+        return tree
+
+    deadline = time.monotonic() + grace
+    while tree := signal_all(signal.SIGTERM):
+        psutil.wait_procs(tree, timeout=0.2)  # also reaps them
+        if time.monotonic() > deadline:
+            left = me.children(recursive=True)
+            print(f"[mmm-orch] {len(left)} process(es) still running {grace:.0f}s after SIGTERM: "
+                  "SIGKILL", flush=True)
+            psutil.wait_procs(signal_all(signal.SIGKILL), timeout=5)
+            break
+    script.wait()
 
 
 def supervise(job_dir: Path, script: str, walltime: float) -> int:
+    me = psutil.Process()
+    _write_json(job_dir / SUPERVISOR, {"pid": me.pid, "create_time": me.create_time()})
+    _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
     proc = subprocess.Popen([script], start_new_session=True, stdin=subprocess.DEVNULL)
 
@@ -45,14 +102,13 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
     except InterruptedError:
         print("[mmm-orch] cancelled: stopping the job", flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if proc.poll() is None:
-        stop_group(proc, GRACE_S)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if proc.poll() is None or psutil.Process().children(recursive=True):
+        stop_job(proc, GRACE_S)
     code = proc.returncode
-    result = {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
-              **outcome, "ended_at": time.time()}
-    tmp = job_dir / (RESULT + ".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(job_dir / RESULT)
+    _write_json(job_dir / RESULT, {"exit_code": code if code >= 0 else None,
+                                   "signal": -code if code < 0 else None,
+                                   **outcome, "ended_at": time.time()})
     return 0
 
 

@@ -1,22 +1,28 @@
-"""PBS Pro / OpenPBS: qsub, qstat -f -F json -x (history included), qdel."""
+"""PBS Pro / OpenPBS: qsub, qstat -f -F json -x (history included), qdel, qselect."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Sequence
 
 from mmm_orch.schedulers import pbs_parse as parse
-from mmm_orch.schedulers.base import CommandScheduler, JobRef, SchedulerError, Submission
+from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
+                                      SchedulerUnavailable, Submission, check_directive_path)
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 
 class PbsScheduler(CommandScheduler):
-    defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel"}
+    defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel", "select": "qselect"}
     transient = parse.TRANSIENT_ERRORS
+    unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES
     query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:
         return [self.cmd["submit"], str(submission.script)]
+
+    def parse_submit(self, stdout: str) -> str:
+        return parse.parse_qsub(stdout)
 
     def query_argv(self, ids: list[str]) -> list[str]:
         return [self.cmd["query"], "-f", "-F", "json", "-x", *ids]
@@ -24,11 +30,33 @@ class PbsScheduler(CommandScheduler):
     def cancel_argv(self, job: JobRef) -> list[str]:
         return [self.cmd["cancel"], job.native_id]
 
-    def submit(self, submission: Submission) -> str:
-        result = self._run(self.submit_argv(submission), "submit", cwd=submission.workdir)
-        if result.returncode != 0:
-            raise SchedulerError(f"{self.cmd['submit']}: {result.message}")
-        return parse.parse_qsub(result.stdout)
+    def find(self, submission: Submission) -> list[str] | None:
+        """Jobs with the submission's name (qselect, finished ones included) whose environment
+        carries its tag (`#PBS -v MMM_ORCH_TAG=...`)."""
+        try:
+            named = self.runner.run([self.cmd["select"], "-x", "-N", submission.name], timeout=15)
+            if named.returncode != 0:
+                return None
+            ids = named.stdout.split()
+            if not ids:
+                return []
+            result = self.runner.run(self.query_argv(ids), timeout=15, env=self.query_env)
+        except (subprocess.TimeoutExpired, SchedulerUnavailable):
+            return None
+        if result.returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
+            return None
+        try:
+            return parse.ids_with_tag(result.stdout, submission.tag)
+        except ValueError:
+            return None
+
+    @staticmethod
+    def directive_path(path: str) -> str:
+        """A path as one #PBS argument: double-quoted, with backslash and double quote escaped
+        (qsub's directive reader honours both); an absolute path keeps its ':' (qsub reads a
+        host only before a first '/')."""
+        check_directive_path(path, "PBS")
+        return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
         ids = [job.native_id for job in jobs]

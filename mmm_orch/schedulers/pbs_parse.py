@@ -30,6 +30,9 @@ TRANSIENT_ERRORS = re.compile(
     r"cannot connect to host|all reserved ports in use|Invalid credential|Connection refused|"
     r"premature end of message|Communication failure|Connection timed out", re.I)
 TRANSIENT_EXIT_CODES = frozenset({162, 171, 183})
+# Of those, the ones that prove qsub never reached the server.
+UNSENT_ERRORS = re.compile(r"cannot connect to (host|server)|Connection refused", re.I)
+TAG_VARIABLE = "MMM_ORCH_TAG"  # `#PBS -v MMM_ORCH_TAG=...`: the job's submission tag
 # qstat prints times in its own time zone: queries run in UTC so that they read the same anywhere.
 QUERY_ENV = {"TZ": "UTC"}
 
@@ -122,3 +125,16 @@ def parse_qstat_json(text: str) -> dict[str, JobStatus]:
                                 started_at=utc_time(job["stime"]) if "stime" in job else None,
                                 ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None)
     return out
+
+
+def ids_with_tag(text: str, tag: str) -> list[str]:
+    """Ids of the jobs in qstat -f -F json output whose Variable_List carries `tag`."""
+    data = load_qstat_json(text.strip() or "{}")
+    found = []
+    for job_id, job in (data.get("Jobs") or {}).items():
+        variables = job.get("Variable_List") or {}
+        if isinstance(variables, str):  # older servers: "A=1,B=2"
+            variables = dict(item.partition("=")[::2] for item in variables.split(","))
+        if str(variables.get(TAG_VARIABLE, "")) == tag:
+            found.append(job_id)
+    return found

@@ -2,25 +2,52 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Sequence
 
 from mmm_orch.schedulers import slurm_parse as parse
-from mmm_orch.schedulers.base import CommandScheduler, JobRef, SchedulerError, Submission
+from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
+                                      SchedulerUnavailable, Submission, check_directive_path)
 from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.errors import MmmError
 
 
 class SlurmScheduler(CommandScheduler):
     defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
                 "control": "scontrol"}
     transient = parse.TRANSIENT_ERRORS
+    unsent = parse.UNSENT_ERRORS
     query_env = parse.QUERY_ENV
 
-    def submit(self, submission: Submission) -> str:
-        result = self._run([self.cmd["submit"], "--parsable", str(submission.script)], "submit",
-                           cwd=submission.workdir)
+    def submit_argv(self, submission: Submission) -> list[str]:
+        return [self.cmd["submit"], "--parsable", str(submission.script)]
+
+    def parse_submit(self, stdout: str) -> str:
+        return parse.parse_sbatch(stdout)
+
+    def find(self, submission: Submission) -> list[str] | None:
+        """The jobs of this user with the submission's name whose comment is its tag (squeue
+        lists pending, running and recently ended jobs)."""
+        argv = [self.cmd["query"], "--me", "--noheader", "--states=all",
+                f"--name={submission.name}", "--format=%i|%k"]
+        try:
+            result = self.runner.run(argv, timeout=15)
+        except (subprocess.TimeoutExpired, SchedulerUnavailable):
+            return None
         if result.returncode != 0:
-            raise SchedulerError(f"{self.cmd['submit']}: {result.message}")
-        return parse.parse_sbatch(result.stdout)
+            return None
+        return parse.ids_with_comment(result.stdout, parse.tag_comment(submission.tag))
+
+    @staticmethod
+    def directive_path(path: str) -> str:
+        """A path as one #SBATCH argument: double-quoted (sbatch honours quotes, and a backslash
+        escapes the next character), with % doubled (Slurm expands %j and friends in --output).
+        A backslash cannot be carried: Slurm then skips all expansion and drops it."""
+        check_directive_path(path, "Slurm")
+        if "\\" in path:
+            raise MmmError(f"path {path!r} cannot go into a Slurm directive: Slurm drops '\\' "
+                           "from output paths; use a path without backslashes")
+        return '"' + path.replace("%", "%%").replace('"', '\\"') + '"'
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
         """One squeue call for all jobs; one sacct call (or one scontrol) for those squeue no

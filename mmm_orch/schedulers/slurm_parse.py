@@ -30,6 +30,27 @@ TRANSIENT_ERRORS = re.compile(
     r"Socket timed out|Communication (connection )?failure|Unable to contact slurm controller|"
     r"Connection timed out|Connection refused|Resource temporarily unavailable|"
     r"Problem talking to the database|slurm_persist_conn_open", re.I)
+# Of those, the ones that prove sbatch never got a job to the controller: no connection at all,
+# or the controller's own "try again" refusal. A timeout after sending is not among them.
+UNSENT_ERRORS = re.compile(
+    r"Unable to contact slurm controller \(connect failure\)|Connection refused|"
+    r"Resource temporarily unavailable", re.I)
+# The job carries its submission tag as its comment (`#SBATCH --comment=...`).
+TAG_PREFIX = "mmm-orch:"
+
+
+def tag_comment(tag: str) -> str:
+    return TAG_PREFIX + tag
+
+
+def ids_with_comment(text: str, comment: str) -> list[str]:
+    """Job ids from `squeue --format=%i|%k` lines whose comment is `comment`."""
+    ids = []
+    for line in text.splitlines():
+        job_id, sep, value = line.strip().partition("|")
+        if sep and value.strip() == comment and job_id.strip():
+            ids.append(job_id.strip())
+    return ids
 
 
 def slurm_state(text: str | list[str]) -> JobState:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 
 class JobState(str, enum.Enum):
+    SUBMITTING = "submitting"  # recorded, the scheduler asked, its answer not (yet) known
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -23,7 +24,7 @@ class JobState(str, enum.Enum):
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
                       JobState.HUNG})
-_RANK = {JobState.UNKNOWN: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
+_RANK = {JobState.UNKNOWN: 0, JobState.SUBMITTING: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 
 
 def advance(current: JobState, observed: JobState) -> JobState:

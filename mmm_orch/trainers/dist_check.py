@@ -90,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    runtime_dist.exit_process(main())
+    runtime_dist.run_main(main)

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
-    out = run_dir(cfg.output_dir, cfg.run_name, "fsdp")
+    out = run_dir(cfg.output_dir, cfg.run_name, "fsdp", rt)
     if cfg.data_dir:
         train, test = mnist(cfg.data_dir, "train"), mnist(cfg.data_dir, "test")
     else:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
     step = 0
-    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
         scheduler.load_state_dict(state["scheduler"])
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     timer = StepTimer(rt)
     stop = False
 
-    for epoch in range(step // steps_per_epoch + 1, cfg.epochs + 1):
+    # A run stopped at an epoch's last step resumes in that epoch, to finish its LR step and test.
+    for epoch in range(max(1, (step - 1) // steps_per_epoch + 1), cfg.epochs + 1):
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed + epoch))
         epoch_loss = torch.zeros((), device=rt.device.torch)
         first = step - (epoch - 1) * steps_per_epoch  # > 0 only when resuming mid-epoch
@@ -133,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.step()
         dist.all_reduce(epoch_loss)
         test_loss, test_acc = evaluate(model, test, rt, cfg)
+        trained = steps_per_epoch - first  # 0 when resumed at the end of this epoch
         logger.event("epoch", epoch=epoch,
-                     train_loss=epoch_loss.item() / rt.world_size / (steps_per_epoch - first),
+                     train_loss=epoch_loss.item() / rt.world_size / trained if trained else None,
                      test_loss=test_loss, test_acc=test_acc)
     logger.close()
     runtime_dist.teardown()
-    return 0
+    return checkpointer.exit_code(step, cfg.epochs * steps_per_epoch)
 
 
 if __name__ == "__main__":
-    runtime_dist.exit_process(main())
+    runtime_dist.run_main(main)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime_dist.setup()
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
-    out = run_dir(cfg.output_dir, cfg.run_name, "fsdp_tp")
+    out = run_dir(cfg.output_dir, cfg.run_name, "fsdp_tp", rt)
 
     args = LlamaArgs(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                      n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size, max_seq_len=cfg.seq_len,
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
     step = 0
-    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     logger.close()
     runtime_dist.teardown()
-    return 0
+    return checkpointer.exit_code(step, cfg.steps)
 
 
 if __name__ == "__main__":
-    runtime_dist.exit_process(main())
+    runtime_dist.run_main(main)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime_dist.setup()
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
-    out = run_dir(cfg.output_dir, cfg.run_name, "llama3")
+    out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
     torch.manual_seed(cfg.seed)  # the same on every rank: DTensor init draws consistently
     with torch.device("meta"):
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
     step = 0
-    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
         scheduler.load_state_dict(state["scheduler"])
     data = (TokenFile(cfg.data_path, cfg.token_dtype, seq_len) if cfg.data_path
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     logger.close()
     runtime_dist.teardown()
-    return 0
+    return checkpointer.exit_code(step, cfg.steps)
 
 
 def _full(value: torch.Tensor) -> float:
@@ -158,4 +158,4 @@ def _full(value: torch.Tensor) -> float:
 
 
 if __name__ == "__main__":
-    runtime_dist.exit_process(main())
+    runtime_dist.run_main(main)

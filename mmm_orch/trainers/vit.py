@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
-    out = run_dir(cfg.output_dir, cfg.run_name, "vit")
+    out = run_dir(cfg.output_dir, cfg.run_name, "vit", rt)
     args = VitArgs(img_size=cfg.img_size, patch_size=cfg.patch_size, depth=cfg.depth,
                    heads=cfg.heads, head_dim=cfg.head_dim, num_classes=cfg.num_classes)
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.05)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
     step = 0
-    if cfg.resume and (state := checkpointer.load_latest(model, optimizer)):
+    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size},
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     logger.close()
     runtime_dist.teardown()
-    return 0
+    return checkpointer.exit_code(step, cfg.steps)
 
 
 if __name__ == "__main__":
-    runtime_dist.exit_process(main())
+    runtime_dist.run_main(main)

@@ -1,0 +1,57 @@
+"""The mmm-orch command line: one module per command group, each adding its commands to the
+parser. Heavy modules (pydantic, jinja2, rich, paramiko, torch) load only where a command needs
+them, so that every command starts at once."""
+
+from __future__ import annotations
+
+import sys
+
+from mmm_orch import __version__
+from mmm_orch.cli import config_cmds, db_cmds, inspect_cmds, job_cmds
+from mmm_orch.cli.common import ArgParser
+from mmm_orch.errors import MmmError
+
+GROUPS = (config_cmds, job_cmds, inspect_cmds, db_cmds)
+
+
+def build_parser() -> ArgParser:
+    parser = ArgParser(
+        prog="mmm-orch",
+        description="Render, submit and track FSDP/TP training jobs on HPC schedulers.",
+    )
+    parser.add_argument("--version", action="version", version=f"mmm-orch {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--db", metavar="PATH",
+                        help="job database (default: $MMM_ORCH_DB or $XDG_STATE_HOME/mmm-orch/jobs.db)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except MmmError as exc:
+        if args.debug:
+            raise
+        print(f"mmm-orch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("mmm-orch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `mmm-orch render ... | head`
+        sys.stderr.close()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - one line for users, the traceback with --debug
+        if args.debug:
+            raise
+        print(f"mmm-orch: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+              file=sys.stderr)
+        return 1
+    finally:
+        # One SSH connection and one database connection per command, closed at its end.
+        for module in ("mmm_orch.hosts", "mmm_orch.jobs.db"):
+            if module in sys.modules:
+                sys.modules[module].close_all()

@@ -1,0 +1,143 @@
+"""What the command groups share: the argument parser with one-line errors, typed arguments, the
+plan options of render/submit/sweep, and opening the job database."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+from mmm_orch.errors import MmmError
+
+MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (`mmm-orch: error: ...`, exit 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument -N/--nodes: 'x' is invalid: ..." reads "--nodes 'x' is invalid: ...".
+        if match := re.match(r"argument (?:\S+/)?(\S+): (.*)", message, re.S):
+            message = f"{match[1]} {match[2]}"
+        command = self.prog.removeprefix("mmm-orch").strip()
+        print(f"mmm-orch: error: {command + ': ' if command else ''}{' '.join(message.split())} "
+              f"(see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _bounded_int(low: int, high: int | None, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            limit = f"{low}-{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid: {what} {limit}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+count = _bounded_int(1, None, "a whole number")          # nodes, links, ...
+lines = _bounded_int(0, None, "a whole number")          # --tail
+job_id = _bounded_int(1, MAX_JOB_ID, "a job id,")
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: seconds, a number greater than 0")
+    return value
+
+
+def plan_options(parser: argparse.ArgumentParser) -> None:
+    """The options that make a plan (render, submit, sweep)."""
+    parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
+    parser.add_argument("workload", help="workload spec (see `mmm-orch workloads`)")
+    parser.add_argument("-N", "--nodes", type=count, help="number of nodes (default: the workload's)")
+    parser.add_argument("-q", "--queue", help="queue/partition/QOS (default: the first that fits)")
+    parser.add_argument("-t", "--walltime", help="HH:MM:SS (default: the workload's)")
+    parser.add_argument("-A", "--account", help="project to charge (or $MMM_ORCH_ACCOUNT)")
+    parser.add_argument("--name", help="job name (default: the workload name)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="trainer option (repeatable)")
+    parser.add_argument("--env", dest="envs", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment variable for the job (repeatable)")
+    parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="NAME",
+                        help="enable an environment preset of the machine (repeatable)")
+    parser.add_argument("--no-preset", dest="no_presets", action="append", default=[],
+                        metavar="NAME", help="disable an environment preset (repeatable)")
+    parser.add_argument("--template", help="job script template file to use instead of the default")
+
+
+def request(args: argparse.Namespace, **overrides: Any):
+    from mmm_orch.plan import Request
+
+    fields = dict(
+        machine=args.machine, workload=args.workload, nodes=args.nodes, queue=args.queue,
+        walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
+        envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
+        workdir=getattr(args, "workdir", None))
+    fields.update(overrides)
+    return Request(**fields)
+
+
+def print_script(script: str) -> None:
+    if sys.stdout.isatty():
+        from mmm_orch import console
+
+        console.print_script(script)
+    else:
+        sys.stdout.write(script)
+
+
+def write_file(path: str, text: str) -> None:
+    """Write atomically: a failed write leaves no partial file."""
+    target = Path(path)
+    if target.is_dir() or not target.name:
+        raise MmmError(f"--out {path!r}: is a directory; name a file")
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.chmod(0o755)
+        tmp.replace(target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MmmError(f"--out {path!r}: cannot write: {exc.strerror}") from None
+
+
+def jobs_db(args: argparse.Namespace, create: bool = False):
+    """The checked job database, or None when there is none yet (and `create` is False)."""
+    from mmm_orch.jobs.db import open_db
+
+    return open_db(args.db, create=create)
+
+
+def job(db, job_id: int):
+    """The record of `job_id`, or an error that says which ids exist."""
+    record = db.get(job_id) if db is not None else None
+    if record is None:
+        last = db.count() if db is not None else 0
+        where = f" in {db.path}" if db is not None else ""
+        raise MmmError(f"job {job_id} not found{where}"
+                       + (f"; known ids are 1-{last}" if last else "; no jobs recorded yet"))
+    return record
+
+
+def check_machine(name: str | None, db) -> None:
+    """A --machine filter must name a profile or a machine jobs were recorded on."""
+    if name is None:
+        return
+    from mmm_orch.config.registry import names, unknown_name
+
+    known = set(names("machines")) | (db.machines() if db is not None else set())
+    if name not in known:
+        raise unknown_name("machine", name, sorted(known))

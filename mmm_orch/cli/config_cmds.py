@@ -1,0 +1,89 @@
+"""Commands about profiles, specs and scripts: machines, workloads, show, schema, render."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mmm_orch.cli import common
+from mmm_orch.errors import MmmError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("machines", help="list machine profiles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("workloads", help="list workload specs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("show", help="show a job (script, plan, history), a machine profile or a "
+                       "workload spec", usage="mmm-orch show JOB | machine NAME | workload NAME")
+    p.add_argument("what", metavar="JOB|machine|workload")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("schema", help="JSON Schema of machine profiles or workload specs")
+    p.add_argument("kind", choices=["machine", "workload"])
+    p.set_defaults(func=cmd_schema)
+    p = sub.add_parser("render", help="print the job script for a machine and workload")
+    common.plan_options(p)
+    p.add_argument("-o", "--out", help="write the script to this file instead of stdout")
+    p.set_defaults(func=cmd_render)
+
+
+def script(args: argparse.Namespace) -> str:
+    from mmm_orch.plan import resolve
+    from mmm_orch.render import render
+
+    return render(resolve(common.request(args)), args.template)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    text = script(args)
+    if args.out:
+        common.write_file(args.out, text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        common.print_script(text)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mmm_orch import console
+
+    rows = console.machine_rows() if args.command == "machines" else console.workload_rows()
+    console.print_rows(rows, as_json=args.json, title=args.command)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.name is None and args.what.isdigit():
+        from mmm_orch.jobs import view
+
+        try:
+            job_id = common.job_id(args.what)
+        except argparse.ArgumentTypeError as exc:
+            raise MmmError(f"show: {exc}") from None
+        record = common.job(common.jobs_db(args), job_id)
+        print(view.details_json(record) if args.json else view.details(record))
+        return 0
+    if args.what not in ("machine", "workload") or not args.name:
+        raise MmmError(f"show {args.what!r}: expected a job id, 'machine NAME' or 'workload NAME'")
+    from mmm_orch import console
+    from mmm_orch.config.registry import load_machine, load_workload
+
+    obj = load_machine(args.name) if args.what == "machine" else load_workload(args.name)
+    console.print_model(obj, as_json=args.json)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from mmm_orch.config.yamlio import adapter
+
+    if args.kind == "machine":
+        from mmm_orch.config.machine import Machine as cls
+    else:
+        from mmm_orch.config.workload import Workload as cls
+    print(json.dumps(adapter(cls).json_schema(), indent=2))
+    return 0

@@ -1,0 +1,211 @@
+"""Commands about jobs: submit, status, logs, cancel."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mmm_orch.cli import common
+
+
+def register(sub) -> None:
+    p = sub.add_parser("submit", help="submit a job (with --dry-run: print its script only)")
+    common.plan_options(p)
+    p.add_argument("--workdir", metavar="DIR",
+                   help="the directory the job runs in (default: here; for a job submitted over "
+                        "SSH, its job directory on the login node)")
+    p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then stream the log until the job ends; exit with the job's exit code")
+    p.add_argument("--json", action="store_true", help="print the job record as JSON")
+    p.add_argument("--host", metavar="HOST",
+                   help="submit through this login host over SSH ([user@]host[:port] or a "
+                        "~/.ssh/config alias; default: here when the scheduler is on PATH, else "
+                        "the profile's first login host)")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="states of submitted jobs (refreshed from the schedulers)")
+    p.add_argument("jobs", nargs="*", type=common.job_id, metavar="JOB")
+    p.add_argument("-a", "--all", action="store_true", help="every job, not only open and recent")
+    p.add_argument("-m", "--machine", help="only jobs on this machine")
+    p.add_argument("-w", "--watch", action="store_true", help="refresh until every job is terminal")
+    p.add_argument("--interval", type=common.seconds, default=5.0,
+                   help="seconds between --watch refreshes (default 5)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="print or follow a job's log")
+    p.add_argument("job", type=common.job_id, metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="wait while queued, stream while running, stop when the job ends")
+    p.add_argument("-n", "--tail", type=common.lines, metavar="N", help="only the last N lines")
+    p.add_argument("--strip-ansi", action="store_true", help="remove colour/escape codes")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("cancel", help="cancel jobs")
+    p.add_argument("jobs", nargs="+", type=common.job_id, metavar="JOB")
+    p.set_defaults(func=cmd_cancel)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from mmm_orch.cli.config_cmds import script
+
+    if args.dry_run:
+        common.print_script(script(args))
+        return 0
+    from mmm_orch.jobs.db import db_path
+    from mmm_orch.jobs.submit import submit, target_for
+    from mmm_orch.plan import resolve
+
+    plan = resolve(common.request(args))
+    record = submit(plan, db_path(args.db), args.template, remote=target_for(plan, args.host))
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2))
+    else:
+        print(f"submitted job {record.id}: {record.workload} on {record.machine}, "
+              f"{record.scheduler} id {record.native_id}")
+        print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
+    if args.follow:
+        return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from mmm_orch.jobs import view
+    from mmm_orch.jobs.track import Refresh, refresh
+
+    db = common.jobs_db(args)
+    common.check_machine(args.machine, db)
+    for job_id in args.jobs:
+        common.job(db, job_id)
+
+    def select():
+        """The jobs to show: every open one among them, so one refresh covers them all."""
+        if db is None:
+            return []
+        if args.jobs or args.all:
+            return db.list(ids=args.jobs, machine=args.machine)
+        recent = db.list(limit=20, machine=args.machine)
+        shown = {r.id for r in recent}
+        older = [r for r in db.list(open_only=True, machine=args.machine) if r.id not in shown]
+        return older + recent
+
+    tty = sys.stdout.isatty() and not args.json
+    live = None
+    if args.watch and tty:
+        from rich.live import Live
+
+        live = Live(auto_refresh=False)
+        live.start()
+    try:
+        while True:
+            records = select()
+            outcome = refresh(db, records) if db is not None else Refresh()
+            if open_ids := [r.id for r in records if not r.terminal]:
+                fresh = {r.id: r for r in db.list(ids=open_ids)}
+                records = [fresh.get(r.id, r) for r in records if r.id not in outcome.removed]
+            for warning in outcome.warnings:
+                print(f"mmm-orch: warning: {warning}", file=sys.stderr)
+            if args.json:
+                print(view.json_rows(records, outcome))
+            elif live is not None:
+                live.update(view.table(records, outcome, tty=True), refresh=True)
+            elif tty:
+                from rich.console import Console
+
+                Console().print(view.table(records, outcome, tty=True))
+            else:
+                sys.stdout.write(view.table(records, outcome, tty=False))
+                sys.stdout.flush()
+            if not args.watch or all(r.terminal for r in records):
+                return 0
+            time.sleep(args.interval)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start: int = 0) -> int:
+    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs import logs
+    from mmm_orch.jobs.track import refresh
+
+    record = common.job(db, job_id)
+
+    def done() -> bool:
+        refresh(db, [db.get(job_id, events=False)])
+        return db.get(job_id, events=False).terminal
+
+    def waiting() -> None:
+        print(f"mmm-orch: waiting for job {job_id} to start writing {record.log_path}",
+              file=sys.stderr)
+
+    for chunk in logs.follow(host_for(record.remote), record.log_path, done, start=start,
+                             on_wait=waiting):
+        logs.write(logs.clean(chunk, strip_ansi))
+    final = db.get(job_id, events=False)
+    if not exit_with_job:
+        return 0
+    from mmm_orch.jobs.view import exit_text
+
+    print(f"mmm-orch: job {job_id} {final.state.value} (exit {exit_text(final)})", file=sys.stderr)
+    if final.exit_code is not None:
+        return final.exit_code
+    return 0 if final.state.value == "completed" else 1
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from mmm_orch.errors import MmmError
+    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs import logs
+
+    db = common.jobs_db(args)
+    record = common.job(db, args.job)
+    host = host_for(record.remote)
+    start = host.size(record.log_path)
+    if start is not None:
+        if args.tail is not None:
+            text, start = logs.tail(host, record.log_path, args.tail)
+        else:
+            text = host.read_from(record.log_path, 0, start) or b""
+        logs.write(logs.clean(text, args.strip_ansi))
+    elif not args.follow:
+        raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {record.log_path}; "
+                       "use --follow to wait for it")
+    if args.follow:
+        return follow(db, args.job, args.strip_ansi, start=start or 0)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs.track import refresh
+    from mmm_orch.schedulers.base import JobRef, scheduler_for
+
+    db = common.jobs_db(args)
+    records = [common.job(db, job_id) for job_id in args.jobs]
+    outcome = refresh(db, records)
+    for record in records:
+        if record.id in outcome.removed:
+            print(f"job {record.id}: never reached {record.scheduler}; record removed")
+            continue
+        record = db.get(record.id, events=False)
+        if record.terminal:
+            print(f"job {record.id} already {record.state.value}")
+            continue
+        if not record.native_id:
+            print(f"job {record.id}: still submitting; cancel it once `mmm-orch status` shows "
+                  "its scheduler id")
+            continue
+        scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
+        scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+        refresh(db, [record])
+        now = db.get(record.id, events=False)
+        print(f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "
+              f"state {now.state.value}")
+    return 0
