@@ -186,7 +186,7 @@ def _pairs(items: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise _fail(flag, item, "expected KEY=VALUE")
-        out.append((key, check_text(f"{flag} {key}", value)))
+        out.append((key, value))
     return out
 
 
@@ -307,6 +307,7 @@ def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: i
             set=tuple(EnvEntry(name=k, value=v) for k, v in workload_env.items())))
     user = []
     for key, value in _pairs(request.envs, "--env"):
+        check_text(f"--env {key}", value)
         if not ENV_NAME.match(key):
             raise _fail("--env", key, "names are letters, digits and _, not starting with a digit")
         if looks_secret(key):

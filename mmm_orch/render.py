@@ -55,6 +55,9 @@ def render(plan: Plan, template: str | None = None) -> str:
         env, name = _environment(None), f"{plan.scheduler}.sh.j2"
     try:
         return env.get_template(name).render(plan=plan)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"template {template or name}: not UTF-8 text (byte {exc.start}: "
+                          f"{exc.object[exc.start:exc.start + 1]!r})") from None
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"{exc.filename or name}:{exc.lineno}: template error: {exc.message}") from None
     except jinja2.TemplateError as exc:

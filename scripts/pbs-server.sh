@@ -183,6 +183,12 @@ configure_server() {
         qmgr "set queue $queue resources_max.walltime = 01:00:00"
     done
     qmgr "set queue capacity resources_max.walltime = 168:00:00"
+    # Takes jobs and never starts them: for tests of submission alone.
+    "$PBS_EXEC/bin/qmgr" -c "list queue parked" >/dev/null 2>&1 \
+        || qmgr "create queue parked queue_type=execution"
+    qmgr "set queue parked enabled = True"
+    qmgr "set queue parked started = False"
+    qmgr "set queue parked resources_max.walltime = 01:00:00"
     qmgr "set server default_queue = workq"
     # A job killed at its walltime gets SIGKILL this long after SIGTERM (PBS's default is 10 s).
     qmgr "set queue workq kill_delay = 10"
@@ -240,7 +246,7 @@ up() {
     configure_server >/dev/null
     configure_vnodes
     can_run_a_job
-    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod, history on"
+    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked, history on"
 }
 
 down() {

@@ -126,6 +126,21 @@ def slurm_cluster():
     return CLUSTER_SCRIPT
 
 
+PBS_SCRIPT = REPO / "scripts" / "pbs-server.sh"
+
+
+@pytest.fixture(scope="session")
+def pbs_server():
+    """The project's live OpenPBS server (scripts/pbs-server.sh), started once."""
+    if os.geteuid() != 0:
+        pytest.skip("LIVE PBS SERVER TESTS NOT RUN: they need root to install and start OpenPBS "
+                    "(run as root, as CI does)")
+    proc = subprocess.run(["bash", str(PBS_SCRIPT), "up"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"pbs-server.sh up failed:\n{proc.stdout}\n{proc.stderr}"
+    return PBS_SCRIPT
+
+
 def write_probe(directory: Path, name: str, body: str, trainer_options: str = "",
                 extra: str = "") -> None:
     """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH);

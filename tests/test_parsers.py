@@ -141,8 +141,14 @@ def test_qsub_aurora_style_id_and_same_job():
     assert not pbs_parse.same_job(job, "6617176.aurora-pbs-0001")
 
 
+def site_jobs(path: str) -> dict:
+    """The job records of a qstat -f -F json capture from a site (pbs_state reads the same
+    attributes from JSON and from DSV)."""
+    return json.loads(text(path))["Jobs"]
+
+
 def test_qstat_aurora_history_exit_status():
-    jobs = pbs_parse.parse_qstat_json(text("pbs/qstat_fx_F_json_aurora_finished_exit_status.json"))
+    jobs = pbs_parse.statuses(site_jobs("pbs/qstat_fx_F_json_aurora_finished_exit_status.json"))
     by_number = {k.split(".")[0]: (v.state, v.exit_code) for k, v in jobs.items()}
     assert by_number == {"6617175": (S.TIMEOUT, None), "6617182": (S.TIMEOUT, None),
                          "6631289": (S.COMPLETED, 0), "4905472": (S.PENDING, None)}
@@ -150,37 +156,14 @@ def test_qstat_aurora_history_exit_status():
 
 
 def test_qstat_polaris_queued_held_running_with_comments():
-    jobs = pbs_parse.parse_qstat_json(text("pbs/qstat_f_F_json_polaris_Q_H_R_excerpt.json"))
+    jobs = pbs_parse.statuses(site_jobs("pbs/qstat_f_F_json_polaris_Q_H_R_excerpt.json"))
     states = {k.split(".")[0]: v.state for k, v in jobs.items()}
     assert states == {"359322": S.PENDING, "412020": S.PENDING, "1147579": S.RUNNING}
     assert "too many failed attempts" in jobs["412020.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"].reason
 
 
-def test_qstat_openpbs_leading_newline_and_history():
-    running = pbs_parse.parse_qstat_json(text("pbs/qstat_f_F_json_openpbs23_running_leading_newline.json"))
-    assert [j.state for j in running.values()] == [S.RUNNING]
-    mixed = pbs_parse.parse_qstat_json(text("pbs/qstat_fx_F_json_openpbs23_finished_and_running.json"))
-    assert {k: v.state for k, v in mixed.items()} == {"1004.pbs": S.COMPLETED, "1005.pbs": S.COMPLETED,
-                                                      "1006.pbs": S.RUNNING}
-
-
-def test_qstat_error_records_have_no_jobs_and_known_codes():
-    finished = record("pbs/qstat_err_job_finished_rc35_polaris.json")
-    assert finished["exit_code"] == pbs_parse.QSTAT_JOB_FINISHED
-    assert pbs_parse.parse_qstat_json(finished["stdout"]) == {}
-    unknown = record("pbs/qstat_err_unknown_job_rc153_gadi.json")
-    assert unknown["exit_code"] == pbs_parse.QSTAT_UNKNOWN_JOB
-    assert not pbs_parse.TRANSIENT_ERRORS.search(unknown["stderr"])
-
-
-def test_qstat_invalid_json_numbers_are_repaired():
-    fragment = '{"Jobs": {"53.pbs": {"job_state": "Q", "Variable_List": {"foo":005,\n "FOO1":.123, "FOO2":123.}}}}'
-    jobs = pbs_parse.parse_qstat_json(fragment)
-    assert jobs["53.pbs"].state is S.PENDING
-
-
 def test_qstat_start_and_end_times_are_read_as_utc():
-    jobs = pbs_parse.parse_qstat_json(text("pbs/qstat_fx_F_json_openpbs23_finished_and_running.json"))
+    jobs = pbs_parse.statuses(site_jobs("pbs/qstat_fx_F_json_openpbs23_finished_and_running.json"))
     done = [s for s in jobs.values() if s.state.terminal and s.ended_at]
     assert done, jobs
     assert all(s.started_at <= s.ended_at for s in done)
@@ -188,32 +171,63 @@ def test_qstat_start_and_end_times_are_read_as_utc():
     assert pbs_parse.utc_time("") is None
 
 
-def test_qstat_json_is_mended_for_every_recorded_breakage():
-    # The recorded lines themselves (bare numbers, unescaped quotes) inside one job record.
-    lines = [line.rstrip().rstrip(",") for line in text("pbs/qstat_json_invalid_fragments.txt").splitlines()
-             if re.match(r'\s+"(foo|FOO\d|comment)":', line)]
-    assert len(lines) == 8
-    document = ('{\n"Jobs":{\n"7.pbs":{\n"job_state":"R",\n"Variable_List":{\n'
-                + ",\n".join(lines) + ',\n"WINPATH":"C:\\scratch\\x"\n}}}}')
-    job = pbs_parse.load_qstat_json(document)["Jobs"]["7.pbs"]["Variable_List"]
-    assert (job["foo"], job["FOO1"], job["FOO2"], job["FOO3"], job["FOO4"], job["FOO5"],
-            job["FOO6"]) == ("005", ".123", "123.", "00", "-00", "00.123", "-00.123")
-    assert '"zaskly sdileny scratch" (Sep 04' in job["comment"]
-    assert job["WINPATH"] == "C:\\scratch\\x"
-    assert pbs_parse.parse_qstat_json(document)["7.pbs"].state is S.RUNNING
+def live_dsv() -> dict:
+    """What the live OpenPBS server reported for each way a job ends (record_live.sh), by name."""
+    jobs = pbs_parse.load_qstat_dsv(text("pbs/live_qstat_f_F_dsv_end_states.txt"))
+    return {job["Job_Name"]: (job_id, job) for job_id, job in jobs.items()}
 
 
-def test_qstat_plain_table_before_the_json_is_skipped():
-    data = pbs_parse.load_qstat_json(text("pbs/qstat_u_fF_JSON_mixed_plaintext_bug_openpbs23.txt"))
-    assert (data["pbs_version"], data["pbs_server"]) == ("23.06.06", "VMa")
+@pytest.mark.parametrize("name,state,code", [
+    ("exit0", S.COMPLETED, 0),
+    ("exit3", S.FAILED, 3),
+    ("walltime", S.TIMEOUT, None),
+    # Deleted while running: F, substate 91, Exit_status 0, even when the script traps SIGTERM
+    # and exits 75. Read from Exit_status alone this was "completed".
+    ("deleted_running", S.CANCELLED, None),
+    ("deleted_trapping", S.CANCELLED, None),
+    ("deleted_queued", S.CANCELLED, None),
+    ("held", S.PENDING, None),
+    ("never", S.PENDING, None),
+])
+def test_every_way_a_job_ends_on_the_live_server(name, state, code):
+    job_id, job = live_dsv()[name]
+    status = pbs_parse.statuses({job_id: job})[job_id]
+    assert (status.state, status.exit_code) == (state, code), job
+    if name == "never":
+        assert status.reason.startswith("Can Never Run: ")
+    if state.terminal and name != "deleted_queued":
+        assert status.started_at and status.ended_at >= status.started_at
 
 
-def test_unreadable_qstat_json_is_a_scheduler_error_not_a_crash():
-    from mmm_orch.schedulers.base import SchedulerError
-    from mmm_orch.schedulers.pbs import statuses_for
+def test_several_ids_as_json_hold_only_the_first_job_on_this_server():
+    """Why queries read DSV: the same eight ids asked for as JSON (openpbs#2672)."""
+    assert len(site_jobs("pbs/live_qstat_f_F_json_several_ids.json")) == 1
+    assert len(live_dsv()) == 8
 
-    with pytest.raises(SchedulerError, match="qstat: qstat printed JSON that cannot be read"):
-        statuses_for(["1.pbs"], 0, '{"Jobs": {"1.pbs": {"job_state": }}}', "")
+
+def test_dsv_escapes_the_delimiter_and_the_escape_character():
+    line = 'Job Id: 9.vm|comment=a \\| b \\\\ c|Variable_List=A=1,B=x\\,y,MMM_ORCH_TAG=t1|job_state=Q\n'
+    job = pbs_parse.load_qstat_dsv(line)["9.vm"]
+    assert job["comment"] == "a | b \\ c" and job["job_state"] == "Q"
+    assert pbs_parse.ids_with_tag({"9.vm": job}, "t1") == ["9.vm"]
+    assert pbs_parse.ids_with_tag({"9.vm": job}, "t2") == []
+
+
+def test_qstat_error_records_have_known_codes():
+    finished = record("pbs/qstat_err_job_finished_rc35_polaris.json")
+    assert finished["exit_code"] == pbs_parse.QSTAT_JOB_FINISHED
+    assert pbs_parse.parse_qstat_dsv(finished["stdout"]) == {}
+    unknown = record("pbs/qstat_err_unknown_job_rc153_gadi.json")
+    assert unknown["exit_code"] == pbs_parse.QSTAT_UNKNOWN_JOB
+    assert not pbs_parse.TRANSIENT_ERRORS.search(unknown["stderr"])
+
+
+def test_live_qsub_refusals_are_permanent():
+    refusals = json.loads(text("pbs/live_qsub_refusals.json"))
+    assert {r["exit_code"] for r in refusals} == {170, 188, 187, 166}
+    for refusal in refusals:
+        assert not pbs_parse.TRANSIENT_ERRORS.search(refusal["stderr"]), refusal
+        assert refusal["exit_code"] not in pbs_parse.TRANSIENT_EXIT_CODES
 
 
 def test_every_recorded_pbs_error_is_classified():
@@ -227,6 +241,7 @@ def test_every_recorded_pbs_error_is_classified():
 
 
 def test_pbs_signal_and_failure_exit_statuses():
+    # Older servers (recorded elsewhere) write a qdel as 256 + SIGTERM and no substate.
     assert pbs_parse.pbs_state({"job_state": "F", "Exit_status": 271})[0] is S.CANCELLED
     assert pbs_parse.pbs_state({"job_state": "F", "Exit_status": 265}) == (S.FAILED, None, 9)
     assert pbs_parse.pbs_state({"job_state": "F", "Exit_status": 3}) == (S.FAILED, 3, None)

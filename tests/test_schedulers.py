@@ -56,7 +56,7 @@ def calls(directory: Path, name: str) -> list[list[str]]:
 def test_pbs_verbs_pass_argument_lists_to_qsub_qstat_qdel(tmp_path):
     bin_dir = tmp_path / "bin"
     aurora_id = "123.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
-    history = (FIXTURES / "pbs" / "qstat_fx_F_json_aurora_finished_exit_status.json").read_text()
+    history = (FIXTURES / "pbs" / "live_qstat_f_F_dsv_end_states.txt").read_text()
     commands = {
         "submit": str(replaying_command(bin_dir, "qsub", stdout=aurora_id + "\n")),
         "query": str(replaying_command(bin_dir, "qstat", stdout=history)),
@@ -72,9 +72,9 @@ def test_pbs_verbs_pass_argument_lists_to_qsub_qstat_qdel(tmp_path):
     assert native == aurora_id
     assert calls(bin_dir, "qsub") == [[str(script)]]
 
-    recorded = next(iter(json.loads(history)["Jobs"]))
+    recorded = history.split("|")[0].removeprefix("Job Id: ")
     states = pbs.query([JobRef(recorded, job_dir), JobRef("999.aurora-pbs-0001", job_dir)])
-    assert calls(bin_dir, "qstat") == [["-f", "-F", "json", "-x", recorded, "999.aurora-pbs-0001"]]
+    assert calls(bin_dir, "qstat") == [["-f", "-F", "dsv", "-x", recorded, "999.aurora-pbs-0001"]]
     assert states[recorded].state.terminal
     assert states["999.aurora-pbs-0001"].state is JobState.UNKNOWN
 
@@ -95,8 +95,9 @@ def test_pbs_query_reads_other_jobs_through_exit_153_and_35():
 
 
 def test_pbs_short_and_long_ids_are_the_same_job():
-    text = (FIXTURES / "pbs" / "qstat_fx_F_json_aurora_finished_exit_status.json").read_text()
-    full = next(iter(json.loads(text)["Jobs"]))
+    full = next(iter(json.loads((FIXTURES / "pbs" / "qstat_fx_F_json_aurora_finished_exit_status.json")
+                                .read_text())["Jobs"]))
+    text = f"Job Id: {full}|job_state=F|substate=92|Exit_status=0\n"
     short = full.split(".")[0] + "." + full.split(".")[1]
     states = statuses_for([short], 0, text, "")
     assert states[short].state.terminal and states[short].native_id == full

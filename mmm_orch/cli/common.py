@@ -4,6 +4,7 @@ plan options of render/submit/sweep, and opening the job database."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -110,7 +111,8 @@ def write_file(path: str, text: str) -> None:
         tmp.chmod(0o755)
         tmp.replace(target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise MmmError(f"--out {path!r}: cannot write: {exc.strerror}") from None
 
 

@@ -35,7 +35,8 @@ class Option:
         if self.type == "choice":
             return "one of " + ", ".join(self.choices)
         if self.type == "str":
-            return f"text matching {self.pattern}" if self.pattern else "one line of text"
+            return (f"one line of text matching {self.pattern}" if self.pattern
+                    else "one line of text (no control characters)")
         bounds = [f">= {_num(self.ge)}" if self.ge is not None else "",
                   f"> {_num(self.gt)}" if self.gt is not None else "",
                   f"<= {_num(self.le)}" if self.le is not None else ""]
@@ -75,7 +76,9 @@ class Option:
             return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                     and (self.le is None or value <= self.le))
         if self.type == "str":
-            return not self.pattern or re.fullmatch(self.pattern, value) is not None
+            one_line = not any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF
+                               for c in value)
+            return one_line and (not self.pattern or re.fullmatch(self.pattern, value) is not None)
         return True
 
 

@@ -61,6 +61,8 @@ def load_yaml(path: Path) -> YamlDoc:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     loader = _Loader(text)
     try:
         node = loader.get_single_node()

@@ -36,7 +36,7 @@ from mmm_orch.hosts import Host, host_for
 from mmm_orch.jobs.db import RECORD_FILE, JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
-from mmm_orch.schedulers.base import (SchedulerError, Submission, SubmissionUnconfirmed,
+from mmm_orch.schedulers.base import (Retry, SchedulerError, Submission, SubmissionUnconfirmed,
                                       Unreachable, scheduler_for)
 
 
@@ -134,10 +134,9 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun)."""
     render(plan.placed("/job-dir", "tag", "/job-dir/job.log"), template)  # template errors first
+    Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
-    db = open_db(str(db_file), create=True)
-    assert db is not None
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
     tag = new_tag()
     leaf = f"{tag}-{plan.machine}-{plan.workload}"
@@ -145,6 +144,8 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     job_dir = posixpath.join(home, plan.remote_jobs_dir, leaf) if remote else str(local_dir)
     log_directive = scheduler.directive_path(posixpath.join(job_dir, "job.log"))
     _check_workdir(host, plan)
+    db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
+    assert db is not None
 
     created_here = host_for("").make_private_dir(str(local_dir))
     created_there = host.make_private_dir(job_dir) if remote else []
@@ -152,7 +153,8 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
 
     def undo() -> None:
         if job_id is not None:
-            db.delete(job_id)
+            with contextlib.suppress(MmmError):  # else `status` removes it: no job has its tag
+                db.delete(job_id)
         host.remove_tree(created_there)
         host_for("").remove_tree(created_here)
 
@@ -174,6 +176,9 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         with _signals_as_interrupts():
             job_id = db.insert(**values)
             write_record(local_dir, {"id": job_id, **values})
+    except OSError as exc:  # a full disk, a read-only place: nothing was asked of the scheduler
+        undo()
+        raise MmmError(f"cannot write the job's files in {job_dir}: {exc.strerror}") from None
     except BaseException:
         undo()
         raise
@@ -219,13 +224,18 @@ def job_id_from_log(host: Host, log_path: str) -> str | None:
     return None
 
 
-def reconcile(db: JobDB, record: JobRecord, grace: float = 150.0) -> str | None:
+def reconcile(db: JobDB, record: JobRecord) -> str | None:
     """Settle a `submitting` record whose submitter is gone: the job's native id when the
     scheduler (or the job's own log) shows it, or the record removed once the scheduler answered
-    that it has no such job and `grace` seconds have passed. Returns a warning, or None."""
+    that it has no such job and no submit command can still be running. Returns a warning, or
+    None."""
     alive = submitter_alive(record.submitter)
     if alive:
         return None
+    # A dead submitter's scheduler command may outlive it by one command timeout; a submitter on
+    # another host may be anywhere in its retries.
+    retry = Retry.from_env("submit")
+    grace = retry.timeout + 10 if alive is False else retry.deadline + 60
     host = host_for(record.remote)
     scheduler = scheduler_for(record.scheduler, record.commands, host)
     found = scheduler.find(Submission(

@@ -92,7 +92,8 @@ class Retry:
             if not (math.isfinite(deadline) and deadline > 0):
                 raise MmmError(f"MMM_ORCH_RETRY_DEADLINE {text!r} is invalid: seconds, a number "
                                "greater than 0 (e.g. 60)")
-            base = replace(base, deadline=deadline, timeout=min(base.timeout, deadline))
+            # Leave room for a second attempt within the budget.
+            base = replace(base, deadline=deadline, timeout=min(base.timeout, deadline / 2))
         return base
 
 
@@ -242,7 +243,7 @@ class CommandScheduler:
         try:
             result = self.runner.run(argv, cwd=submission.workdir, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return True, f"no answer within {timeout:g}s"
+            return True, f"no answer within {timeout:.0f}s"
         except FileNotFoundError:
             raise SchedulerError(f"{argv[0]}: command not found (is this the machine's login node?)")
         except Unreachable as exc:

@@ -25,7 +25,7 @@ class PbsScheduler(CommandScheduler):
         return parse.parse_qsub(stdout)
 
     def query_argv(self, ids: list[str]) -> list[str]:
-        return [self.cmd["query"], "-f", "-F", "json", "-x", *ids]
+        return [self.cmd["query"], "-f", "-F", "dsv", "-x", *ids]
 
     def cancel_argv(self, job: JobRef) -> list[str]:
         return [self.cmd["cancel"], job.native_id]
@@ -45,10 +45,7 @@ class PbsScheduler(CommandScheduler):
             return None
         if result.returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
             return None
-        try:
-            return parse.ids_with_tag(result.stdout, submission.tag)
-        except ValueError:
-            return None
+        return parse.ids_with_tag(parse.load_qstat_dsv(result.stdout), submission.tag)
 
     @staticmethod
     def directive_path(path: str) -> str:
@@ -76,10 +73,7 @@ def statuses_for(ids: list[str], returncode: int, stdout: str, message: str) -> 
     no history) still carry the other jobs on stdout; unknown ids are UNKNOWN, never done."""
     if returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
         raise SchedulerError(f"qstat: {message}")
-    try:
-        reported = parse.parse_qstat_json(stdout)
-    except ValueError as exc:
-        raise SchedulerError(f"qstat: {exc}") from None
+    reported = parse.parse_qstat_dsv(stdout)
     out = {}
     for job_id in ids:
         match = next((s for native, s in reported.items() if parse.same_job(native, job_id)), None)

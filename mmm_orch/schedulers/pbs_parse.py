@@ -1,13 +1,13 @@
-"""Pure parsers for PBS Pro / OpenPBS command output (qsub, qstat -f -F json -x).
+"""Pure parsers for PBS Pro / OpenPBS command output (qsub, qstat -f -F dsv -x).
 
-qstat's JSON is known to be invalid at times (bare number-like environment values, duplicate
-keys) and qstat's exit code mixes "some ids unknown" (153) with output for the others.
+qstat's exit code mixes "some ids unknown" (153) with output for the others; its JSON output is
+not used for jobs: it is invalid at times (tests/fixtures/pbs/qstat_json_invalid_fragments.txt)
+and, on current OpenPBS, holds only the first of several requested jobs.
 """
 
 from __future__ import annotations
 
 import calendar
-import json
 import re
 import time
 from typing import Any
@@ -55,54 +55,28 @@ def same_job(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
-# Known ways qstat writes invalid JSON (tests/fixtures/pbs/qstat_json_invalid_fragments.txt):
-# bare number-like values ("foo":005, .123, 123., -00), unescaped quotes inside a value, and
-# backslashes that are no JSON escape. qstat writes one "key":value per line, so lines are mended.
-_BARE_NUMBERISH = re.compile(r'(":\s*)(-?\.\d+|-?\d+\.(?!\d)|-?0\d+(?:\.\d+)?|-?00+(?:\.\d+)?)(\s*[,}\n])')
-_STRING_VALUE_LINE = re.compile(r'^(\s*"[^"]*":\s*")(.*)("\s*,?\s*)$')
-_BAD_ESCAPE = re.compile(r'\\(?!["\\/bfnrtu])')
-
-
-def _mend_line(line: str) -> str:
-    line = _BAD_ESCAPE.sub(r"\\\\", line)
-    if match := _STRING_VALUE_LINE.match(line):
-        head, value, tail = match.groups()
-        line = head + re.sub(r'(?<!\\)"', r'\"', value) + tail
-    return line
-
-
-def load_qstat_json(text: str) -> dict[str, Any]:
-    """qstat -F json output as a dict, mending what qstat is known to get wrong; text before the
-    document (OpenPBS 23 prints a -u table first) is skipped."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    start = re.search(r"^\{", text, re.M)
-    body = text[start.start():] if start else text
-    mended = "\n".join(_mend_line(line) for line in _BARE_NUMBERISH.sub(r'\1"\2"\3', body).splitlines())
-    try:
-        return json.loads(mended)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"qstat printed JSON that cannot be read even after repair: {exc}") from None
+# How a finished job ended, from its substate (src/include/job.h). The live server showed that a
+# job deleted while running ends F with substate 91 and Exit_status 0, whether or not its script
+# traps SIGTERM: Exit_status alone reads that as success.
+SUBSTATE_TERMINATED = "91"  # deleted (qdel), running or not
 
 
 def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
-    """(state, exit code, signal) of one qstat job record."""
+    """(state, exit code, signal) of one qstat job record (DSV or JSON attributes)."""
     letter = str(job.get("job_state", ""))
     if letter != "F":
         return _STATES.get(letter, JobState.UNKNOWN), None, None
     status = job.get("Exit_status")
-    if status is None:  # deleted before it ever ran
-        return JobState.CANCELLED, None, None
+    if status is not None and int(status) == WALLTIME_EXCEEDED:
+        return JobState.TIMEOUT, None, None
+    if str(job.get("substate", "")) == SUBSTATE_TERMINATED or status is None:
+        return JobState.CANCELLED, None, None  # deleted, running or before it ever ran
     status = int(status)
     if status == 0:
         return JobState.COMPLETED, 0, None
-    if status == WALLTIME_EXCEEDED:
-        return JobState.TIMEOUT, None, None
-    if status > SIGNAL_OFFSET:
+    if status > SIGNAL_OFFSET:  # older servers record a qdel as 256 + SIGTERM
         signal = status - SIGNAL_OFFSET
-        return (JobState.CANCELLED if signal == 15 else JobState.FAILED), None, signal  # qdel sends TERM
+        return (JobState.CANCELLED if signal == 15 else JobState.FAILED), None, signal
     return JobState.FAILED, status, None
 
 
@@ -114,10 +88,10 @@ def utc_time(value: Any) -> float | None:
         return None
 
 
-def parse_qstat_json(text: str) -> dict[str, JobStatus]:
-    data = load_qstat_json(text.strip() or "{}")
+def statuses(jobs: dict[str, dict[str, Any]]) -> dict[str, JobStatus]:
+    """The status of each job record (job id -> attributes)."""
     out = {}
-    for job_id, job in (data.get("Jobs") or {}).items():
+    for job_id, job in jobs.items():
         state, code, signal = pbs_state(job)
         out[job_id] = JobStatus(native_id=job_id, state=state,
                                 native_state=str(job.get("job_state", "")), exit_code=code,
@@ -127,14 +101,47 @@ def parse_qstat_json(text: str) -> dict[str, JobStatus]:
     return out
 
 
-def ids_with_tag(text: str, tag: str) -> list[str]:
-    """Ids of the jobs in qstat -f -F json output whose Variable_List carries `tag`."""
-    data = load_qstat_json(text.strip() or "{}")
-    found = []
-    for job_id, job in (data.get("Jobs") or {}).items():
-        variables = job.get("Variable_List") or {}
-        if isinstance(variables, str):  # older servers: "A=1,B=2"
-            variables = dict(item.partition("=")[::2] for item in variables.split(","))
-        if str(variables.get(TAG_VARIABLE, "")) == tag:
-            found.append(job_id)
-    return found
+# `qstat -f -F json ID1 ID2 ...` prints only the first job on this OpenPBS (23.06.06-85, seen on
+# the live test server; openpbs#2672), so queries of several jobs read DSV: one line per job,
+# `Job Id: ID|key=value|...`, with the delimiter and the escape character escaped by a backslash.
+def _dsv_fields(line: str, delimiter: str = "|") -> list[str]:
+    fields, current, chars = [], [], iter(line)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == delimiter:
+            fields.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    fields.append("".join(current))
+    return fields
+
+
+def load_qstat_dsv(text: str) -> dict[str, dict[str, Any]]:
+    """`qstat -f -F dsv` output: job id -> {attribute: value} (resources as `Resource_List.x`)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.startswith("Job Id: "):
+            continue
+        head, *fields = _dsv_fields(line.rstrip("\n"))
+        jobs[head.removeprefix("Job Id: ").strip()] = dict(
+            field.partition("=")[::2] for field in fields if "=" in field)
+    return jobs
+
+
+def parse_qstat_dsv(text: str) -> dict[str, JobStatus]:
+    return statuses(load_qstat_dsv(text))
+
+
+def _variables(value: Any) -> dict[str, str]:
+    """Variable_List as a mapping: JSON gives one; DSV and older servers give `A=1,B=2`."""
+    if isinstance(value, dict):
+        return {k: str(v) for k, v in value.items()}
+    return dict(item.partition("=")[::2] for item in re.split(r"(?<!\\),", str(value or "")))
+
+
+def ids_with_tag(jobs: dict[str, dict[str, Any]], tag: str) -> list[str]:
+    """Ids of the jobs whose Variable_List carries the submission tag."""
+    return [job_id for job_id, job in jobs.items()
+            if _variables(job.get("Variable_List")).get(TAG_VARIABLE) == tag]

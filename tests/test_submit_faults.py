@@ -1,0 +1,222 @@
+"""Submission under faults, on the live schedulers (Slurm and OpenPBS): the submit command is
+wrapped by a script that calls the real one and then misbehaves: it kills mmm-orch, reports a
+timeout after the scheduler took the job, hangs, or fails to connect. Whatever happens, one submit
+makes at most one job, and every job has exactly one record (after the next `status`).
+
+Jobs go to a queue that accepts jobs and never starts them (Slurm: a partition that is down; PBS:
+a queue that is not started), so the tests occupy no node."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import cancel_leftovers, write_probe
+
+
+@dataclass(frozen=True)
+class Sched:
+    kind: str
+    machine: str
+    submit: str            # the real submit command
+    timeout_text: str      # what the command says when the request timed out after sending
+    unsent_text: str       # what it says when it never reached the scheduler
+    profile: str           # the user profile: the real machine with bare command names
+
+    def jobs_named(self, name: str) -> dict[str, str]:
+        """Ground truth from the scheduler itself: job id -> state, for jobs with this name."""
+        name += RUN
+        if self.kind == "slurm":
+            out = subprocess.run(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i|%T"],
+                                 capture_output=True, text=True, check=True).stdout
+            return dict(line.split("|") for line in out.split())
+        ids = subprocess.run(["/opt/pbs/bin/qselect", "-x", "-N", name], capture_output=True,
+                             text=True, check=True).stdout.split()
+        if not ids:
+            return {}
+        table = subprocess.run(["/opt/pbs/bin/qstat", "-x", *ids], capture_output=True,
+                               text=True).stdout.splitlines()[2:]  # id name user time S queue
+        return {line.split()[0]: line.split()[-2] for line in table if line.strip()}
+
+
+SLURM = Sched("slurm", "slurm-faults", "/usr/bin/sbatch",
+              "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+              "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+              "(connect failure)",
+              "extends: slurm-local\nname: slurm-faults\n")
+PBS = Sched("pbs", "pbs-faults", "/opt/pbs/bin/qsub",
+            "qsub: Premature end of message from server",
+            "Connection refused\nqsub: cannot connect to server vm (errno=111)",
+            "extends: pbs-local\nname: pbs-faults\n"
+            "scheduler: {commands: {submit: qsub, query: qstat, cancel: qdel}}\n")
+
+WRAPPER = r"""#!/bin/bash
+# A submit command that calls the real one and then misbehaves as $FAULT says.
+count=$(( $(cat "$STATE/calls" 2>/dev/null || echo 0) + 1 )); echo $count > "$STATE/calls"
+real() { "$REAL" "$@"; }
+case "$FAULT:$count" in
+  kill-before:*) kill -9 $PPID; exec sleep 5 ;;
+  kill-after:*) out=$(real "$@"); echo "$out"; kill -9 $PPID; exit 0 ;;
+  timeout-after:*) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
+  hang-after:*) real "$@" >/dev/null; exec sleep 600 ;;
+  hang-first:1) exec sleep 600 ;;
+  unsent-first:1) echo "$UNSENT_TEXT" >&2; exit 1 ;;
+  duplicate:1) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
+  slow:*) sleep "$DELAY"; exec "$REAL" "$@" ;;
+  *) exec "$REAL" "$@" ;;
+esac
+"""
+# The first lookup after the ambiguous failure sees nothing (a slow scheduler), so the job is
+# submitted again: the duplicate must then be found and cancelled.
+BLIND_LOOKUP = r"""#!/bin/bash
+count=$(( $(cat "$STATE/lookups" 2>/dev/null || echo 0) + 1 )); echo $count > "$STATE/lookups"
+[[ $FAULT == duplicate && $count -eq 1 ]] && exit 0
+exec "$REAL_LOOKUP" "$@"
+"""
+
+
+@pytest.fixture(params=[SLURM, PBS], ids=["slurm", "pbs"])
+def sched(request, isolated, monkeypatch, tmp_path):
+    fixture = "slurm_cluster" if request.param.kind == "slurm" else "pbs_server"
+    request.getfixturevalue(fixture)
+    s = request.param
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True, exist_ok=True)
+    (machines / f"{s.machine}.yaml").write_text(s.profile)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    submit = bin_dir / Path(s.submit).name
+    submit.write_text(WRAPPER)
+    lookup_name = "squeue" if s.kind == "slurm" else "qselect"
+    lookup = bin_dir / lookup_name
+    lookup.write_text(BLIND_LOOKUP)
+    for script in (submit, lookup):
+        script.chmod(0o755)
+    state = tmp_path / "wrapper-state"
+    state.mkdir()
+    extra = "/opt/pbs/bin" + os.pathsep if s.kind == "pbs" else ""
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{extra}{os.environ['PATH']}")
+    monkeypatch.setenv("STATE", str(state))
+    monkeypatch.setenv("REAL", s.submit)
+    monkeypatch.setenv("REAL_LOOKUP", "/usr/bin/squeue" if s.kind == "slurm" else "/opt/pbs/bin/qselect")
+    monkeypatch.setenv("TIMEOUT_TEXT", s.timeout_text)
+    monkeypatch.setenv("UNSENT_TEXT", s.unsent_text)
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    monkeypatch.setenv("MMM_ORCH_RETRY_DEADLINE", "8")
+    write_probe(isolated, "noop", "pass\n")
+    yield s
+    cancel_leftovers()
+
+
+RUN = os.urandom(3).hex()  # job names unique to this run: schedulers remember ended jobs
+
+
+def start(sched: Sched, name: str, fault: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mmm_orch", "submit", sched.machine, "noop", "--name", name + RUN,
+         "-q", "parked"], env={**os.environ, "FAULT": fault, **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def submit(sched: Sched, name: str, fault: str) -> subprocess.CompletedProcess:
+    proc = start(sched, name, fault)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def records() -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", "mmm_orch", "status", "--all", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def settled(timeout: float = 90) -> list[dict]:
+    """The records once no submission is left unresolved (status reconciles them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = records()
+        if not any(r["state"] == "submitting" for r in rows):
+            return rows
+        assert time.monotonic() < deadline, [r for r in rows if r["state"] == "submitting"]
+        time.sleep(2)
+
+
+def exactly_once(sched: Sched, name: str, expected_jobs: int) -> None:
+    """Every live job with this name has exactly one record, and every record one job."""
+    rows = settled()
+    live = {i: st for i, st in sched.jobs_named(name).items()
+            if st not in ("CANCELLED", "F")}
+    recorded = [r["native_id"] for r in rows]
+    assert len(live) == expected_jobs, (live, rows)
+    assert sorted(recorded) == sorted(live), (recorded, live)
+
+
+def test_killed_after_the_scheduler_took_the_job(sched):
+    proc = submit(sched, "killedafter", "kill-after")
+    assert proc.returncode == -signal.SIGKILL
+    exactly_once(sched, "killedafter", 1)
+
+
+def test_killed_before_the_scheduler_was_asked(sched):
+    proc = submit(sched, "killedbefore", "kill-before")
+    assert proc.returncode == -signal.SIGKILL
+    assert [r["state"] for r in records()] == ["submitting"]  # a trace, until status settles it
+    exactly_once(sched, "killedbefore", 0)
+
+
+def test_a_timeout_reported_after_the_job_was_taken(sched):
+    proc = submit(sched, "timedout", "timeout-after")
+    assert proc.returncode == 0, proc.stderr
+    exactly_once(sched, "timedout", 1)
+
+
+def test_a_hang_past_the_retry_deadline_after_the_job_was_taken(sched):
+    start = time.monotonic()
+    proc = submit(sched, "hungafter", "hang-after")
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 40
+    exactly_once(sched, "hungafter", 1)
+
+
+def test_a_hang_before_anything_was_sent_is_retried(sched):
+    proc = submit(sched, "hungfirst", "hang-first")
+    assert proc.returncode == 0, proc.stderr
+    exactly_once(sched, "hungfirst", 1)
+
+
+def test_a_connection_failure_is_retried_without_doubt(sched):
+    proc = submit(sched, "unsent", "unsent-first")
+    assert proc.returncode == 0, proc.stderr
+    exactly_once(sched, "unsent", 1)
+
+
+def test_a_duplicate_made_by_a_retry_is_cancelled(sched):
+    proc = submit(sched, "dup", "duplicate")
+    assert proc.returncode == 0, proc.stderr
+    jobs = sched.jobs_named("dup")
+    assert len(jobs) == 2  # the scheduler really got the job twice
+    exactly_once(sched, "dup", 1)
+
+
+def test_submit_killed_at_random_instants(sched):
+    """SIGKILL at a random point of the whole protocol (start-up, rendering, the record, the
+    scheduler call, the update), many times over."""
+    rng = random.Random(2026)
+    for _ in range(10):
+        proc = start(sched, "sweepkill", "slow", DELAY="0.3")
+        time.sleep(rng.uniform(0.0, 1.6))
+        proc.kill()
+        proc.communicate()
+    jobs = len({i for i, st in sched.jobs_named("sweepkill").items() if st not in ("CANCELLED", "F")})
+    assert jobs <= 10
+    exactly_once(sched, "sweepkill", jobs)
