@@ -96,3 +96,35 @@ def test_bad_arguments_are_one_line_errors(cli):
     assert cli("diagnose").code == 2
     result = cli("diagnose", "--log", "/nonexistent.log")
     assert result.code == 2 and "no such file" in result.err and len(result.err.splitlines()) == 1
+
+
+CASCADE = """import os, time
+import torch
+import torch.distributed as dist
+from mmm_orch.runtime import dist as runtime_dist
+
+rt = runtime_dist.setup()
+dist.barrier()
+if rt.rank == 1:
+    time.sleep(1)
+    raise RuntimeError("Numpy is not available")  # the first failure, on one rank
+value = torch.ones(1)
+dist.all_reduce(value)  # rank 0 waits here for rank 1, then sees its peer gone
+"""
+
+
+def test_the_first_failure_is_the_exception_not_the_peers_that_lost_it(cli, isolated, monkeypatch):
+    """A Python exception on one rank, then gloo "Connection closed by peer" on the others (the
+    numpy case): the exception is the first failure, whatever order the lines arrive in."""
+    (isolated / "cascade_probe.py").write_text(CASCADE)
+    specs = isolated / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True)
+    (specs / "cascade.yaml").write_text("name: cascade\ntrainer: cascade_probe\n")
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    assert cli("submit", "local", "cascade").code == 0
+    assert wait_terminal(cli, 1)["state"] == "failed"
+    log = cli("logs", "1").out
+    assert "Connection closed by peer" in log or "Connection reset by peer" in log, log[-3000:]
+    first = json.loads(cli("diagnose", "1", "--json").out)["first"]
+    assert first["signature"] == "python-exception"
+    assert "Numpy is not available" in first["line"]

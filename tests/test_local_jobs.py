@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import assert_nothing_recorded, run_cli, write_probe
 from mmm_orch.hosts import LocalHost
-from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.db import JobDB, open_db
 
 
 def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
@@ -25,6 +26,12 @@ def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
             return row
         time.sleep(0.5)
     raise AssertionError(f"job {job} not terminal after {timeout}s: {row}")
+
+
+def wait_state(cli, job: int, states: tuple[str, ...], timeout: float = 120) -> dict:
+    row = wait_terminal(cli, job, timeout)
+    assert row["state"] in states, row
+    return row
 
 
 def wait_running(cli, job: int, marker: Path | None = None, timeout: float = 60) -> None:
@@ -253,3 +260,74 @@ def test_elapsed_is_the_jobs_own_not_when_status_looked(cli, isolated, monkeypat
     assert row["state"] == "completed"
     assert 4 <= row["ended_at"] - row["started_at"] < 20, row
     assert row["ended_at"] <= time.time() - 2  # when it ended, not when we looked
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()
+            if '"event": "step"' in line]
+
+
+def _wait_steps(path: Path, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and len(_steps(path)) >= count):
+        assert time.monotonic() < deadline, f"fewer than {count} steps in {path}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("how", ["cancel", "walltime"])
+def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolated, how):
+    """The supervisor stops the job as a scheduler does and waits for every process, so rank 0
+    finishes its checkpoint; a resumed run continues at the next step, not at step 1."""
+    args = ["submit", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=100000",
+            "--json"] + (["--walltime", "00:01:00"] if how == "walltime" else [])
+    first = json.loads(cli(*args).out)
+    record = open_db(None).get(first["id"])
+    metrics = Path(record.run_dir) / "metrics.jsonl"
+    _wait_steps(metrics, 3)
+    if how == "cancel":
+        assert cli("cancel", str(first["id"])).code == 0
+    row = wait_state(cli, first["id"], ("cancelled", "timeout"), timeout=150)
+    assert row["state"] == ("cancelled" if how == "cancel" else "timeout")
+    saved = [json.loads(line) for line in metrics.read_text().splitlines()
+             if '"event": "checkpoint"' in line]
+    assert saved and saved[-1]["reason"] == "signal", metrics.read_text()[-2000:]
+    last = _steps(metrics)[-1]
+    assert saved[-1]["step"] == last
+    run_name = Path(record.run_dir).name
+    again = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set", f"steps={last + 3}",
+                "--set", f"run_name={run_name}", "--set", "resume=true", "--follow")
+    assert again.code == 0, again.err
+    assert _steps(metrics)[-3:] == [last + 1, last + 2, last + 3]
+
+
+def test_resume_without_a_checkpoint_fails_and_says_so_unless_fresh_is_allowed(cli, isolated):
+    result = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=3",
+                 "--set", "run_name=nothing-here", "--set", "resume=true", "--follow")
+    assert result.code != 0
+    log = cli("logs", "1").out
+    assert "[runtime] error: --resume: no checkpoint in outputs/nothing-here/checkpoints" in log
+    diagnosis = json.loads(cli("diagnose", "1", "--json").out)["first"]
+    assert diagnosis["signature"] == "trainer-refused"
+    fresh = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=3",
+                "--set", "run_name=nothing-here", "--set", "resume=true",
+                "--set", "allow_fresh=true", "--follow")
+    assert fresh.code == 0, fresh.err
+
+
+def test_concurrent_local_runs_never_share_a_run_directory(cli, isolated):
+    ids = [json.loads(cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set",
+                          "steps=10", "--json").out)["id"] for _ in range(2)]
+    rows = [wait_state(cli, i, ("completed", "failed"), timeout=180) for i in ids]
+    assert [r["state"] for r in rows] == ["completed", "completed"]
+    dirs = [open_db(None).get(i).run_dir for i in ids]
+    assert dirs[0] != dirs[1]
+    for run in dirs:
+        assert _steps(Path(run) / "metrics.jsonl") == list(range(1, 11))  # each its own, whole
+    # Naming the same run twice at once: the second refuses instead of interleaving.
+    same = [json.loads(cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set",
+                           "steps=400", "--set", "run_name=shared", "--json").out)["id"]
+            for _ in range(2)]
+    rows = [wait_state(cli, i, ("completed", "failed"), timeout=300) for i in same]
+    assert sorted(r["state"] for r in rows) == ["completed", "failed"]
+    refused = next(i for i, r in zip(same, rows) if r["state"] == "failed")
+    assert "is in use by another run" in cli("logs", str(refused)).out

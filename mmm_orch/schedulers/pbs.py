@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from typing import Sequence
 
+from mmm_orch.errors import MmmError
 from mmm_orch.schedulers import pbs_parse as parse
 from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
                                       SchedulerUnavailable, Submission, check_directive_path)
@@ -49,11 +50,16 @@ class PbsScheduler(CommandScheduler):
 
     @staticmethod
     def directive_path(path: str) -> str:
-        """A path as one #PBS argument: double-quoted, with backslash and double quote escaped
-        (qsub's directive reader honours both); an absolute path keeps its ':' (qsub reads a
-        host only before a first '/')."""
+        """A path as one #PBS argument, double-quoted (qsub's directive reader honours quotes);
+        an absolute path keeps its ':' (qsub reads a host only before a first '/'). qsub accepts
+        a path with '"' or '\\', but the live server's MoM then cannot start the job and holds it
+        ("too many failed attempts to run"), so those are refused here."""
         check_directive_path(path, "PBS")
-        return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if bad := sorted(set(path) & {'"', "\\"}):
+            raise MmmError(f"path {path!r} cannot go into a PBS directive: PBS accepts "
+                           f"{' and '.join(map(repr, bad))} in -o and then cannot start the job; "
+                           "use another directory (XDG_STATE_HOME or --db)")
+        return f'"{path}"'
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
         ids = [job.native_id for job in jobs]
