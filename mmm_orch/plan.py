@@ -67,6 +67,7 @@ class Request:
     presets: tuple[str, ...] = ()
     no_presets: tuple[str, ...] = ()
     workdir: str | None = None
+    stage_env: bool = False  # copy the job environment to node-local storage before the launch
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,13 @@ class Plan:
     device_index: tuple[int, ...]
     physical_devices: tuple[int | None, ...]
     python: str
+    python_is_submitters: bool  # python: auto, the interpreter running mmm-orch
+    # The job environment's directory as a shell word ('' when the machine has none): activated
+    # after the setup lines, or copied to `stage_dir` on every node first (`per_node`).
+    environment: str
+    stage_env: bool
+    stage_dir: str
+    per_node: str
     watchdog_first_step: int  # seconds; 0 = no watchdog
     watchdog_step: int
     login_hosts: tuple[str, ...]
@@ -334,6 +342,23 @@ def _workdir(given: str | None) -> str:
                        "--workdir") from None
 
 
+def environment_word(machine: Machine, account: str | None) -> str:
+    """The job environment's directory as a shell word: the one `env create` made for this
+    machine, else the profile's default place; '' for machines without one."""
+    from mmm_orch import envs
+
+    if entry := envs.remembered(machine.name):
+        return shlex.quote(entry["path"])
+    if machine.environment is None:
+        return ""
+    template = machine.environment.path
+    if ("{account" in template) and not account:
+        raise MmmError(f"--account is needed on {machine.name}: the job environment lives under "
+                       f"the project ({template})")
+    path = template.format(account=account or "", account_lower=(account or "").lower())
+    return f'"{path}"'  # a profile value: $USER and friends expand where it is used
+
+
 def resolve(request: Request) -> Plan:
     """The plan for `request`, or MmmError naming the field, the value and what is allowed."""
     machine = load_machine(request.machine)
@@ -423,6 +448,11 @@ def resolve(request: Request) -> Plan:
                       list(override.no_presets) if override else [],
                       device_env, workload_env)
 
+    environment = environment_word(machine, account)
+    if request.stage_env and not environment:
+        raise _fail("--stage-env", True, f"{machine.name} has no job environment to stage (the "
+                    "jobs run the interpreter that submitted them)")
+
     queue_directives: tuple[str, ...] = ()
     if queue is not None:
         templates = queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
@@ -464,6 +494,11 @@ def resolve(request: Request) -> Plan:
         device_index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
         physical_devices=tuple(machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)),
         python=python,
+        python_is_submitters=machine.python == "auto",
+        environment=environment,
+        stage_env=request.stage_env,
+        stage_dir=machine.environment.stage_dir if machine.environment else "/tmp",
+        per_node=machine.launcher.per_node.format(**fields),
         watchdog_first_step=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
         watchdog_step=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
         login_hosts=tuple(machine.login_hosts),

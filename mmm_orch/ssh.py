@@ -313,10 +313,10 @@ class SshHost:
                 created.append(current)
         return created
 
-    def write_file(self, path: str, text: str, mode: int) -> None:
+    def write_file(self, path: str, content: str | bytes, mode: int) -> None:
         sftp = self._sftp_client()
         with sftp.open(path, "w") as handle:
-            handle.write(text.encode())
+            handle.write(content.encode() if isinstance(content, str) else content)
         sftp.chmod(path, mode)
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:

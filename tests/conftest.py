@@ -141,6 +141,32 @@ def pbs_server():
     return PBS_SCRIPT
 
 
+@pytest.fixture(scope="session")
+def facility_python(tmp_path_factory) -> Path:
+    """A Python of its own with torch and numpy and without mmm_orch: what a facility's framework
+    module gives a job (Aurora `frameworks`, Polaris `conda`, Perlmutter `pytorch`). It is a
+    virtual environment whose packages are links to the test environment's, mmm_orch left out."""
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("facility") / "python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    theirs = Path(subprocess.run([str(root / "bin" / "python"), "-c",
+                                  "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for entry in ours.iterdir():
+        if entry.name.startswith(("mmm_orch", "__editable__", "_mmm_orch", "mmm-orch")):
+            continue
+        (theirs / entry.name).symlink_to(entry)
+    python = root / "bin" / "python"
+    check = subprocess.run([str(python), "-c", "import torch, numpy"], capture_output=True,
+                           text=True, cwd=root)
+    assert check.returncode == 0, check.stderr
+    assert subprocess.run([str(python), "-c", "import mmm_orch"], capture_output=True,
+                          cwd=root).returncode != 0
+    return root
+
+
 def write_probe(directory: Path, name: str, body: str, trainer_options: str = "",
                 extra: str = "") -> None:
     """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH);

@@ -77,6 +77,9 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-preset", dest="no_presets", action="append", default=[],
                         metavar="NAME", help="disable an environment preset (repeatable)")
     parser.add_argument("--template", help="job script template file to use instead of the default")
+    parser.add_argument("--stage-env", action="store_true",
+                        help="copy the job environment to node-local storage on every node "
+                             "before the launch (imports then stay off the shared filesystem)")
 
 
 def request(args: argparse.Namespace, **overrides: Any):
@@ -86,7 +89,7 @@ def request(args: argparse.Namespace, **overrides: Any):
         machine=args.machine, workload=args.workload, nodes=args.nodes, queue=args.queue,
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
-        workdir=getattr(args, "workdir", None))
+        workdir=getattr(args, "workdir", None), stage_env=args.stage_env)
     fields.update(overrides)
     return Request(**fields)
 

@@ -172,7 +172,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
           + (f" ({who})" if who else ""))
     print(f"  {first.line}")
     print(f"  what: {first.signature.meaning}")
-    print(f"  fix: {first.signature.fix}")
+    print(f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}")
     print(f"  source: {first.signature.source}")
     if result.later:
         print("also seen later: " + ", ".join(f"{name} ({n} lines)" for name, n in result.later.items()))

@@ -16,6 +16,8 @@ def register(sub) -> None:
                    help="the directory the job runs in (default: here; for a job submitted over "
                         "SSH, its job directory on the login node)")
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
+    p.add_argument("--no-env-check", action="store_true",
+                   help="skip the check that the job's Python imports this mmm-orch")
     p.add_argument("-f", "--follow", action="store_true",
                    help="then stream the log until the job ends; exit with the job's exit code")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
@@ -55,11 +57,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         common.print_script(script(args))
         return 0
     from mmm_orch.jobs.db import db_path
-    from mmm_orch.jobs.submit import submit, target_for
+    from mmm_orch.jobs.submit import check_job_python, submit, target_for
     from mmm_orch.plan import resolve
 
     plan = resolve(common.request(args))
-    record = submit(plan, db_path(args.db), args.template, remote=target_for(plan, args.host))
+    remote = target_for(plan, args.host)
+    if not args.no_env_check:
+        check_job_python(plan, remote)
+    record = submit(plan, db_path(args.db), args.template, remote=remote)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:

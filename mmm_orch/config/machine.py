@@ -130,6 +130,9 @@ class Launcher:
     python_prefix: bool = True
     # PALS-style per-rank CPU list "list:a-b:c-d:...", one entry per rank on a node.
     cpu_bind: str = ""
+    # Runs a command once on every node of the job (staging the job environment); "" runs it
+    # once here (one node).
+    per_node: Templated = ""
     source: str = ""
 
 
@@ -197,6 +200,19 @@ class FailureSignature:
 
 
 @config
+class JobEnvironment:
+    """Where the machine's job environment lives by default: a virtual environment with mmm-orch,
+    made on top of the setup lines by `mmm-orch env create` (which may be told another path)."""
+
+    # A directory on the shared filesystem; {account} and {account_lower} are filled from the
+    # plan, $USER and other variables expand where the environment is made and used.
+    path: ShellValue
+    # Node-local storage the environment is copied to with --stage-env (one copy per node).
+    stage_dir: ShellValue = "/tmp"
+    source: str = ""
+
+
+@config
 class Account:
     required: bool = False
     default: str = ""
@@ -226,6 +242,7 @@ class Machine:
     devices: Devices = field(default_factory=Devices)
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     python: str = "python3"  # "auto": the interpreter running mmm-orch
+    environment: JobEnvironment | None = None
     notes: list[str] = field(default_factory=list)
     failures: list[FailureSignature] = field(default_factory=list)
 

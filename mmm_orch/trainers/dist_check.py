@@ -9,6 +9,7 @@ Prints `[dist_check] PASS` on rank 0 and exits 0 only when every rank's check pa
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime_dist.setup()
     me = {"rank": rt.rank, "local_rank": rt.launch.local_rank, "node": rt.hostname,
           "device": str(rt.device.torch), "backend": rt.device.backend,
-          "launcher": rt.launch.launcher}
+          "launcher": rt.launch.launcher, "python": sys.prefix}
     ranks: list = [None] * rt.world_size
     dist.all_gather_object(ranks, me)
     if rt.is_main:
