@@ -224,6 +224,10 @@ vnodes_free() {
     [[ $("$PBS_EXEC/bin/pbsnodes" -av 2>/dev/null | grep -c "^     state = free") -ge $VNODES ]]
 }
 
+vnodes_up() {  # reachable, busy or not
+    [[ $("$PBS_EXEC/bin/pbsnodes" -av 2>/dev/null | grep -Ec "^     state = (free|job-busy|job-exclusive)") -ge $VNODES ]]
+}
+
 can_run_a_job() {
     local id
     id=$("$PBS_EXEC/bin/qsub" -q workq -l walltime=00:01:00 -o /dev/null -j oe -- /bin/true) || return 1
@@ -268,7 +272,7 @@ case "${1:-up}" in
           for _ in $(seq 50); do pgrep -f pbs_server.bin >/dev/null || break; sleep 0.1; done
           log "pbs_server stopped" ;;
     start) need_root; "$PBS_EXEC/sbin/pbs_server"; wait_for 60 "pbs_server" "$PBS_EXEC/bin/qstat" -B
-           wait_for 60 "vnodes" vnodes_free; log "pbs_server started" ;;
+           wait_for 60 "vnodes" vnodes_up; log "pbs_server started" ;;
     status) "$PBS_EXEC/bin/qstat" -B; "$PBS_EXEC/bin/pbsnodes" -aSj; "$PBS_EXEC/bin/qstat" -Q ;;
     *) echo "usage: $0 [up|down|stop|start|status]" >&2; exit 2 ;;
 esac

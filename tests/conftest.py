@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -54,6 +55,22 @@ def cli(capsys):
         return Result(code, captured.out, captured.err)
 
     return run
+
+
+TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
+
+
+def wait_state(cli, job: int, states: tuple[str, ...] = TERMINAL, timeout: float = 300) -> dict:
+    """The job's status row once its state is one of `states` (polling `mmm-orch status`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = cli("status", str(job), "--json")
+        assert result.code == 0, result.err
+        row = json.loads(result.out)[0]
+        if row["state"] in states:
+            return row
+        assert time.monotonic() < deadline, f"job {job} still {row['state']} after {timeout}s"
+        time.sleep(1)
 
 
 def cancel_leftovers() -> None:

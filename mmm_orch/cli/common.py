@@ -130,10 +130,11 @@ def job(db, job_id: int):
     """The record of `job_id`, or an error that says which ids exist."""
     record = db.get(job_id) if db is not None else None
     if record is None:
-        last = db.count() if db is not None else 0
+        known = db.id_range() if db is not None else None
         where = f" in {db.path}" if db is not None else ""
         raise MmmError(f"job {job_id} not found{where}"
-                       + (f"; known ids are 1-{last}" if last else "; no jobs recorded yet"))
+                       + (f"; known ids are {known[0]}-{known[1]}" if known
+                          else "; no jobs recorded yet"))
     return record
 
 

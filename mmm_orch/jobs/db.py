@@ -439,6 +439,12 @@ class JobDB:
         with self._errors("read"):
             return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
+    def id_range(self) -> tuple[int, int] | None:
+        """The lowest and highest job id recorded (ids of refused submissions are not reused)."""
+        with self._errors("read"):
+            low, high = self.conn.execute("SELECT MIN(id), MAX(id) FROM jobs").fetchone()
+        return None if low is None else (low, high)
+
     def machines(self) -> set[str]:
         with self._errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT machine FROM jobs")}

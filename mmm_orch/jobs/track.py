@@ -54,7 +54,8 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
             statuses = scheduler.query([JobRef(r.native_id, Path(r.job_dir)) for r in group])
             for native_id, status in statuses.items():
                 if native_id in by_native:
-                    updates[by_native[native_id].id] = _hung_or(status, by_native[native_id], host)
+                    record = by_native[native_id]
+                    updates[record.id] = _as_the_job_ended(status, record, host)
         except MmmError as exc:
             outcome.warnings.append(
                 f"{machine} ({host_name}): scheduler not reachable, showing last known states: {exc}")
@@ -63,14 +64,23 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
     return outcome
 
 
-def _hung_or(status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
-    """A job that failed with the watchdog's exit code and whose log ends with its marker was
-    hung, not merely failed; the marker says after which step."""
-    if status.state is not JobState.FAILED or status.exit_code != HUNG_EXIT:
+# What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
+STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
+
+
+def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
+    """Read the end of the log of a job the scheduler says completed or failed: a job the
+    watchdog ended is `hung` (its marker says after which step); a job whose script was stopped
+    by SIGTERM was cancelled, even where the scheduler records success (a PBS qdel racing the
+    job's end, or after a server restart, as seen on the live server)."""
+    if status.state not in (JobState.COMPLETED, JobState.FAILED):
         return status
     text, _ = tail(host, record.log_path, 40)
     for line in reversed(text.decode(errors="replace").splitlines()):
-        if HUNG_MARKER in line:
+        if HUNG_MARKER in line and status.exit_code == HUNG_EXIT:
             reason = line.split(HUNG_MARKER, 1)[1].split("; stopping")[0].strip()
             return dataclasses.replace(status, state=JobState.HUNG, reason=reason)
+        if STOPPED_MARKER in line:
+            return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
+                                       reason=status.reason or "stopped by SIGTERM")
     return status

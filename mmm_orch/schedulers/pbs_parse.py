@@ -59,6 +59,9 @@ def same_job(a: str, b: str) -> bool:
 # job deleted while running ends F with substate 91 and Exit_status 0, whether or not its script
 # traps SIGTERM: Exit_status alone reads that as success.
 SUBSTATE_TERMINATED = "91"  # deleted (qdel), running or not
+# A qdel can also race the job's own end and leave substate 92 (seen on the live server): mmm-orch
+# job scripts then exit 128 + SIGTERM, which says the same.
+STOPPED_BY_TERM = 143
 
 
 def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
@@ -72,6 +75,8 @@ def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
     if str(job.get("substate", "")) == SUBSTATE_TERMINATED or status is None:
         return JobState.CANCELLED, None, None  # deleted, running or before it ever ran
     status = int(status)
+    if status == STOPPED_BY_TERM:
+        return JobState.CANCELLED, None, None
     if status == 0:
         return JobState.COMPLETED, 0, None
     if status > SIGNAL_OFFSET:  # older servers record a qdel as 256 + SIGTERM
