@@ -144,10 +144,13 @@ daemons_up() {
         && pgrep -x pbs_sched >/dev/null && pgrep -x pbs_mom >/dev/null
 }
 
+STARTED=""
+
 start_pbs() {
     if ! daemons_up; then
         log "starting PBS (server, scheduler, comm, mom)"
         "$PBS_EXEC/libexec/pbs_init.d" start >/dev/null 2>&1 || true
+        STARTED=1
     fi
     wait_for 60 "pbs_server" "$PBS_EXEC/bin/qstat" -B
 }
@@ -217,11 +220,7 @@ configure_vnodes() {
     else
         rm -f "$file.new"
     fi
-    wait_for 60 "$VNODES free vnodes" vnodes_free
-}
-
-vnodes_free() {
-    [[ $("$PBS_EXEC/bin/pbsnodes" -av 2>/dev/null | grep -c "^     state = free") -ge $VNODES ]]
+    wait_for 60 "$VNODES vnodes" vnodes_up
 }
 
 vnodes_up() {  # reachable, busy or not
@@ -249,7 +248,9 @@ up() {
     start_pbs
     configure_server >/dev/null
     configure_vnodes
-    can_run_a_job
+    if [[ -n $STARTED ]]; then
+        can_run_a_job  # a server already running (and maybe busy) has shown that before
+    fi
     log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked, history on"
 }
 
