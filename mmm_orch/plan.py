@@ -136,6 +136,7 @@ class Plan:
     per_node: str
     watchdog_first_step: int  # seconds; 0 = no watchdog
     watchdog_step: int
+    walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
     login_hosts: tuple[str, ...]
     remote_jobs_dir: str
     workdir_given: bool  # False: a remote submission runs in its job directory instead
@@ -144,6 +145,11 @@ class Plan:
     log_directive: str = ""  # the log path as the scheduler's directive syntax needs it
     job_dir: str = ""
     tag: str = ""
+    # A link of a chain (jobs/chains.py): its state file, its place, and the job it waits for.
+    chain_file: str = ""
+    chain_link: int = 0
+    chain_links: int = 0
+    depends_on: str = ""
 
     @property
     def walltime_hms(self) -> str:
@@ -501,6 +507,7 @@ def resolve(request: Request) -> Plan:
         per_node=machine.launcher.per_node.format(**fields),
         watchdog_first_step=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
         watchdog_step=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
+        walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
         login_hosts=tuple(machine.login_hosts),
         remote_jobs_dir=machine.remote_jobs_dir,
         workdir_given=request.workdir is not None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from pathlib import Path
@@ -24,6 +25,7 @@ def _bytecode_cache():
     return jinja2.FileSystemBytecodeCache(directory) if os.access(directory, os.W_OK) else None
 
 
+@functools.lru_cache(maxsize=None)
 def _environment(extra_dir: Path | None):
     import jinja2
 

@@ -1,13 +1,20 @@
-"""Hang protection for a launch: run it, pass its output through, and end it when no training
-step completed for too long. A rank stuck in a collective otherwise holds every node until the
-walltime.
+"""The launch's guard: run it, pass its output through, end it when it hangs, and stop it in time
+to checkpoint before the walltime.
 
-    python -m mmm_orch.watchdog --first-step-timeout 1800 --step-timeout 900 -- 'srun ... python -m ...'
+    python -m mmm_orch.watchdog --first-step-timeout 1800 --step-timeout 900 \\
+        [--walltime-end EPOCH --margin 120 --stop-signal USR1] -- 'srun ... python -m ...'
 
-Progress is a `step=N` field on an output line (what the trainers print on rank 0). On a hang it
-prints `[mmm-orch] hung: ...`, sends SIGTERM to the launch's process group (trainers checkpoint on
-it), SIGKILL after a grace period, and exits 124. Signals the scheduler sends before the walltime
-(TERM, USR1, INT) are passed on to the launch.
+Hang: progress is a `step=N` field on an output line (what the trainers print on rank 0). With
+no step for too long it prints `[mmm-orch] hung: ...`, sends SIGTERM to the launch's process
+group, SIGKILL after a grace period, and exits 124.
+
+Walltime: at `walltime-end` minus the margin it sends the launch the stop signal once (the
+trainers save at the end of the current step on all ranks and exit 75). The margin is raised to
+at least twice the longest checkpoint save seen so far (trainers print `save_s=` with every save),
+because the scheduler's own SIGTERM comes with only seconds before its SIGKILL (Slurm's KillWait,
+PBS's kill_delay). If the trainers then saved, it prints `[mmm-orch] checkpointed before the
+walltime: step=N` and exits 75, whatever the launcher passed through. Signals the scheduler
+sends (TERM, USR1, INT) are passed on to the launch.
 """
 
 from __future__ import annotations
@@ -24,20 +31,49 @@ import time
 from mmm_orch.procgroup import signal_group, stop_group
 
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
+SAVED = re.compile(rb"^\[checkpoint\] step=(\d+) .*save_s=([0-9.eE+-]+)")
 HUNG_EXIT = 124
 HUNG_MARKER = "[mmm-orch] hung:"
+CHECKPOINTED_EXIT = 75  # the trainers' EXIT_CHECKPOINTED: saved, not finished
+CHECKPOINTED_MARKER = "[mmm-orch] checkpointed before the walltime:"
 # After the launch exits, how long processes it left behind may keep its output open before
 # they are ended: a stray child must not hold the allocation until the walltime.
 LINGER = 5.0
 
 
+class Launch:
+    """The launch and what its output said so far."""
 
-def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0) -> int:
-    # A process group of its own, so that a hang stops all of the launch; the same session, so
-    # that a PBS MoM (which signals the job's session at the walltime) still reaches it.
-    process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, preexec_fn=os.setpgrp)
+    def __init__(self, command: str):
+        # A process group of its own, so that a hang stops all of the launch; the same session,
+        # so that a PBS MoM (which signals the job's session at the walltime) still reaches it.
+        self.process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, preexec_fn=os.setpgrp)
+        self.started = self.last_progress = time.monotonic()
+        self.last_step: int | None = None
+        self.longest_save = 0.0
+        self.saved_step: int | None = None  # the last checkpoint's step
+        self._pending = b""
 
+    def feed(self, chunk: bytes) -> None:
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        for line in lines:
+            if match := STEP.search(line):
+                self.last_step, self.last_progress = int(match[1]), time.monotonic()
+            if match := SAVED.search(line):
+                self.saved_step = int(match[1])
+                self.longest_save = max(self.longest_save, float(match[2]))
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
+          walltime_end: float | None = None, margin: float = 0.0,
+          stop_signal: int = signal.SIGUSR1) -> int:
+    launch = Launch(command)
+    process = launch.process
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signum, lambda signum, _frame: signal_group(process.pid, signum))
 
@@ -46,10 +82,17 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
     selector = selectors.DefaultSelector()
     selector.register(process.stdout, selectors.EVENT_READ)
     out = sys.stdout.buffer
-    started = last_progress = time.monotonic()
-    last_step: int | None = None
     exited_at: float | None = None
-    pending = b""
+    stop_sent_after: int | None = None  # the checkpoint step seen when the stop was sent
+
+    def finish(code: int) -> int:
+        saved_since = launch.saved_step is not None and launch.saved_step != stop_sent_after
+        if stop_sent_after is not None and saved_since:
+            say(f"{CHECKPOINTED_MARKER} step={launch.saved_step}; continue with --resume "
+                f"(exit {CHECKPOINTED_EXIT}; the launch returned {code})")
+            return CHECKPOINTED_EXIT
+        return code
+
     while True:
         for _ in selector.select(timeout=1.0):
             chunk = process.stdout.read()
@@ -57,30 +100,39 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
                 continue
             if not chunk:  # EOF: every writer closed the pipe
                 selector.unregister(process.stdout)
-                return process.wait()
+                return finish(process.wait())
             out.write(chunk)
             out.flush()
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                if match := STEP.search(line):
-                    last_step, last_progress = int(match[1]), time.monotonic()
+            launch.feed(chunk)
         now = time.monotonic()
         if exited_at is None and process.poll() is not None:
             exited_at = now
         if exited_at is not None:
             if now - exited_at > LINGER:
-                print(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
-                      f"it started still hold its output after {LINGER:.0f}s; ending them", flush=True)
+                say(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
+                    f"it started still hold its output after {LINGER:.0f}s; ending them")
                 signal_group(process.pid, signal.SIGKILL)
-                return process.returncode
+                return finish(process.returncode)
             continue
-        limit, since = ((step_timeout, last_progress) if last_step is not None
-                        else (first_step_timeout, started))
-        if now - since > limit:
-            what = (f"no step completed in {limit:.0f}s after step {last_step}" if last_step is not None
-                    else f"no first step within {limit:.0f}s of launch")
-            print(f"{HUNG_MARKER} {what}; last_step={last_step if last_step is not None else 'none'}; "
-                  f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)", flush=True)
+        if walltime_end is not None and stop_sent_after is None:
+            needed = max(margin, 2 * launch.longest_save)
+            left = walltime_end - time.time()
+            if left <= needed:
+                why = (f"2 x the longest save, {launch.longest_save:.1f}s"
+                       if needed > margin else "the workload's margin")
+                say(f"[mmm-orch] walltime in {max(left, 0):.0f}s: asking the trainers to save a "
+                    f"checkpoint and stop (margin {needed:.0f}s: {why}; step "
+                    f"{launch.last_step if launch.last_step is not None else 'none'})")
+                stop_sent_after = launch.saved_step if launch.saved_step is not None else -1
+                signal_group(process.pid, stop_signal)
+        limit, since = ((step_timeout, launch.last_progress) if launch.last_step is not None
+                        else (first_step_timeout, launch.started))
+        if stop_sent_after is None and now - since > limit:
+            what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
+                    if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
+            say(f"{HUNG_MARKER} {what}; last_step="
+                f"{launch.last_step if launch.last_step is not None else 'none'}; "
+                f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)")
             stop_group(process, grace)
             for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
                 out.write(process.stdout.read() or b"")
@@ -94,12 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-timeout", type=float, required=True, metavar="SECONDS")
     parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                         help="after SIGTERM, before SIGKILL")
+    parser.add_argument("--walltime-end", type=float, metavar="EPOCH",
+                        help="when the scheduler ends the job (seconds since 1970)")
+    parser.add_argument("--margin", type=float, default=120.0, metavar="SECONDS",
+                        help="stop this long before the walltime end (raised to 2 x the longest save)")
+    parser.add_argument("--stop-signal", default="USR1", metavar="NAME",
+                        help="what the launch gets to save and stop (USR1 passes srun and mpiexec)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch line")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if len(command) != 1:
         parser.error("give the launch line as one argument after --")
-    return watch(command[0], args.first_step_timeout, args.step_timeout, args.grace)
+    return watch(command[0], args.first_step_timeout, args.step_timeout, args.grace,
+                 args.walltime_end, args.margin, signal.Signals[f"SIG{args.stop_signal}"])
 
 
 if __name__ == "__main__":

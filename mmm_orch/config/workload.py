@@ -107,6 +107,9 @@ class Watchdog:
     enabled: bool = True
     first_step_timeout: Walltime = 1800  # launch to first step: imports, init, compile
     step_timeout: Walltime = 900         # between two completed steps
+    # Ask the trainers to save and stop this long before the walltime (at most a third of it;
+    # raised in the job to twice the longest save seen).
+    walltime_margin: Walltime = 120
 
 
 @config

@@ -4,6 +4,7 @@ asked again, and an unreachable scheduler turns into stale rows, not an error.""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from mmm_orch.jobs.db import JobDB, JobRecord
 from mmm_orch.jobs.logs import tail
 from mmm_orch.schedulers.base import JobRef, scheduler_for
 from mmm_orch.schedulers.states import JobState, JobStatus
-from mmm_orch.watchdog import HUNG_EXIT, HUNG_MARKER
+from mmm_orch.watchdog import CHECKPOINTED_EXIT, CHECKPOINTED_MARKER, HUNG_EXIT, HUNG_MARKER
 
 
 @dataclass
@@ -66,21 +67,34 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
 
 # What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
 STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
+_SAVED = re.compile(r"^\[checkpoint\] step=(\d+) ")
 
 
 def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
-    """Read the end of the log of a job the scheduler says completed or failed: a job the
-    watchdog ended is `hung` (its marker says after which step); a job whose script was stopped
-    by SIGTERM was cancelled, even where the scheduler records success (a PBS qdel racing the
-    job's end, or after a server restart, as seen on the live server)."""
-    if status.state not in (JobState.COMPLETED, JobState.FAILED):
+    """Read the end of the log of a job that ended: a job the watchdog ended is `hung` (its
+    marker says after which step); a job the watchdog stopped before the walltime, having saved,
+    is `timeout` and resumable; a job whose script was stopped by SIGTERM was cancelled, even
+    where the scheduler records success (a PBS qdel racing the job's end, or after a server
+    restart, as seen on the live server). A job the scheduler ended at its walltime says which
+    checkpoint it can resume from."""
+    if status.state not in (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT):
         return status
-    text, _ = tail(host, record.log_path, 40)
-    for line in reversed(text.decode(errors="replace").splitlines()):
+    text, _ = tail(host, record.log_path, 60)
+    lines = text.decode(errors="replace").splitlines()
+    saved = next((m[1] for line in reversed(lines) if (m := _SAVED.match(line))), None)
+    for line in reversed(lines):
+        if status.state is JobState.TIMEOUT:
+            break
         if HUNG_MARKER in line and status.exit_code == HUNG_EXIT:
             reason = line.split(HUNG_MARKER, 1)[1].split("; stopping")[0].strip()
             return dataclasses.replace(status, state=JobState.HUNG, reason=reason)
+        if CHECKPOINTED_MARKER in line and status.exit_code == CHECKPOINTED_EXIT:
+            return dataclasses.replace(status, state=JobState.TIMEOUT,
+                                       reason=f"resumable at step {saved} (saved before the walltime)")
         if STOPPED_MARKER in line:
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                        reason=status.reason or "stopped by SIGTERM")
+    if status.state is JobState.TIMEOUT:
+        return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
+                                   else "no checkpoint: it cannot be resumed")
     return status

@@ -1,0 +1,151 @@
+"""Submit and status of 200 jobs on the live OpenPBS test server: mmm-orch against PSI/J's PBS
+executor (psij-python 0.9.11), side by side in one run.
+
+Both submit the same one-node job (`/bin/true` for PSI/J, mmm-orch's `noop` probe workload) to
+the server's `parked` queue, which takes jobs and never starts them, so every job is still
+queued when its status is asked, and the right answer is known: 200 queued jobs.
+
+- Submit: 200 x `mmm-orch submit pbs-local noop -q parked` (each a new process: plan, render,
+  job directory, database record, qsub) against 200 x `executor.submit(job)` in one PSI/J
+  process (script generation, qsub).
+- Status: `mmm-orch status --all` (one `qstat -f -F dsv -x` for the 200 ids) against PSI/J's own
+  status query (`qstat -f -F json -x` for the 200 ids, parsed by its executor), each timed and
+  checked: how many of the 200 each reports queued.
+
+Needs the server: `sudo bash scripts/pbs-server.sh up`.
+
+    python benchmarks/pbs_psij.py [--jobs 200] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_render import ROOT, venv  # noqa: E402
+
+Q = "/opt/pbs/bin"
+PSIJ_VERSION = "0.9.11"
+
+PSIJ = r"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+from datetime import timedelta
+from psij import Job, JobAttributes, JobExecutor, JobSpec, ResourceSpecV1
+from psij.executors.batch.pbs import PBSExecutorConfig
+
+count, work = int(sys.argv[1]), sys.argv[2]
+config = PBSExecutorConfig(initial_queue_polling_delay=10**6, work_directory=Path(work))
+executor = JobExecutor.get_instance("pbs", config=config)  # its poller stays idle: we time one query
+jobs = [Job(JobSpec("/bin/true", launcher="single", inherit_environment=False,
+                    resources=ResourceSpecV1(node_count=1, processes_per_node=1),
+                    attributes=JobAttributes(queue_name="parked", duration=timedelta(minutes=10))))
+        for _ in range(count)]
+start = time.perf_counter()
+for job in jobs:
+    executor.submit(job)
+submit_s = time.perf_counter() - start
+start = time.perf_counter()
+command = executor.get_status_command([job.native_id for job in jobs])
+result = subprocess.run(command, capture_output=True, text=True)
+states = executor.parse_status_output(result.returncode, result.stdout)
+status_s = time.perf_counter() - start
+# What PSI/J then reports for a job it asked about: the state parsed, else COMPLETED (its
+# executor assumes a job missing from qstat's answer has finished).
+reported = [states[job.native_id].state.name if job.native_id in states else "COMPLETED"
+            for job in jobs]
+print(json.dumps({"submit_s": submit_s, "status_s": status_s,
+                  "ids": [job.native_id for job in jobs],
+                  "queued": sum(state == "QUEUED" for state in reported),
+                  "states": {s: reported.count(s) for s in set(reported)}}))
+"""
+
+
+def delete(ids: list[str]) -> None:
+    for start in range(0, len(ids), 50):
+        subprocess.run([f"{Q}/qdel", *ids[start:start + 50]], capture_output=True)
+
+
+def mmm_round(mmm: Path, count: int, work: Path) -> dict:
+    env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
+           "PYTHONPATH": str(work)}
+    (work / "noop_probe.py").write_text("pass\n")
+    specs = work / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / "noop.yaml").write_text("name: noop\ntrainer: noop_probe\n")
+    submit = [str(mmm / "mmm-orch"), "submit", "pbs-local", "noop", "-q", "parked", "--json"]
+    ids = []
+    start = time.perf_counter()
+    for _ in range(count):
+        proc = subprocess.run(submit, capture_output=True, text=True, env=env, cwd=work)
+        if proc.returncode != 0:
+            raise SystemExit(f"mmm-orch submit: {proc.stderr}")
+        ids.append(json.loads(proc.stdout)["native_id"])
+    submit_s = time.perf_counter() - start
+    time.sleep(1.1)  # qstat sleeps 200 ms when the same user called it within the second
+    start = time.perf_counter()
+    proc = subprocess.run([str(mmm / "mmm-orch"), "status", "--all", "--json"], capture_output=True,
+                          text=True, env=env, cwd=work)
+    status_s = time.perf_counter() - start
+    rows = json.loads(proc.stdout)
+    time.sleep(1.1)
+    start = time.perf_counter()  # the floor: the one qstat that status runs, alone
+    subprocess.run([f"{Q}/qstat", "-f", "-F", "dsv", "-x", *ids], capture_output=True, check=True)
+    qstat_s = time.perf_counter() - start
+    return {"submit_s": submit_s, "status_s": status_s, "qstat_s": qstat_s, "ids": ids,
+            "queued": sum(r["state"] == "pending" for r in rows),
+            "states": {s: [r["state"] for r in rows].count(s) for s in {r["state"] for r in rows}}}
+
+
+def psij_round(psij: Path, count: int, work: Path) -> dict:
+    proc = subprocess.run([str(psij / "python"), "-c", PSIJ, str(count), str(work / "psij")],
+                          capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{Q}{os.pathsep}{os.environ['PATH']}"})
+    if proc.returncode != 0:
+        raise SystemExit(f"psij: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    mmm = venv("mmm-orch", [str(ROOT)])
+    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
+                   check=True)
+    psij = venv("psij", [f"psij-python=={PSIJ_VERSION}"])
+    rounds = {"mmm-orch": [], "psij": []}
+    for run in range(args.runs):
+        for tool in (("mmm-orch", "psij") if run % 2 == 0 else ("psij", "mmm-orch")):
+            with tempfile.TemporaryDirectory() as tmp:
+                result = (mmm_round(mmm, args.jobs, Path(tmp)) if tool == "mmm-orch"
+                          else psij_round(psij, args.jobs, Path(tmp)))
+            delete(result.pop("ids"))
+            rounds[tool].append(result)
+            print(f"run {run + 1} {tool}: submit {result['submit_s']:.1f} s, status "
+                  f"{result['status_s'] * 1e3:.0f} ms, {result['queued']}/{args.jobs} queued "
+                  f"{result['states']}", flush=True)
+            time.sleep(2)
+    summary = {tool: {"submit_ms_per_job": statistics.median(r["submit_s"] for r in rs) / args.jobs * 1e3,
+                      "status_ms": statistics.median(r["status_s"] for r in rs) * 1e3,
+                      "raw_qstat_ms": (statistics.median(r["qstat_s"] for r in rs) * 1e3
+                                       if "qstat_s" in rs[0] else None),
+                      "queued_reported": [r["queued"] for r in rs], "states": rs[-1]["states"]}
+               for tool, rs in rounds.items()}
+    out = ROOT / "benchmarks" / "results" / "pbs_psij.json"
+    out.write_text(json.dumps({"jobs": args.jobs, "runs": args.runs, "psij": PSIJ_VERSION,
+                               "summary": summary, "rounds": rounds}, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""A chain of jobs that carries one training run across walltimes, run inside the jobs themselves
+so that it needs no process of ours outside them (the laptop may be closed).
+
+mmm-orch writes the chain's state file (chain.json, in the chain's directory beside the jobs:
+how many links, the run directory, the cancel command), then submits every link at once, link
+k+1 depending on link k through the scheduler (`afterany`), writing each link's id beside it
+(link-K.id: written once, so nothing races the jobs' own updates). Each link's script runs
+
+    python -m mmm_orch.chain begin --chain FILE --link K     before its launch
+    python -m mmm_orch.chain end --chain FILE --link K --exit-code RC    after it
+
+`begin` skips the link (exit 10) when the chain has ended, and ends the chain when the link
+before made no progress (its checkpoint is no newer than the step it started from: a run that
+crashes at start must not burn a week of allocation). `end` ends the chain when the training
+finished (the trainer exited 0 at its last step) or when this link made no progress, and then
+cancels the links still waiting. Standard library only: it runs in the job's own Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+SKIP_EXIT = 10  # begin: the chain has ended, do not run this link
+MARKER = "[mmm-orch] chain:"
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[dict[str, Any]]:
+    """The chain's state, read and written back under an exclusive lock."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(path.read_text())
+        yield state
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(path)
+
+
+def latest_step(run_dir: str) -> int | None:
+    """The step of the run's newest complete checkpoint (checkpoints/latest), or None."""
+    try:
+        name = (Path(run_dir) / "checkpoints" / "latest").read_text().strip()
+        return int(name.removeprefix("step-"))
+    except (OSError, ValueError):
+        return None
+
+
+def say(text: str) -> None:
+    print(f"{MARKER} {text}", flush=True)
+
+
+def link_ids(path: Path) -> dict[int, str]:
+    """The scheduler ids of the links submitted so far (link-K.id beside chain.json)."""
+    ids = {}
+    for file in path.parent.glob("link-*.id"):
+        with contextlib.suppress(ValueError, OSError):
+            ids[int(file.stem.removeprefix("link-"))] = file.read_text().strip()
+    return ids
+
+
+def _stop(path: Path, state: dict[str, Any], status: str, reason: str, after: int) -> None:
+    """End the chain and cancel every link after `after` that the scheduler still holds."""
+    state["status"], state["reason"] = status, reason
+    waiting = [native_id for index, native_id in sorted(link_ids(path).items()) if index > after]
+    for native_id in waiting:
+        subprocess.run([*state["cancel"], native_id], capture_output=True, timeout=60)
+    say(f"{'finished' if status == 'finished' else 'stopped'}: {reason}"
+        + (f"; cancelled the links still waiting ({', '.join(waiting)})" if waiting else ""))
+
+
+def begin(path: Path, link: int) -> int:
+    with locked(path) as state:
+        total = state["links"]
+        if state["status"] != "running":
+            say(f"link {link}/{total} skipped: the chain {state['status']} ({state['reason']})")
+            return SKIP_EXIT
+        step = latest_step(state["run_dir"])
+        before = state["progress"].get(str(link - 1))
+        if before is not None and "end_step" not in before and (step or 0) <= before["start_step"]:
+            # The link before died without saying how it ended (killed at its walltime with no
+            # checkpoint, a lost node): judge it by its checkpoint.
+            _stop(path, state, "stopped", f"link {link - 1} made no progress (it started at step "
+                                    f"{before['start_step']}; the newest checkpoint is "
+                                    f"{'step %d' % step if step is not None else 'none'})", link - 1)
+            return SKIP_EXIT
+        state["progress"][str(link)] = {"start_step": step or 0, "started": time.time()}
+        say(f"link {link}/{total} starts at step {step or 0}")
+    return 0
+
+
+def end(path: Path, link: int, code: int) -> int:
+    with locked(path) as state:
+        total = state["links"]
+        step = latest_step(state["run_dir"])
+        progress = state["progress"].setdefault(str(link), {"start_step": 0})
+        progress.update(end_step=step, exit_code=code, ended=time.time())
+        if state["status"] != "running":
+            return code
+        if code == 0:
+            _stop(path, state, "finished", f"the training finished in link {link}/{total}", link)
+        elif step is None or step <= progress["start_step"]:
+            _stop(path, state, "stopped", f"link {link} made no progress (exit {code}; no checkpoint "
+                                    f"newer than step {progress['start_step']})", link)
+        elif link == total:
+            state["status"], state["reason"] = "stopped", f"all {total} links ran; not finished"
+            say(f"link {link}/{total} saved step {step}; the chain is used up before the end of "
+                "the training: rerun the last link with --resume, or submit a longer --chain")
+        else:
+            say(f"link {link}/{total} saved step {step} (started at {progress['start_step']}); "
+                f"link {link + 1} continues")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.chain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["begin", "end"])
+    parser.add_argument("--chain", type=Path, required=True, metavar="FILE")
+    parser.add_argument("--link", type=int, required=True)
+    parser.add_argument("--exit-code", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.action == "begin":
+        return begin(args.chain, args.link)
+    return end(args.chain, args.link, args.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Chains: one training run carried across walltimes by up to N jobs, link k+1 waiting on link k
+through the scheduler's own dependency (`afterany`) and resuming from the run's latest checkpoint.
+The decisions (go on, finished, no progress) are made inside the jobs by mmm_orch.chain, so a
+chain keeps going with the submitting laptop closed; this module submits the links and reads the
+chain's state back for `status`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.errors import MmmError
+from mmm_orch.hosts import host_for
+from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
+from mmm_orch.jobs.submit import new_tag, submit
+from mmm_orch.plan import Plan
+from mmm_orch.schedulers.base import JobRef, scheduler_for
+
+CHAIN_FILE = "chain.json"
+
+
+def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: str) -> list[Plan]:
+    """The plan of every link: one run directory; the first link as asked, the others resuming
+    (strictly: a link with nothing to resume from fails, and stops the chain)."""
+    if plan.scheduler == "local":
+        raise MmmError(f"--chain {links}: machine {plan.machine} runs jobs at once, without a "
+                       "scheduler to hold the next link until the one before ends")
+    if not {"run_name", "resume"} <= set(plan.trainer_options):
+        raise MmmError(f"--chain {links}: workload {plan.workload} has no run to carry on (its "
+                       "trainer takes no --run-name/--resume)")
+    base = dataclasses.replace(plan, workdir=workdir,
+                               trainer_args={**plan.trainer_args, "run_name": run_name})
+    return [dataclasses.replace(
+        base, chain_file=chain_file, chain_link=k, chain_links=links,
+        trainer_args=base.trainer_args if k == 1 else {**base.trainer_args, "resume": True,
+                                                        "allow_fresh": False})
+        for k in range(1, links + 1)]
+
+
+def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = None,
+                 remote: str = "") -> list[JobRecord]:
+    """Submit the links (each with its own record, in one chain group) and write the chain's
+    state where the jobs run; a refused link cancels those already submitted."""
+    host = host_for(remote)
+    tag = new_tag()
+    leaf = f"{tag}-chain-{plan.workload}"
+    chain_dir = (posixpath.join(host.home(), plan.remote_jobs_dir, leaf) if remote
+                 else str(jobs_root_for(db_file) / leaf))
+    chain_file = posixpath.join(chain_dir, CHAIN_FILE)
+    # Links submitted over SSH run in the chain's directory (one run directory for all).
+    workdir = chain_dir if remote and not plan.workdir_given else plan.workdir
+    run_name = plan.trainer_args.get("run_name") or f"{plan.name}-{tag}"
+    plans = link_plans(plan, links, chain_file, run_name, workdir)
+    db = open_db(str(db_file), create=True)
+    assert db is not None
+    scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
+    created = host.make_private_dir(chain_dir)
+    run_dir = plans[0].run_dir
+    host.write_file(chain_file, json.dumps(
+        {"links": links, "run_dir": run_dir, "cancel": [scheduler.cmd["cancel"]],
+         "status": "running", "reason": "", "progress": {}}, indent=1), 0o600)
+    chain_id = db.new_group("chain", {"links": links, "dir": chain_dir, "remote": remote,
+                                      "run_dir": run_dir, "tag": tag})
+    records: list[JobRecord] = []
+    try:
+        for link in plans:
+            link = dataclasses.replace(link, depends_on=records[-1].native_id if records else "")
+            record = submit(link, db_file, template, remote,
+                            links={"group_id": chain_id, "group_index": link.chain_link})
+            host.write_file(posixpath.join(chain_dir, f"link-{link.chain_link}.id"),
+                            record.native_id, 0o600)
+            records.append(record)
+    except BaseException:
+        for record in reversed(records):
+            scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+        if not records:
+            host.remove_tree(created)
+        raise
+    return records
+
+
+def read_state(group: dict[str, Any]) -> dict[str, Any] | None:
+    """The chain's state as its jobs left it (chain.json), or None where it cannot be read."""
+    spec = group["spec"]
+    try:
+        text = host_for(spec["remote"]).read_from(posixpath.join(spec["dir"], CHAIN_FILE), 0)
+        return json.loads(text) if text else None
+    except (ValueError, MmmError, OSError):
+        return None
+
+
+def chain_of(db: JobDB, record: JobRecord) -> dict[str, Any] | None:
+    if record.group_id is None:
+        return None
+    group = db.group(record.group_id)
+    return group if group and group["kind"] == "chain" else None
