@@ -137,6 +137,7 @@ class Plan:
     watchdog_first_step: int  # seconds; 0 = no watchdog
     watchdog_step: int
     walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
+    stop_signal: str  # what the launcher passes on to the trainers (USR1, TERM)
     login_hosts: tuple[str, ...]
     remote_jobs_dir: str
     workdir_given: bool  # False: a remote submission runs in its job directory instead
@@ -508,6 +509,7 @@ def resolve(request: Request) -> Plan:
         watchdog_first_step=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
         watchdog_step=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
         walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
+        stop_signal=machine.launcher.stop_signal,
         login_hosts=tuple(machine.login_hosts),
         remote_jobs_dir=machine.remote_jobs_dir,
         workdir_given=request.workdir is not None,

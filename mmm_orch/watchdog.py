@@ -120,9 +120,9 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
             if left <= needed:
                 why = (f"2 x the longest save, {launch.longest_save:.1f}s"
                        if needed > margin else "the workload's margin")
-                say(f"[mmm-orch] walltime in {max(left, 0):.0f}s: asking the trainers to save a "
-                    f"checkpoint and stop (margin {needed:.0f}s: {why}; step "
-                    f"{launch.last_step if launch.last_step is not None else 'none'})")
+                say(f"[mmm-orch] walltime_stop={time.time():.3f} walltime in {max(left, 0):.0f}s: "
+                    f"asking the trainers to save a checkpoint and stop (margin {needed:.0f}s: "
+                    f"{why}; step {launch.last_step if launch.last_step is not None else 'none'})")
                 stop_sent_after = launch.saved_step if launch.saved_step is not None else -1
                 signal_group(process.pid, stop_signal)
         limit, since = ((step_timeout, launch.last_progress) if launch.last_step is not None

@@ -267,3 +267,58 @@ def test_llama3_compile_with_tp_and_activation_checkpointing(tmp_path):
     assert len(a) == len(b) == 5
     assert a[0] == pytest.approx(b[0], abs=1e-4)  # same weights, same batch
     assert max(abs(x - y) for x, y in zip(a, b)) < 0.02, (a, b)  # Adam amplifies tiny differences
+
+
+STOP_AND_RESUME = {
+    # trainer: arguments of a run long enough to be stopped in the middle, and its last step
+    "fsdp": (["--tiny", "--epochs", "3", "--train-samples", "256", "--batch-size", "16"], 24),
+    "fsdp_tp": (["--tiny", "--steps", "24"], 24),
+    "vit": (["--tiny", "--steps", "24"], 24),
+    "llama3": (["--tiny", "--steps", "24", "--warmup-steps", "6"], 24),
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(STOP_AND_RESUME))
+def test_stop_signal_saves_exits_75_and_the_resumed_run_matches_an_uninterrupted_one(trainer, tmp_path):
+    """What a walltime stop does to every trainer: the stop signal (SIGTERM through torchrun, as
+    the local executor's watchdog sends it; SIGUSR1 through srun and mpiexec) saves at the end of
+    the current step on every rank and exits 75; --resume then continues with the same data, the
+    same learning-rate schedule and so the same losses as a run that was never stopped."""
+    args, last = STOP_AND_RESUME[trainer]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert launch(trainer, args, 2, "torchrun", reference / "out").returncode == 0
+    expected = {r["step"]: r for r in steps(reference / "out")}
+    assert sorted(expected) == list(range(1, last + 1))
+
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        env.pop(key, None)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node=2", "-m", f"mmm_orch.trainers.{trainer}", *args,
+                             "--output-dir", str(out), "--run-name", "run"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = out / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count('"event": "step"') >= 4):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
+    _, stderr = proc.communicate(timeout=120)
+    saved = [json.loads(line) for line in metrics.read_text().splitlines()
+             if '"event": "checkpoint"' in line]
+    assert len(saved) == 1 and saved[0]["reason"] == "signal", stderr[-3000:]
+    stopped_at = saved[0]["step"]
+    assert 4 <= stopped_at < last
+    assert [r["step"] for r in steps(out)] == list(range(1, stopped_at + 1))
+
+    resumed = launch(trainer, [*args, "--resume"], 2, "torchrun", out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = steps(out)
+    assert [r["step"] for r in got] == list(range(1, last + 1))  # each step once, in order
+    for record in got:
+        want = expected[record["step"]]
+        assert abs(record["loss"] - want["loss"]) < 1e-4, (record, want)
+        if "lr" in want:
+            assert abs(record["lr"] - want["lr"]) < 1e-12, (record, want)

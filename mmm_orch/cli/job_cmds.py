@@ -18,6 +18,9 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p.add_argument("--no-env-check", action="store_true",
                    help="skip the check that the job's Python imports this mmm-orch")
+    p.add_argument("--chain", type=common.count, metavar="N",
+                   help="carry the run across up to N jobs, each waiting for the one before and "
+                        "resuming from its checkpoint, until the training is done")
     p.add_argument("-f", "--follow", action="store_true",
                    help="then stream the log until the job ends; exit with the job's exit code")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
@@ -27,6 +30,14 @@ def register(sub) -> None:
                         "the profile's first login host)")
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("rerun", help="submit a job's recorded plan again, as a new job linked "
+                       "to it (same machine, environment and run directory)")
+    p.add_argument("job", type=common.job_id, metavar="JOB")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the run's latest checkpoint")
+    p.add_argument("--json", action="store_true", help="print the new job's record as JSON")
+    p.set_defaults(func=cmd_rerun)
+
     p = sub.add_parser("status", help="states of submitted jobs (refreshed from the schedulers)")
     p.add_argument("jobs", nargs="*", type=common.job_id, metavar="JOB")
     p.add_argument("-a", "--all", action="store_true", help="every job, not only open and recent")
@@ -34,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("-w", "--watch", action="store_true", help="refresh until every job is terminal")
     p.add_argument("--interval", type=common.seconds, default=5.0,
                    help="seconds between --watch refreshes (default 5)")
+    p.add_argument("--links", action="store_true",
+                   help="every link of a chain on its own line (default: a chain is one line)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
@@ -51,19 +64,23 @@ def register(sub) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from mmm_orch.cli.config_cmds import script
-
-    if args.dry_run:
-        common.print_script(script(args))
-        return 0
-    from mmm_orch.jobs.db import db_path
-    from mmm_orch.jobs.submit import check_job_python, submit, target_for
     from mmm_orch.plan import resolve
 
     plan = resolve(common.request(args))
+    if args.dry_run:
+        return dry_run(plan, args)
+    from mmm_orch.jobs.db import db_path
+    from mmm_orch.jobs.submit import check_job_python, submit, target_for
+
     remote = target_for(plan, args.host)
+    if args.chain:
+        from mmm_orch.jobs.chains import check
+
+        check(plan, args.chain)  # refused before any side effect
     if not args.no_env_check:
         check_job_python(plan, remote)
+    if args.chain:
+        return submit_chain(plan, args, remote)
     record = submit(plan, db_path(args.db), args.template, remote=remote)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
@@ -73,6 +90,82 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     if args.follow:
         return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
+    return 0
+
+
+def dry_run(plan, args: argparse.Namespace) -> int:
+    """The script that would be submitted; with --chain, the first link's, and what the next
+    links change."""
+    from mmm_orch.render import render
+
+    if not args.chain:
+        common.print_script(render(plan, args.template))
+        return 0
+    from mmm_orch.jobs.chains import link_plans
+
+    first, *rest = link_plans(plan, args.chain, "<chain dir>/chain.json",
+                              plan.trainer_args.get("run_name") or f"{plan.name}-<tag>", plan.workdir)
+    common.print_script(render(first, args.template))
+    if rest:
+        import dataclasses
+
+        second = render(dataclasses.replace(rest[0], depends_on="<id of link 1>"), args.template)
+        lines = set(render(first, args.template).splitlines())
+        changed = [line for line in second.splitlines() if line not in lines]
+        print(f"\n# Links 2-{args.chain} differ only in these lines (each waits for the one before):")
+        for line in changed:
+            print(f"#   {line}")
+    return 0
+
+
+def submit_chain(plan, args: argparse.Namespace, remote: str) -> int:
+    from mmm_orch.jobs.chains import submit_chain as submit_links
+    from mmm_orch.jobs.db import db_path
+
+    records = submit_links(plan, db_path(args.db), args.chain, args.template, remote)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+        return 0
+    print(f"chain {records[0].group_id}: {len(records)} links submitted, jobs "
+          f"{records[0].id}-{records[-1].id} ({records[0].scheduler} ids "
+          f"{records[0].native_id}-{records[-1].native_id}), one after the other")
+    print(f"run: {records[0].run_dir}")
+    print(f"log of link 1: {records[0].log_path}" + (f" (on {remote})" if remote else ""))
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from mmm_orch.jobs.db import db_path
+    from mmm_orch.jobs.submit import check_job_python, submit
+    from mmm_orch.plan import Plan
+
+    db = common.jobs_db(args)
+    old = common.job(db, args.job)
+    known = {f.name for f in dataclasses.fields(Plan)}
+    plan = Plan(**{k: v for k, v in old.plan.items() if k in known})
+    args_ = dict(plan.trainer_args)
+    if args.resume:
+        from mmm_orch.errors import MmmError
+
+        if "resume" not in plan.trainer_options:
+            raise MmmError(f"rerun --resume: workload {plan.workload} cannot resume (its trainer "
+                           "takes no --resume)")
+        args_.update(resume=True, allow_fresh=False)
+    # The same plan, run where it ran before (so the same run directory), placed anew.
+    plan = dataclasses.replace(plan, trainer_args=args_, workdir_given=True, log_path=None,
+                               log_directive="", job_dir="", tag="", chain_file="", chain_link=0,
+                               chain_links=0, depends_on="")
+    check_job_python(plan, old.remote)
+    record = submit(plan, db_path(args.db), remote=old.remote, links={"rerun_of": old.id})
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2))
+        return 0
+    print(f"submitted job {record.id}: rerun of job {old.id}"
+          + (", resuming from its run's checkpoint" if args.resume else "")
+          + f", {record.scheduler} id {record.native_id}")
+    print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     return 0
 
 
@@ -116,15 +209,17 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"mmm-orch: warning: {warning}", file=sys.stderr)
             if args.json:
                 print(view.json_rows(records, outcome))
-            elif live is not None:
-                live.update(view.table(records, outcome, tty=True), refresh=True)
-            elif tty:
-                from rich.console import Console
-
-                Console().print(view.table(records, outcome, tty=True))
             else:
-                sys.stdout.write(view.table(records, outcome, tty=False))
-                sys.stdout.flush()
+                shown = view.rows(records, outcome, None if args.links else db)
+                if live is not None:
+                    live.update(view.table(shown, tty=True), refresh=True)
+                elif tty:
+                    from rich.console import Console
+
+                    Console().print(view.table(shown, tty=True))
+                else:
+                    sys.stdout.write(view.table(shown, tty=False))
+                    sys.stdout.flush()
             if not args.watch or all(r.terminal for r in records):
                 return 0
             time.sleep(args.interval)
@@ -194,6 +289,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     db = common.jobs_db(args)
     records = [common.job(db, job_id) for job_id in args.jobs]
+    for record in list(records):  # a link of a chain: the whole chain
+        if record.group_id is not None and (group := db.group(record.group_id)) \
+                and group["kind"] == "chain":
+            links = [r for r in db.list(group_id=record.group_id)
+                     if r.id not in {x.id for x in records}]
+            print(f"job {record.id} is link {record.group_index} of chain {record.group_id}: "
+                  "cancelling every link")
+            records += links
     outcome = refresh(db, records)
     for record in records:
         if record.id in outcome.removed:

@@ -133,6 +133,9 @@ class Launcher:
     # Runs a command once on every node of the job (staging the job environment); "" runs it
     # once here (one node).
     per_node: Templated = ""
+    # What the launch gets to save a checkpoint and stop before the walltime: srun forwards
+    # USR1 to every task (TERM makes it kill them), torchrun forwards TERM (USR1 kills it).
+    stop_signal: Literal["USR1", "USR2", "TERM", "INT"] = "USR1"
     source: str = ""
 
 

@@ -22,15 +22,20 @@ from mmm_orch.schedulers.base import JobRef, scheduler_for
 CHAIN_FILE = "chain.json"
 
 
-def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: str) -> list[Plan]:
-    """The plan of every link: one run directory; the first link as asked, the others resuming
-    (strictly: a link with nothing to resume from fails, and stops the chain)."""
+def check(plan: Plan, links: int) -> None:
+    """Refuse a chain that cannot work, before anything is written."""
     if plan.scheduler == "local":
         raise MmmError(f"--chain {links}: machine {plan.machine} runs jobs at once, without a "
                        "scheduler to hold the next link until the one before ends")
     if not {"run_name", "resume"} <= set(plan.trainer_options):
         raise MmmError(f"--chain {links}: workload {plan.workload} has no run to carry on (its "
                        "trainer takes no --run-name/--resume)")
+
+
+def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: str) -> list[Plan]:
+    """The plan of every link: one run directory; the first link as asked, the others resuming
+    (strictly: a link with nothing to resume from fails, and stops the chain)."""
+    check(plan, links)
     base = dataclasses.replace(plan, workdir=workdir,
                                trainer_args={**plan.trainer_args, "run_name": run_name})
     return [dataclasses.replace(
@@ -63,7 +68,8 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
         {"links": links, "run_dir": run_dir, "cancel": [scheduler.cmd["cancel"]],
          "status": "running", "reason": "", "progress": {}}, indent=1), 0o600)
     chain_id = db.new_group("chain", {"links": links, "dir": chain_dir, "remote": remote,
-                                      "run_dir": run_dir, "tag": tag})
+                                      "run_dir": run_dir, "tag": tag,
+                                      "steps": plan.trainer_args.get("steps")})
     records: list[JobRecord] = []
     try:
         for link in plans:
@@ -97,3 +103,35 @@ def chain_of(db: JobDB, record: JobRecord) -> dict[str, Any] | None:
         return None
     group = db.group(record.group_id)
     return group if group and group["kind"] == "chain" else None
+
+
+def summary(group: dict[str, Any], links: list[JobRecord]) -> dict[str, Any]:
+    """A chain as one line of `status`: its state, how many links ran, where the run is."""
+    from mmm_orch.schedulers.states import JobState
+
+    state = read_state(group) or {}
+    progress = state.get("progress", {})
+    steps = [v for p in progress.values() for v in (p.get("end_step"), p.get("start_step"))
+             if v is not None]
+    done = sum(1 for link in links if link.terminal)
+    current = next((link for link in links if not link.terminal), links[-1])
+    status = state.get("status", "running")
+    if not current.terminal:  # a link still open: the chain is as that link is
+        overall = current.state
+    elif status == "finished":
+        overall = JobState.COMPLETED
+    elif all(link.state is JobState.CANCELLED for link in links if link.terminal) and done == len(links):
+        overall = JobState.CANCELLED
+    elif status == "stopped":
+        overall = JobState.FAILED
+    else:
+        overall = JobState.PENDING
+    note = f"links {done}/{group['spec']['links']}"
+    if steps:
+        note += f", step {max(steps)}"
+        if group["spec"].get("steps"):
+            note += f"/{group['spec']['steps']}"
+    if state.get("reason"):
+        note += f": {state['reason']}"
+    return {"state": overall, "current": current, "note": note,
+            "elapsed": sum(link.elapsed() or 0 for link in links) or None}

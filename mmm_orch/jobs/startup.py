@@ -21,6 +21,7 @@ _EPOCH_MARKERS = {
     "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d+(?:\.\d+)?)(?: ranks=(\d+) nodes=(\d+))?"),
     "first_step": re.compile(r"\[mmm-orch\] first_step=(\d+(?:\.\d+)?)"),
     "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)"),
+    "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d+(?:\.\d+)?)"),
 }
 _JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
 _STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
@@ -36,6 +37,7 @@ class Markers:
     launch_start: float | None = None
     first_step: float | None = None
     launch_end: float | None = None
+    walltime_stop: float | None = None  # the watchdog asked the trainers to save and stop
     host: str = ""
     ranks: int | None = None
     nodes: int | None = None
@@ -90,7 +92,8 @@ def timeline(submitted: float | None, markers: Markers, ended: float | None) -> 
     """The job's events in order, each with the gap to the one before it."""
     events = [("submitted", submitted), ("job start", markers.job_start),
               ("launch start", markers.launch_start), ("first step", markers.first_step),
-              ("launch end", markers.launch_end), ("ended", ended)]
+              ("walltime stop", markers.walltime_stop), ("launch end", markers.launch_end),
+              ("ended", ended)]
     rows, previous = [], None
     for name, at in events:
         if at is None:

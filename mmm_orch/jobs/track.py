@@ -67,6 +67,7 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
 
 # What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
 STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
+CHAIN_MARKER = "[mmm-orch] chain:"
 _SAVED = re.compile(r"^\[checkpoint\] step=(\d+) ")
 
 
@@ -91,6 +92,9 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobSt
         if CHECKPOINTED_MARKER in line and status.exit_code == CHECKPOINTED_EXIT:
             return dataclasses.replace(status, state=JobState.TIMEOUT,
                                        reason=f"resumable at step {saved} (saved before the walltime)")
+        if CHAIN_MARKER in line and " skipped: " in line:
+            return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
+                                       reason=line.split(CHAIN_MARKER, 1)[1].strip())
         if STOPPED_MARKER in line:
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                        reason=status.reason or "stopped by SIGTERM")

@@ -43,7 +43,8 @@ def row(record: JobRecord, refresh: Refresh, now: float) -> dict[str, str]:
     return {"id": str(record.id), "machine": record.machine, "workload": record.workload,
             "nodes": str(record.nodes), "state": record.state.value,
             "elapsed": duration(record.elapsed(now)), "exit": exit_text(record),
-            "native id": record.native_id, "note": note[:60]}
+            "native id": record.native_id, "note": note[:60],
+            "stale": record.id in refresh.stale}
 
 
 def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
@@ -58,22 +59,52 @@ def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
     return json.dumps(out, indent=2)
 
 
-def table(records: list[JobRecord], refresh: Refresh, tty: bool):
-    """A rich Table on a TTY, else plain aligned text."""
+def rows(records: list[JobRecord], refresh: Refresh, db=None) -> list[dict[str, str]]:
+    """One row per job; with `db`, the links of a chain as one row for the chain (`c<id>`)."""
     now = time.time()
-    rows = [row(r, refresh, now) for r in records]
+    out: list[dict[str, str]] = []
+    shown: set[int] = set()
+    groups: dict[int, dict | None] = {}
+    for record in records:
+        if db is not None and record.group_id is not None:
+            if record.group_id not in groups:
+                groups[record.group_id] = db.group(record.group_id)
+            group = groups[record.group_id]
+            if group and group["kind"] == "chain":
+                if record.group_id not in shown:
+                    shown.add(record.group_id)
+                    out.append(chain_row(group, db.list(group_id=record.group_id), refresh, now))
+                continue
+        out.append(row(record, refresh, now))
+    return out
+
+
+def chain_row(group: dict, links: list[JobRecord], refresh: Refresh, now: float) -> dict[str, str]:
+    from mmm_orch.jobs.chains import summary
+
+    chain = summary(group, links)
+    current = chain["current"]
+    return {"id": f"c{group['id']}", "machine": current.machine, "workload": current.workload,
+            "nodes": str(current.nodes), "state": chain["state"].value,
+            "elapsed": duration(chain["elapsed"]), "exit": exit_text(current),
+            "native id": current.native_id, "note": chain["note"][:60],
+            "stale": any(link.id in refresh.stale for link in links)}
+
+
+def table(shown: list[dict[str, str]], tty: bool):
+    """A rich Table on a TTY, else plain aligned text."""
     if not tty:
-        widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in COLUMNS}
+        widths = {c: max([len(c)] + [len(r[c]) for r in shown]) for c in COLUMNS}
         lines = ["  ".join(c.upper().ljust(widths[c]) for c in COLUMNS).rstrip()]
-        lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
+        lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in shown]
         return "\n".join(lines) + "\n"
     from rich.table import Table
 
     tbl = Table(box=None, header_style="bold")
     for column in COLUMNS:
         tbl.add_column(column.upper(), justify="right" if column in ("id", "nodes") else "left")
-    for r, record in zip(rows, records):
-        style = "dim" if record.id in refresh.stale else _STYLE.get(r["state"], "")
+    for r in shown:
+        style = "dim" if r.get("stale") else _STYLE.get(r["state"], "")
         cells = [r[c] for c in COLUMNS]
         cells[COLUMNS.index("state")] = f"[{style}]{r['state']}[/]" if style else r["state"]
         tbl.add_row(*cells)

@@ -58,6 +58,9 @@ class Checkpointer:
         dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
+        # Each rank's random state (dropout masks), so that a resumed run draws what the run
+        # would have drawn had it not stopped.
+        torch.save(_rng_state(), staging / f"rng-{dist.get_rank()}.pt")
         if self.is_main:
             (staging / "train.json").write_text(json.dumps({"step": step, **train_state}))
         dist.barrier()
@@ -115,4 +118,20 @@ class Checkpointer:
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+        rng = path / f"rng-{dist.get_rank()}.pt"
+        if rng.exists():  # a run resumed on another number of ranks starts its draws afresh
+            _set_rng_state(torch.load(rng, weights_only=True))
         return json.loads((path / "train.json").read_text())
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,153 @@
+"""Long runs across walltimes, on the live schedulers: a chain of 1-minute jobs carries one
+training run to its end, each link saving before its walltime and the next resuming from there,
+with the loss curve of a run that was never stopped; a slow save still beats the walltime kill;
+a chain whose first link fails stops there; `rerun --resume` continues a stopped run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_state
+
+CHAIN_SPEC = """extends: llama3_debug
+name: llama_chain
+args: {config: debug, tiny: true, warmup_steps: 20}
+watchdog: {walltime_margin: "00:00:20"}
+"""
+
+
+def spec(isolated: Path, name: str, text: str) -> None:
+    specs = isolated / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / f"{name}.yaml").write_text(text)
+
+
+def metrics(run_dir: str | Path) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == "step"]
+
+
+def local_run(isolated: Path, steps: int, run_name: str) -> subprocess.Popen:
+    """The same training uninterrupted, on this computer (2 ranks, as one 2-rank test node)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mmm_orch", "submit", "local", "llama_chain", "--set",
+         f"steps={steps}", "--set", f"run_name={run_name}", "--walltime", "00:30:00", "--follow"],
+        cwd=isolated, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "XDG_STATE_HOME": str(isolated / "reference-state")})
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, isolated, kind,
+                                                                 leftovers_cancelled):
+    request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
+    machine = "slurm-local" if kind == "slurm" else "pbs-local"
+    spec(isolated, "llama_chain", CHAIN_SPEC)
+    # How many steps need three links here, now: about 25 s of training fit in one link.
+    calibration = local_run(isolated, 150, "calibration")
+    assert calibration.wait(timeout=300) == 0, calibration.stderr.read()
+    dt = statistics.median(r["dt"] for r in metrics(isolated / "outputs" / "calibration"))
+    steps = math.ceil(3.2 * 25 / dt)
+    reference = local_run(isolated, steps, "reference")
+
+    result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", "--walltime",
+                 "00:01:00", "--chain", "10", "--json")
+    assert result.code == 0, result.err
+    links = json.loads(result.out)
+    deadline = time.monotonic() + 1500
+    while True:
+        rows = json.loads(cli("status", "--all", "--json").out)
+        chain = cli("status").out
+        if "completed" in chain.splitlines()[1] or "failed" in chain.splitlines()[1]:
+            break
+        assert time.monotonic() < deadline, chain
+        time.sleep(5)
+    assert "the training finished in link" in chain, chain
+    ran = [r for r in rows if r["state"] != "cancelled"]
+    assert len(ran) >= 3, rows
+    assert all(r["state"] == "timeout" for r in ran[:-1]) and ran[-1]["state"] == "completed"
+    assert all(r["reason"].startswith("resumable at step") for r in ran[:-1])
+    assert all(r["state"] == "cancelled" for r in rows[len(ran):])  # never ran
+
+    got = metrics(links[0]["run_dir"])
+    assert [r["step"] for r in got] == list(range(1, steps + 1))  # every step once, in order
+    assert reference.wait(timeout=900) == 0, reference.stderr.read()
+    expected = {r["step"]: r for r in metrics(isolated / "outputs" / "reference")}
+    for record in got:
+        want = expected[record["step"]]
+        assert abs(record["loss"] - want["loss"]) < 1e-4, (record, want)
+        assert abs(record["lr"] - want["lr"]) < 1e-9, (record, want)
+    log = cli("logs", str(ran[0]["id"])).out
+    assert "[mmm-orch] checkpointed before the walltime: step=" in log
+    timeline = cli("timeline", str(ran[0]["id"])).out
+    assert "walltime stop" in timeline
+
+
+def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster,
+                                                    leftovers_cancelled):
+    spec(isolated, "llama_chain", CHAIN_SPEC)
+    result = cli("submit", "slurm-local", "llama_chain", "--set", "data_path=/nonexistent/tokens",
+                 "--walltime", "00:01:00", "--chain", "3")
+    assert result.code == 0, result.err
+    deadline = time.monotonic() + 300
+    while not ("failed" in (line := cli("status").out.splitlines()[1])):
+        assert time.monotonic() < deadline, line
+        time.sleep(3)
+    assert "link 1 made no progress" in line
+    rows = json.loads(cli("status", "--all", "--json").out)
+    assert rows[0]["state"] == "failed"
+    assert [r["state"] for r in rows[1:]] == ["cancelled", "cancelled"]
+    assert all(r["started_at"] is None for r in rows[1:])  # no further link ran
+    assert "FileNotFoundError" in cli("diagnose", "1").out or "No such file" in cli("logs", "1").out
+
+
+def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,
+                                                   leftovers_cancelled):
+    """A bigger model whose save takes seconds, with a margin below the save time: the watchdog
+    raises the margin to twice the longest save it saw (the periodic checkpoints show it) and
+    the stop still ends in a checkpoint before Slurm's kill."""
+    spec(isolated, "big", """extends: fsdp_tp
+name: big
+args: {dim: 512, n_layers: 6, n_heads: 8, n_kv_heads: 4, vocab_size: 32000, seq_len: 32,
+       batch_size: 2, steps: 100000, tp: 1, checkpoint_every: 5}
+watchdog: {walltime_margin: "00:00:01"}
+""")
+    result = cli("submit", "slurm-local", "big", "--walltime", "00:01:00")
+    assert result.code == 0, result.err
+    row = wait_state(cli, 1, timeout=300)
+    log = cli("logs", "1").out
+    saves = [float(line.split("save_s=")[1].split()[0]) for line in log.splitlines()
+             if line.startswith("[checkpoint] ")]
+    assert saves and max(saves) > 1.0, saves  # a save of seconds, not milliseconds
+    stop = next(line for line in log.splitlines() if "asking the trainers to save" in line)
+    assert "2 x the longest save" in stop, stop
+    assert row["state"] == "timeout" and row["reason"].startswith("resumable at step"), (row, log[-2000:])
+    assert "[mmm-orch] checkpointed before the walltime" in log
+
+
+def test_rerun_resume_continues_a_stopped_run(cli, isolated):
+    spec(isolated, "llama_chain", CHAIN_SPEC)
+    first = cli("submit", "local", "llama_chain", "--set", "steps=100000", "--walltime",
+                "00:01:00", "--json")
+    assert first.code == 0, first.err
+    row = wait_state(cli, 1, timeout=180)
+    assert row["state"] == "timeout" and row["reason"].startswith("resumable at step"), row
+    stopped_at = int(row["reason"].split("step ")[1].split()[0])
+    again = cli("rerun", "1", "--resume", "--json")
+    assert again.code == 0, again.err
+    new = json.loads(again.out)
+    assert new["rerun_of"] == 1 and new["run_dir"] == json.loads(first.out)["run_dir"]
+    time.sleep(15)
+    assert cli("cancel", str(new["id"])).code == 0
+    wait_state(cli, new["id"], timeout=120)
+    steps = [r["step"] for r in metrics(new["run_dir"])]
+    assert steps[:stopped_at] == list(range(1, stopped_at + 1))
+    assert steps[stopped_at] == stopped_at + 1  # went on from the checkpoint, not from step 1
