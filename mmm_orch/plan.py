@@ -25,6 +25,7 @@ from mmm_orch.walltime import format_walltime, parse_walltime
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
 _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+NODES_TOKEN = "@NODES@"  # mmm_orch.failover.NODES_TOKEN (not imported: the CLI stays light)
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
 LAYOUT_OPTIONS = ("tp", "pp")
 # Scripts, logs and the job database are readable: secrets never go into them. A name is
@@ -68,6 +69,8 @@ class Request:
     no_presets: tuple[str, ...] = ()
     workdir: str | None = None
     stage_env: bool = False  # copy the job environment to node-local storage before the launch
+    spare_nodes: int = 0     # nodes asked for beyond --nodes, swapped in when one fails
+    avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,16 @@ class Plan:
     setup: tuple[str, ...]
     env: tuple[EnvGroup, ...]
     launcher: tuple[str, ...]
+    # Where the launch runs: `hosts` by default; with spare nodes, the failover loop puts
+    # `on_nodes` for the active nodes in place of NODES_TOKEN (mmm_orch.failover).
+    hosts: str
+    on_nodes: str
+    spare_nodes: int
+    avoid_nodes: tuple[str, ...]
+    node_list: str  # the profile's command listing the job's nodes ("" = the scheduler's)
+    host_addr: str  # a node's address from its name ({node}, {short}): rank 0's after failover
+    exclude_directive: str  # keeps the known-bad nodes out of the allocation ("" = none)
+    failover_directives: tuple[str, ...]  # with spare nodes: a lost node does not end the job
     python_prefix: bool  # mpiexec/srun start `python -m trainer`; torchrun takes `-m trainer`
     trainer_args: dict[str, Any] = field(hash=False)
     trainer_options: tuple[str, ...]  # what the workload's trainer accepts
@@ -162,9 +175,23 @@ class Plan:
         return (*prefix, "-m", self.trainer, *_argv(self.trainer_args))
 
     @property
+    def stops_before_walltime(self) -> bool:
+        """The watchdog asks the trainer to save and stop before the walltime: only a trainer
+        that can resume (the stop signal would merely kill any other program early)."""
+        return bool(self.watchdog_step) and "resume" in self.trainer_options
+
+    @property
+    def failover(self) -> bool:
+        """The launch runs under mmm_orch.failover (it has spare nodes to swap in)."""
+        return self.spare_nodes > 0
+
+    @property
     def launch_line(self) -> str:
-        """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted."""
-        return " ".join([*self.launcher, *(shlex.quote(a) for a in self.program)])
+        """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted. With
+        failover, NODES_TOKEN marks where the active nodes go."""
+        hosts = NODES_TOKEN if self.failover else self.hosts
+        return " ".join([self.launcher[0], *([hosts] if hosts else []), *self.launcher[1:],
+                         *(shlex.quote(a) for a in self.program)])
 
     @property
     def run_dir(self) -> str:
@@ -401,7 +428,27 @@ def resolve(request: Request) -> Plan:
         raise MmmError(f"workload {workload.name} needs {need} GiB per device; "
                        f"{machine.name} has {have} GiB")
 
-    queue, tier, reason = _pick_queue(machine, request, nodes, walltime)
+    spare = request.spare_nodes
+    if spare < 0:
+        raise _fail("--spare-nodes", spare, "0 or more")
+    if spare and not machine.launcher.on_nodes:
+        raise _fail("--spare-nodes", spare, f"{machine.name}'s launcher cannot run on some of the "
+                    "job's nodes (its profile has no launcher.on_nodes)")
+    if nodes + spare > machine.max_nodes:
+        raise _fail("--spare-nodes", spare, f"{nodes} + {spare} nodes: {machine.name} has at "
+                    f"most {machine.max_nodes}")
+    allocated = nodes + spare
+    from mmm_orch.jobs.db import NODE_NAME
+
+    for node in request.avoid_nodes:  # from the database; they reach directives
+        if not NODE_NAME.match(node):
+            raise _fail("bad node", node, "a host name; `mmm-orch nodes forget NODE` drops it")
+    exclude = machine.scheduler.exclude_directive
+    if exclude and request.avoid_nodes and allocated > machine.max_nodes - len(request.avoid_nodes):
+        raise _fail("--nodes", nodes, f"{allocated} nodes with the spares: {machine.name} has "
+                    f"{machine.max_nodes}, less the known-bad {', '.join(request.avoid_nodes)} "
+                    f"(`mmm-orch nodes forget NODE` to use one again)")
+    queue, tier, reason = _pick_queue(machine, request, allocated, walltime)
 
     account = request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
     if machine.account.required and not account:
@@ -486,12 +533,21 @@ def resolve(request: Request) -> Plan:
         queue_directives=queue_directives,
         walltime=walltime,
         account=account,
-        directives=tuple(d.format(**fields) for d in machine.directives),
+        directives=tuple(d.format(**{**fields, "nodes": allocated}) for d in machine.directives),
         submit_dir_var=machine.scheduler.submit_dir_var,
         workdir=_workdir(request.workdir),
         setup=tuple(machine.setup),
         env=tuple(env),
         launcher=tuple(launcher),
+        hosts=machine.launcher.hosts,
+        on_nodes=machine.launcher.on_nodes,
+        spare_nodes=spare,
+        avoid_nodes=tuple(request.avoid_nodes),
+        node_list=machine.scheduler.node_list,
+        host_addr=machine.rendezvous.host_addr,
+        exclude_directive=(exclude.format(nodes=",".join(request.avoid_nodes))
+                           if exclude and request.avoid_nodes else ""),
+        failover_directives=tuple(machine.scheduler.failover_directives) if spare else (),
         python_prefix=machine.launcher.python_prefix,
         trainer_args=args,
         trainer_options=tuple(workload.options),

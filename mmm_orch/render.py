@@ -25,12 +25,17 @@ def _bytecode_cache():
     return jinja2.FileSystemBytecodeCache(directory) if os.access(directory, os.W_OK) else None
 
 
-@functools.lru_cache(maxsize=None)
 def _environment(extra_dir: Path | None):
-    import jinja2
-
     dirs = [str(extra_dir)] if extra_dir else []
     dirs += [str(d) for d in search_dirs("templates")]
+    return _environment_for(tuple(dirs))
+
+
+@functools.lru_cache(maxsize=None)
+def _environment_for(dirs: tuple[str, ...]):
+    """One Jinja environment per search path (the user's template directory can change)."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(dirs),
         undefined=jinja2.StrictUndefined,

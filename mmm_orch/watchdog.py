@@ -20,6 +20,7 @@ sends (TERM, USR1, INT) are passed on to the launch.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import selectors
@@ -53,11 +54,16 @@ class Launch:
         self.last_step: int | None = None
         self.longest_save = 0.0
         self.saved_step: int | None = None  # the last checkpoint's step
+        self.lines: collections.deque[str] = collections.deque(maxlen=2000)  # the output's end
+        self.code: int | None = None
+        self.hung = self.checkpointed = self.stopped_for_walltime = False
+        self.received: list[int] = []  # signals the scheduler sent (passed on to the launch)
         self._pending = b""
 
     def feed(self, chunk: bytes) -> None:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         for line in lines:
+            self.lines.append(line.decode(errors="replace"))
             if match := STEP.search(line):
                 self.last_step, self.last_progress = int(match[1]), time.monotonic()
             if match := SAVED.search(line):
@@ -72,10 +78,23 @@ def say(text: str) -> None:
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
           walltime_end: float | None = None, margin: float = 0.0,
           stop_signal: int = signal.SIGUSR1) -> int:
+    return run(command, first_step_timeout, step_timeout, grace, walltime_end, margin,
+               stop_signal).code
+
+
+def run(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
+        walltime_end: float | None = None, margin: float = 0.0,
+        stop_signal: int = signal.SIGUSR1) -> Launch:
+    """Run the launch to its end; the Launch says how it ended (`code`, `hung`,
+    `checkpointed`) and what it printed last."""
     launch = Launch(command)
     process = launch.process
+    def pass_on(signum: int, _frame) -> None:
+        launch.received.append(signum)
+        signal_group(process.pid, signum)
+
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, lambda signum, _frame: signal_group(process.pid, signum))
+        signal.signal(signum, pass_on)
 
     assert process.stdout is not None
     os.set_blocking(process.stdout.fileno(), False)
@@ -85,13 +104,15 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
     exited_at: float | None = None
     stop_sent_after: int | None = None  # the checkpoint step seen when the stop was sent
 
-    def finish(code: int) -> int:
+    def finish(code: int) -> Launch:
         saved_since = launch.saved_step is not None and launch.saved_step != stop_sent_after
+        launch.code = code
         if stop_sent_after is not None and saved_since:
             say(f"{CHECKPOINTED_MARKER} step={launch.saved_step}; continue with --resume "
                 f"(exit {CHECKPOINTED_EXIT}; the launch returned {code})")
-            return CHECKPOINTED_EXIT
-        return code
+            launch.code, launch.checkpointed = CHECKPOINTED_EXIT, True
+        launch.stopped_for_walltime = stop_sent_after is not None
+        return launch
 
     while True:
         for _ in selector.select(timeout=1.0):
@@ -130,14 +151,19 @@ def watch(command: str, first_step_timeout: float, step_timeout: float, grace: f
         if stop_sent_after is None and now - since > limit:
             what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
                     if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
-            say(f"{HUNG_MARKER} {what}; last_step="
-                f"{launch.last_step if launch.last_step is not None else 'none'}; "
-                f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)")
+            verdict = (f"{HUNG_MARKER} {what}; last_step="
+                       f"{launch.last_step if launch.last_step is not None else 'none'}; "
+                       f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)")
+            say(verdict)
+            launch.lines.append(verdict)  # what follows is the launcher's answer to this stop
             stop_group(process, grace)
             for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
-                out.write(process.stdout.read() or b"")
+                chunk = process.stdout.read() or b""
+                out.write(chunk)
                 out.flush()
-            return HUNG_EXIT
+                launch.feed(chunk + b"\n")
+            launch.code, launch.hung = HUNG_EXIT, True
+            return launch
 
 
 def main(argv: list[str] | None = None) -> int:

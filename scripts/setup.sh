@@ -12,4 +12,11 @@ fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e ".[train,test,plot]"
+# The report tests open report.html in a real headless browser: Debian's Chromium.
+if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing chromium (Debian package) for the report tests" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+             --no-install-recommends chromium >/dev/null; }
+fi
 echo "mmm-orch installed in $VENV: run $VENV/bin/mmm-orch, or 'source $VENV/bin/activate' first" >&2

@@ -108,7 +108,9 @@ KillWait=5
 OverTimeLimit=0
 MinJobAge=300
 MessageTimeout=5
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
+# The scheduling passes run every 5 s, not 60 and 30: a job that the quick pass at submission
+# skips (a busy controller on 2 cores) still starts within seconds.
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000,sched_interval=5,bf_interval=5
 # Comments are where mmm-orch tags its jobs; keep them in accounting too.
 AccountingStoreFlags=job_comment
 NodeName=n1 NodeHostname=localhost Port=17001 CPUs=2 RealMemory=4000 State=UNKNOWN

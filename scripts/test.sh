@@ -14,8 +14,11 @@ if [[ $(id -u) -eq 0 ]]; then
     bash scripts/pbs-server.sh up
 fi
 PY=${MMM_ORCH_VENV:-.venv}/bin/python
-run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial tests) is fine
-    "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || exit "$rc"; }
+failed=0
+run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial tests) is fine;
+    # a failure in one phase still lets the other run, and the script fails at the end.
+    "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || failed=$rc; }
 }
 run -m serial -p no:xdist "$@"
 run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-4}" "$@"
+exit "$failed"

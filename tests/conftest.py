@@ -69,7 +69,7 @@ def wait_state(cli, job: int, states: tuple[str, ...] = TERMINAL, timeout: float
         row = json.loads(result.out)[0]
         if row["state"] in states:
             return row
-        assert time.monotonic() < deadline, f"job {job} still {row['state']} after {timeout}s"
+        assert time.monotonic() < deadline, f"job {job} still {row['state']} after {timeout}s: {row}"
         time.sleep(1)
 
 
@@ -184,16 +184,20 @@ def facility_python(tmp_path_factory) -> Path:
     return root
 
 
+def write_spec(directory: Path, name: str, text: str) -> None:
+    """A user workload spec `name` (YAML `text`) in the directory's .mmm-orch/workloads."""
+    specs = directory / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / f"{name}.yaml").write_text(text)
+
+
 def write_probe(directory: Path, name: str, body: str, trainer_options: str = "",
                 extra: str = "") -> None:
     """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH);
     `extra` is more YAML for the spec."""
     (directory / f"{name}_probe.py").write_text(body)
-    specs = directory / ".mmm-orch" / "workloads"
-    specs.mkdir(parents=True, exist_ok=True)
-    (specs / f"{name}.yaml").write_text(
-        f"name: {name}\ntrainer: {name}_probe\n" + (f"options:\n{trainer_options}" if trainer_options else "")
-        + extra)
+    write_spec(directory, name, f"name: {name}\ntrainer: {name}_probe\n"
+               + (f"options:\n{trainer_options}" if trainer_options else "") + extra)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -182,11 +182,12 @@ def test_no_cli_path_imports_torch(isolated):
         "from mmm_orch.cli import main\n"
         "for args in (['machines'], ['workloads', '--json'], ['show', 'machine', 'frontier'],\n"
         "             ['schema', 'workload'], ['render', 'aurora', 'llama3_8b', '-A', 'X'],\n"
-        "             ['submit', 'local', 'fsdp', '--dry-run'], ['render', 'nope', 'fsdp']):\n"
+        "             ['submit', 'local', 'fsdp', '--dry-run'], ['render', 'nope', 'fsdp'],\n"
+        "             ['sweep', 'slurm-local', 'fsdp', '--nodes', '1,2', '--dry-run'], ['status']):\n"
         "    main(args)\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('torch'), 'torch must be installed for this check to mean anything'\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'paramiko'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'paramiko', 'matplotlib'))\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=isolated)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_probe
-from mmm_orch.jobs.db import JobDB, backup_path
+from mmm_orch.jobs.db import SCHEMA_VERSION, JobDB, backup_path
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="tmpfs mounts need root (CI runs as root)")
 
@@ -184,4 +184,4 @@ def test_an_older_database_is_upgraded_in_place(tmp_path):
     record = db.get(1)
     assert record.native_id == "42" and record.state.value == "completed"
     assert record.remote == "" and record.tag == "" and record.group_id is None
-    assert db.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

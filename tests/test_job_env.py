@@ -9,14 +9,12 @@ import json
 import os
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, ssh_config
+from conftest import assert_nothing_recorded, ssh_config, wait_state
 
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
 def facility_profile(isolated: Path, name: str, base: str, python_root: Path, envs: Path,
@@ -27,16 +25,6 @@ def facility_profile(isolated: Path, name: str, base: str, python_root: Path, en
         f"extends: {base}\nname: {name}\npython: python3\n"
         f"setup: [{json.dumps('source ' + shlex.quote(str(python_root / 'bin' / 'activate')))}]\n"
         f"environment: {{path: {json.dumps(str(envs / name))}}}\n" + extra)
-
-
-def wait_state(cli, job: int, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        row = json.loads(cli("status", str(job), "--json").out)[0]
-        if row["state"] in TERMINAL:
-            return row
-        assert time.monotonic() < deadline, row
-        time.sleep(1)
 
 
 @pytest.fixture(params=["slurm", "pbs"])

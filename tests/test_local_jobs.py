@@ -225,9 +225,11 @@ def _insert_many(path: Path, worker: int, count: int) -> None:
                   log_path="l", submitted_at=time.time())
 
 
-def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated):
-    # aurora's qsub is not on PATH here, so submit heads for the profile's login host; here that
-    # host refuses connections: exit 3 (unreachable), one line, nothing recorded or written.
+def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated, monkeypatch):
+    # Without qsub on PATH (the PBS test server's is left out), submit heads for aurora's login
+    # host; here that host refuses connections: exit 3 (unreachable), one line, nothing recorded.
+    monkeypatch.setenv("PATH", os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "qsub").exists()))
     machines = isolated / ".mmm-orch" / "machines"
     machines.mkdir(parents=True)
     (machines / "aurora.yaml").write_text("extends: aurora\nlogin_hosts: [login]\n")

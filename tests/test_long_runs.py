@@ -16,19 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_state
+from conftest import wait_state, write_spec
 
 CHAIN_SPEC = """extends: llama3_debug
 name: llama_chain
 args: {config: debug, tiny: true, warmup_steps: 20}
 watchdog: {walltime_margin: "00:00:20"}
 """
-
-
-def spec(isolated: Path, name: str, text: str) -> None:
-    specs = isolated / ".mmm-orch" / "workloads"
-    specs.mkdir(parents=True, exist_ok=True)
-    (specs / f"{name}.yaml").write_text(text)
 
 
 def metrics(run_dir: str | Path) -> list[dict]:
@@ -50,7 +44,7 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
                                                                  leftovers_cancelled):
     request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
-    spec(isolated, "llama_chain", CHAIN_SPEC)
+    write_spec(isolated, "llama_chain", CHAIN_SPEC)
     # How many steps need three links here, now: about 25 s of training fit in one link.
     calibration = local_run(isolated, 150, "calibration")
     assert calibration.wait(timeout=300) == 0, calibration.stderr.read()
@@ -93,7 +87,7 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
 
 def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster,
                                                     leftovers_cancelled):
-    spec(isolated, "llama_chain", CHAIN_SPEC)
+    write_spec(isolated, "llama_chain", CHAIN_SPEC)
     result = cli("submit", "slurm-local", "llama_chain", "--set", "data_path=/nonexistent/tokens",
                  "--walltime", "00:01:00", "--chain", "3")
     assert result.code == 0, result.err
@@ -114,7 +108,7 @@ def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,
     """A bigger model whose save takes seconds, with a margin below the save time: the watchdog
     raises the margin to twice the longest save it saw (the periodic checkpoints show it) and
     the stop still ends in a checkpoint before Slurm's kill."""
-    spec(isolated, "big", """extends: fsdp_tp
+    write_spec(isolated, "big", """extends: fsdp_tp
 name: big
 args: {dim: 512, n_layers: 6, n_heads: 8, n_kv_heads: 4, vocab_size: 32000, seq_len: 32,
        batch_size: 2, steps: 100000, tp: 1, checkpoint_every: 5}
@@ -134,7 +128,7 @@ watchdog: {walltime_margin: "00:00:01"}
 
 
 def test_rerun_resume_continues_a_stopped_run(cli, isolated):
-    spec(isolated, "llama_chain", CHAIN_SPEC)
+    write_spec(isolated, "llama_chain", CHAIN_SPEC)
     first = cli("submit", "local", "llama_chain", "--set", "steps=100000", "--walltime",
                 "00:01:00", "--json")
     assert first.code == 0, first.err

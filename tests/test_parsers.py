@@ -4,7 +4,6 @@ and the state machine."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 

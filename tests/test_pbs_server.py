@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from conftest import (TERMINAL, assert_nothing_recorded, run_cli, ssh_config, wait_state,
                       write_probe)
+from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
@@ -47,7 +47,7 @@ def test_two_node_dist_check_through_mpiexec(cli, over_walltime):
     for rank in range(4):
         assert f"[dist_check] rank={rank} all_reduce OK (got 10, expected 10)" in log
     assert "[dist_check] PASS world=4" in log
-    assert "mpiexec.mpich -n 4 -ppn 2 -f" in log
+    assert "mpiexec.mpich -launcher fork -f $PBS_NODEFILE -n 4 -ppn 2" in log
     record = json.loads(cli("show", "1", "--json").out)
     assert "#PBS -l select=2:ncpus=2" in record["script"] and "#PBS -l place=scatter" in record["script"]
     assert row["started_at"] and row["ended_at"] >= row["started_at"]
@@ -136,23 +136,6 @@ def test_logs_follow_waits_while_queued_then_streams_to_the_end(cli, isolated, m
     assert "[mmm-orch] launch_end=" in out
     tail = cli("logs", "1", "--tail", "2").out.splitlines()
     assert len(tail) == 2 and tail[-1].startswith("[mmm-orch] launch_end=")
-
-
-HANG = """import time
-import torch
-import torch.distributed as dist
-from mmm_orch.runtime import dist as runtime_dist
-
-rt = runtime_dist.setup()
-for step in range(1, 1000):
-    if step == 4 and rt.rank == 1:
-        time.sleep(3600)
-    value = torch.ones(1)
-    dist.all_reduce(value)
-    if rt.rank == 0:
-        print(f"step={step} loss={1 / step:.3f}", flush=True)
-    time.sleep(0.1)
-"""
 
 
 def test_watchdog_ends_a_hung_job(cli, isolated, monkeypatch):

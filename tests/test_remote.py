@@ -9,16 +9,14 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, command_wrappers, ssh_config
+from conftest import assert_nothing_recorded, command_wrappers, ssh_config, wait_state
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
 @pytest.fixture
@@ -37,18 +35,6 @@ def remote(isolated, sshd, tmp_path):
 
 def db() -> JobDB:
     return JobDB(Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db")
-
-
-def wait_state(cli, job: int, states=TERMINAL, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = cli("status", str(job), "--json")
-        assert result.code == 0, result.err
-        row = json.loads(result.out)[0]
-        if row["state"] in states:
-            return row
-        assert time.monotonic() < deadline, f"job {job} still {row['state']}"
-        time.sleep(1)
 
 
 def test_submit_status_logs_over_ssh(cli, remote, sshd):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, command_wrappers, run_cli, write_probe
+from conftest import TERMINAL, assert_nothing_recorded, command_wrappers, run_cli, wait_state, write_probe
+from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
 
 
 def db_file() -> Path:
@@ -27,16 +27,6 @@ def status(cli, job: int) -> dict:
     result = cli("status", str(job), "--json")
     assert result.code == 0, result.err
     return json.loads(result.out)[0]
-
-
-def wait_state(cli, job: int, states: tuple[str, ...], timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        row = status(cli, job)
-        if row["state"] in states:
-            return row
-        assert time.monotonic() < deadline, f"job {job} still {row['state']} after {timeout}s"
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +89,7 @@ def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "sleeper", "import time\ntime.sleep(900)\n")
     assert cli("submit", "slurm-local", "sleeper").code == 0
-    wait_state(cli, 1, ("running",), timeout=60)
+    wait_state(cli, 1, ("running",), timeout=120)
     result = cli("cancel", "1")
     assert result.code == 0, result.err
     row = wait_state(cli, 1, TERMINAL, timeout=60)
@@ -178,7 +168,7 @@ def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "sleeper", "import time\ntime.sleep(900)\n")
     assert cli("submit", "slurm-local", "sleeper").code == 0
-    wait_state(cli, 1, ("running",), timeout=60)
+    wait_state(cli, 1, ("running",), timeout=120)
     subprocess.run(["bash", str(slurm_cluster), "stop-controller"], check=True, capture_output=True)
     try:
         start = time.monotonic()
@@ -209,23 +199,6 @@ def test_job_over_its_walltime_ends_timeout(over_walltime):
         time.sleep(2)
     assert row["state"] == "timeout", row
     assert row["native_state"] == "TIMEOUT"
-
-
-HANG = """import time
-import torch
-import torch.distributed as dist
-from mmm_orch.runtime import dist as runtime_dist
-
-rt = runtime_dist.setup()
-for step in range(1, 1000):
-    if step == 4 and rt.rank == 1:
-        time.sleep(3600)  # this rank stops; every other rank waits in the all-reduce below
-    value = torch.ones(1)
-    dist.all_reduce(value)
-    if rt.rank == 0:
-        print(f"step={step} loss={1 / step:.3f}", flush=True)
-    time.sleep(0.1)
-"""
 
 
 def test_watchdog_ends_a_job_hung_in_a_collective(cli, isolated, monkeypatch):

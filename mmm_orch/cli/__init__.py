@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 
 from mmm_orch import __version__
-from mmm_orch.cli import config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds
+from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, nodes_cmds,
+                          sweep_cmds)
 from mmm_orch.cli.common import ArgParser
 from mmm_orch.errors import MmmError
 
-GROUPS = (config_cmds, job_cmds, inspect_cmds, env_cmds, db_cmds)
+GROUPS = (config_cmds, job_cmds, sweep_cmds, inspect_cmds, env_cmds, nodes_cmds, db_cmds)
 
 
 def build_parser() -> ArgParser:

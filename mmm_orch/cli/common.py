@@ -59,17 +59,23 @@ def seconds(text: str) -> float:
     return value
 
 
-def plan_options(parser: argparse.ArgumentParser) -> None:
-    """The options that make a plan (render, submit, sweep)."""
+def plan_options(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The options that make a plan (render, submit); a sweep takes lists of nodes and values."""
     parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
     parser.add_argument("workload", help="workload spec (see `mmm-orch workloads`)")
-    parser.add_argument("-N", "--nodes", type=count, help="number of nodes (default: the workload's)")
+    if sweep:
+        parser.add_argument("-N", "--nodes", metavar="N1,N2,...",
+                            help="node counts to sweep (default: the workload's)")
+    else:
+        parser.add_argument("-N", "--nodes", type=count, help="number of nodes (default: the workload's)")
     parser.add_argument("-q", "--queue", help="queue/partition/QOS (default: the first that fits)")
     parser.add_argument("-t", "--walltime", help="HH:MM:SS (default: the workload's)")
     parser.add_argument("-A", "--account", help="project to charge (or $MMM_ORCH_ACCOUNT)")
     parser.add_argument("--name", help="job name (default: the workload name)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="trainer option (repeatable)")
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        metavar="KEY=V1,V2,..." if sweep else "KEY=VALUE",
+                        help="trainer option values to sweep (a comma in a value: \\,; repeatable)"
+                        if sweep else "trainer option (repeatable)")
     parser.add_argument("--env", dest="envs", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment variable for the job (repeatable)")
     parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="NAME",
@@ -77,6 +83,9 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-preset", dest="no_presets", action="append", default=[],
                         metavar="NAME", help="disable an environment preset (repeatable)")
     parser.add_argument("--template", help="job script template file to use instead of the default")
+    parser.add_argument("--spare-nodes", type=lines, default=0, metavar="K",
+                        help="ask for K nodes more than --nodes: when a node fails, the job swaps "
+                             "in a spare and relaunches from the last checkpoint")
     parser.add_argument("--stage-env", action="store_true",
                         help="copy the job environment to node-local storage on every node "
                              "before the launch (imports then stay off the shared filesystem)")
@@ -89,9 +98,19 @@ def request(args: argparse.Namespace, **overrides: Any):
         machine=args.machine, workload=args.workload, nodes=args.nodes, queue=args.queue,
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
-        workdir=getattr(args, "workdir", None), stage_env=args.stage_env)
+        workdir=getattr(args, "workdir", None), stage_env=args.stage_env,
+        spare_nodes=args.spare_nodes, avoid_nodes=avoided(args))
     fields.update(overrides)
     return Request(**fields)
+
+
+def avoided(args: argparse.Namespace) -> tuple[str, ...]:
+    """The machine's nodes mmm-orch remembers as bad (failover retired them, or diagnose blamed
+    them), unexpired; read without creating the database."""
+    from mmm_orch.jobs.db import open_db
+
+    db = open_db(args.db)
+    return tuple(db.bad_nodes(args.machine)) if db is not None else ()
 
 
 def print_script(script: str) -> None:

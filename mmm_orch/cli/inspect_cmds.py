@@ -56,9 +56,10 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         return 0
     print(f"job {record.id}: {record.workload} on {record.machine}, {record.nodes} node(s), "
           f"{record.ranks} ranks, {record.state.value}")
+    width = max((len(row["event"]) for row in rows), default=0)
     for row in rows:
-        gap = "" if row["gap_s"] is None else f"+{row['gap_s']:.1f}s"
-        print(f"  {row['event']:<13} {_stamp(row['at'])}  {gap}")
+        gap = "" if row["gap_s"] is None else f"{row['gap_s']:+.1f}s"
+        print(f"  {row['event']:<{width}} {_stamp(row['at'])}  {gap}")
     if markers.startup_s is not None:
         print(f"  startup (job start to first step): {markers.startup_s:.1f}s")
     elif not text:
@@ -158,6 +159,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                   f"exit {exit_text(record)}")
     signatures = (load_machine(machine).failures if machine else []) + diagnose.generic_signatures()
     result = diagnose.diagnose(text, signatures)
+    blamed = (not args.log and result.first is not None and result.first.signature.node_fault
+              and bool(result.first.host))
+    if blamed:  # a node that lost a job's ranks: later jobs on the machine avoid it
+        db.blame_node(machine, result.first.host, result.first.line, record.id)
     if args.json:
         print(json.dumps({"log": where, **result.to_dict()}, indent=2))
         return 0
@@ -174,6 +179,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     print(f"  what: {first.signature.meaning}")
     print(f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}")
     print(f"  source: {first.signature.source}")
+    if blamed:
+        print(f"remembered {first.host} as bad on {machine}: later jobs there avoid it "
+              f"(`mmm-orch nodes`; `mmm-orch nodes forget {first.host}`)")
     if result.later:
         print("also seen later: " + ", ".join(f"{name} ({n} lines)" for name, n in result.later.items()))
     if result.fallout:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from mmm_orch.cli import common
+from mmm_orch.cli.sweep_cmds import sweep_id
 
 
 def register(sub) -> None:
@@ -47,6 +48,8 @@ def register(sub) -> None:
                    help="seconds between --watch refreshes (default 5)")
     p.add_argument("--links", action="store_true",
                    help="every link of a chain on its own line (default: a chain is one line)")
+    p.add_argument("--sweep", type=sweep_id, metavar="ID",
+                   help="the points of this sweep, one line each (default: a sweep is one line)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
@@ -58,8 +61,9 @@ def register(sub) -> None:
     p.add_argument("--strip-ansi", action="store_true", help="remove colour/escape codes")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("cancel", help="cancel jobs")
-    p.add_argument("jobs", nargs="+", type=common.job_id, metavar="JOB")
+    p = sub.add_parser("cancel", help="cancel jobs (a link of a chain: the chain)")
+    p.add_argument("jobs", nargs="*", type=common.job_id, metavar="JOB")
+    p.add_argument("--sweep", type=sweep_id, metavar="ID", help="every job of this sweep")
     p.set_defaults(func=cmd_cancel)
 
 
@@ -77,6 +81,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         from mmm_orch.jobs.chains import check
 
         check(plan, args.chain)  # refused before any side effect
+    from mmm_orch.render import render
+
+    render(plan, args.template)  # a bad template is refused before the machine is contacted
     if not args.no_env_check:
         check_job_python(plan, remote)
     if args.chain:
@@ -179,6 +186,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     common.check_machine(args.machine, db)
     for job_id in args.jobs:
         common.job(db, job_id)
+    if args.sweep is not None:
+        from mmm_orch.jobs.sweeps import sweep_jobs
+
+        args.jobs += [r.id for r in sweep_jobs(db, args.sweep)[1]]
 
     def select():
         """The jobs to show: every open one among them, so one refresh covers them all."""
@@ -210,7 +221,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(view.json_rows(records, outcome))
             else:
-                shown = view.rows(records, outcome, None if args.links else db)
+                shown = view.rows(records, outcome, db, links=args.links,
+                                  sweeps=args.sweep is None)
                 if live is not None:
                     live.update(view.table(shown, tty=True), refresh=True)
                 elif tty:
@@ -288,7 +300,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from mmm_orch.schedulers.base import JobRef, scheduler_for
 
     db = common.jobs_db(args)
+    if not args.jobs and args.sweep is None:
+        from mmm_orch.errors import MmmError
+
+        raise MmmError("cancel: name the jobs (JOB...) or a sweep (--sweep ID)")
     records = [common.job(db, job_id) for job_id in args.jobs]
+    if args.sweep is not None:
+        from mmm_orch.jobs.sweeps import sweep_jobs
+
+        records += [r for r in sweep_jobs(db, args.sweep)[1] if r.id not in set(args.jobs)]
     for record in list(records):  # a link of a chain: the whole chain
         if record.group_id is not None and (group := db.group(record.group_id)) \
                 and group["kind"] == "chain":

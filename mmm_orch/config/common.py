@@ -103,18 +103,20 @@ PLACEHOLDERS = {
 }
 
 
-def check_placeholders(text: str) -> str:
+def check_placeholders(text: str, placeholders=PLACEHOLDERS) -> str:
     """Reject {names} that a plan cannot fill (caught when the file is loaded, not at submit)."""
     for _, name, spec, conv in string.Formatter().parse(text):
         if name is None:
             continue
-        if name not in PLACEHOLDERS or spec or conv:
-            allowed = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+        if name not in placeholders or spec or conv:
+            allowed = ", ".join("{" + p + "}" for p in placeholders)
             raise ValueError(f"unknown placeholder {{{name}}} in {text!r} (allowed: {allowed})")
     return text
 
 
 Templated = Annotated[str, Check(after=check_placeholders)]
+# A node's address from its name in the job's node list (filled inside the job, by failover).
+NodeTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("node", "short")))]
 NonEmptyStr = Annotated[str, at.MinLen(1)]
 PositiveInt = Annotated[int, at.Ge(1)]
 NonNegativeInt = Annotated[int, at.Ge(0)]

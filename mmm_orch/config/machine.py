@@ -14,6 +14,7 @@ from mmm_orch.config.common import (
     Check,
     EnvName,
     NonEmptyStr,
+    NodeTemplated,
     NonNegativeInt,
     PositiveInt,
     ShellValue,
@@ -42,6 +43,15 @@ class Scheduler:
     submit_dir_var: str = ""
     # Directives that must never appear (e.g. PBS -V, which breaks startup on ALCF systems).
     forbidden_directives: list[str] = field(default_factory=list)
+    # A shell command printing the job's nodes, one a line, in order, where the scheduler's own
+    # listing does not name them apart ("" = the scheduler's: Slurm's node list, PBS's node file).
+    node_list: str = ""
+    # The directive keeping nodes out of the allocation ({nodes}: comma-separated), for nodes
+    # known to be bad; "" where the scheduler has none (PBS: failover keeps them out of the
+    # launch instead).
+    exclude_directive: str = ""
+    # Directives of a job holding spare nodes, so that losing a node does not end it.
+    failover_directives: list[str] = field(default_factory=list)
 
 
 @config
@@ -133,6 +143,11 @@ class Launcher:
     # Runs a command once on every node of the job (staging the job environment); "" runs it
     # once here (one node).
     per_node: Templated = ""
+    # The nodes a launch runs on: `hosts` as it runs by default ("" = all of the job's, the
+    # launcher's default); `on_nodes` for some of them ({nodelist}: comma-separated names,
+    # {hostfile}: a file with one name a line), used when the job holds spare nodes.
+    hosts: str = ""
+    on_nodes: str = ""
     # What the launch gets to save a checkpoint and stop before the walltime: srun forwards
     # USR1 to every task (TERM makes it kill them), torchrun forwards TERM (USR1 kills it).
     stop_signal: Literal["USR1", "USR2", "TERM", "INT"] = "USR1"
@@ -168,6 +183,10 @@ class Rendezvous:
     # Shell expressions evaluated in the job script on the first node.
     master_addr: str = ""
     master_port: str = ""
+    # The address at which ranks reach a node of the job's node list ({node}: its name there,
+    # {short}: up to the first dot). Failover puts rank 0 on the first active node, which need
+    # not be the job's first.
+    host_addr: NodeTemplated = "{node}"
     source: str = ""
 
 
@@ -200,6 +219,16 @@ class FailureSignature:
     fallout: bool = False
     catch_all: bool = False
     consequence: bool = False
+    # node_fault: the named host lost its ranks (killed, unreachable): failover retires it and
+    # mmm-orch remembers it for later jobs on the machine.
+    node_fault: bool = False
+
+
+@config
+class FailureCatalog:
+    """machines/common/failures.yaml: the signatures that hold on every machine."""
+
+    failures: list[FailureSignature] = field(default_factory=list)
 
 
 @config

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, field, fields
@@ -27,10 +28,12 @@ from typing import Any, Iterable, Iterator
 from mmm_orch.errors import MmmError
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
-SCHEMA_VERSION = 3  # 2: jobs.remote; 3: tag, submitter, run_dir, group and rerun links
+SCHEMA_VERSION = 4  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes
 SQLITE_HEADER = b"SQLite format 3\x00"
 BACKUP_EVERY = 600.0
 RECORD_FILE = "record.json"
+# What bad_nodes keeps: host names, and PBS vnode names (`host[3]`).
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -69,6 +72,14 @@ CREATE TABLE IF NOT EXISTS events (
     reason       TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS bad_nodes (
+    machine      TEXT NOT NULL,
+    node         TEXT NOT NULL,
+    at           REAL NOT NULL,      -- when it was last blamed
+    job_id       INTEGER,            -- by which job
+    evidence     TEXT NOT NULL,      -- the log line that named it
+    PRIMARY KEY (machine, node)
+);
 CREATE TABLE IF NOT EXISTS groups (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     kind         TEXT NOT NULL,      -- chain or sweep
@@ -85,6 +96,7 @@ _ADDED_COLUMNS = {
     "group_id": "INTEGER",                    # the chain or sweep the job belongs to
     "group_index": "INTEGER",                 # its link (chains) or point (sweeps), from 1
     "rerun_of": "INTEGER",                    # the job this one reruns
+    "spares": "INTEGER NOT NULL DEFAULT 0",   # spare nodes the job holds for failover
 }
 _OPEN_STATES = tuple(s.value for s in JobState if not s.terminal)
 
@@ -126,6 +138,7 @@ class JobRecord:
     group_id: int | None = None
     group_index: int | None = None
     rerun_of: int | None = None
+    spares: int = 0
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)
@@ -154,6 +167,18 @@ def db_path(path: str | None = None) -> Path:
     from mmm_orch.paths import default_db_path
 
     return Path(path) if path else default_db_path()
+
+
+def bad_node_days() -> float:
+    """How long a blamed node stays avoided: $MMM_ORCH_BAD_NODE_DAYS, else 7 days."""
+    text = os.environ.get("MMM_ORCH_BAD_NODE_DAYS", "7")
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:
+        raise MmmError(f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number >= 0")
+    return days
 
 
 def jobs_root_for(db_file: Path) -> Path:
@@ -448,6 +473,37 @@ class JobDB:
     def machines(self) -> set[str]:
         with self._errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT machine FROM jobs")}
+
+    # -- nodes known to be bad ----------------------------------------------------------------
+
+    def blame_node(self, machine: str, node: str, evidence: str, job_id: int | None) -> None:
+        """Remember `node` as bad on `machine`; the same job blaming it again changes nothing
+        (its expiry runs from the first time). A name that is not a host name is not kept: it
+        goes into later jobs' directives."""
+        if not NODE_NAME.match(node):
+            return
+        with self._write():
+            self.conn.execute(
+                "INSERT INTO bad_nodes VALUES (?, ?, ?, ?, ?) ON CONFLICT (machine, node) DO UPDATE "
+                "SET at = excluded.at, job_id = excluded.job_id, evidence = excluded.evidence "
+                "WHERE bad_nodes.job_id IS NOT excluded.job_id",
+                (machine, node, time.time(), job_id, evidence[:500]))
+
+    def bad_node_rows(self, machine: str | None = None) -> list[dict[str, Any]]:
+        """Unexpired entries (MMM_ORCH_BAD_NODE_DAYS, 7 by default), newest first."""
+        since = time.time() - bad_node_days() * 86400
+        sql = "SELECT * FROM bad_nodes WHERE at >= ?" + (" AND machine = ?" if machine else "")
+        with self._errors("read"):
+            rows = self.conn.execute(sql + " ORDER BY at DESC", (since, machine) if machine else (since,))
+            return [dict(row) for row in rows]
+
+    def bad_nodes(self, machine: str) -> list[str]:
+        return sorted(row["node"] for row in self.bad_node_rows(machine))
+
+    def forget_node(self, node: str, machine: str | None = None) -> int:
+        sql = "DELETE FROM bad_nodes WHERE node = ?" + (" AND machine = ?" if machine else "")
+        with self._write():
+            return self.conn.execute(sql, (node, machine) if machine else (node,)).rowcount
 
     # -- safety copies -----------------------------------------------------------------------
 

@@ -10,23 +10,24 @@ another rank failed) never count.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mmm_orch.config.common import config
-from mmm_orch.config.machine import FailureSignature
 from mmm_orch.paths import search_dirs
+
+if TYPE_CHECKING:  # the matching runs inside jobs too (failover), where no pydantic may be
+    from mmm_orch.config.machine import FailureSignature
 
 # Who a line is about: `x4512c5s2b0n0: rank 6 ...` (PALS), `n1: task 3: ...` (srun), `[rank0]:`.
 _HOST_PREFIX = re.compile(r"^(?P<host>[A-Za-z][\w.-]*\d[\w.-]*): ")
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 _JOB_HOST = re.compile(r"(?:\[mmm-orch\] job_start=\S+ host=|Job started at: \S+ on )(?P<host>\S+)")
-
-
-@config
-class FailureCatalog:
-    failures: list[FailureSignature] = field(default_factory=list)
+# MPICH Hydra names the host on the line before the exit code of a rank it lost.
+_RUNNING_AT = re.compile(r"RUNNING AT (?P<host>\S+)")
+# After these, what a launcher reports is its own teardown of the other ranks, not a cause.
+TEARDOWN = re.compile(r"srun: (launch/slurm: _step_signal: )?Terminating StepId|"
+                      r"YOU CAN IGNORE THE BELOW CLEANUP MESSAGES")
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Diagnosis:
 
 
 def generic_signatures() -> list[FailureSignature]:
+    from mmm_orch.config.machine import FailureCatalog
     from mmm_orch.config.yamlio import load_yaml, validate
 
     path = next(d / "common" / "failures.yaml" for d in search_dirs("machines")
@@ -69,17 +71,24 @@ def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
     fallout = 0
     job_host = ""
     prefix_hosts: set[str] = set()
+    running_at = ""
+    torn_down = False
     for number, line in enumerate(text.splitlines(), start=1):
+        torn_down = torn_down or bool(TEARDOWN.search(line))
         if not job_host and (match := _JOB_HOST.search(line)):
             job_host = match["host"]
+        if match := _RUNNING_AT.search(line):
+            running_at = match["host"]
         if prefix := _HOST_PREFIX.match(line):
             prefix_hosts.add(prefix["host"])
         for signature, pattern in compiled:
             if match := pattern.search(line):
-                if signature.fallout:
+                if signature.fallout or (signature.node_fault and torn_down):
                     fallout += 1
                 else:
-                    findings.append(_finding(signature, match, number, line))
+                    finding = _finding(signature, match, number, line)
+                    finding.host = finding.host or (running_at if signature.node_fault else "")
+                    findings.append(finding)
                 break  # one signature per line: the most specific, listed first
 
     def rank(finding: Finding) -> int:  # causes first, then any exception, then consequences

@@ -2,7 +2,8 @@
 training step completed, when the launch ended.
 
 Our scripts and trainers print epoch-second markers (`[mmm-orch] job_start=`, `launch_start=`,
-`first_step=`, `launch_end=`). Logs that mmm-orch did not write are read the way the startup-time
+`first_step=`, `launch_end=`; with failover also `attempt=`, `failover: retired` and
+`resumed_step=`). Logs that mmm-orch did not write are read the way the startup-time
 study did (seeds/002): `Job started at: 2023-11-02-183323 on HOST` and the first timestamped line
 with `step=` (DeepSpeed's `[2023-11-02 18:34:13,122] ... step=0, ...`). Both of those are in
 the node's local time, so their difference is right even without a time zone.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,12 @@ _EPOCH_MARKERS = {
     "first_step": re.compile(r"\[mmm-orch\] first_step=(\d+(?:\.\d+)?)"),
     "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)"),
     "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d+(?:\.\d+)?)"),
+}
+# Events that can happen several times in one job: failover attempts, nodes retired, resumes.
+_REPEATED = {
+    "attempt": re.compile(r"\[mmm-orch\] attempt=(\d+/\d+) at=(\d+(?:\.\d+)?) active=(\S+)"),
+    "retired": re.compile(r"\[mmm-orch\] failover: retired (\S+) at=(\d+(?:\.\d+)?)"),
+    "resumed": re.compile(r"\[mmm-orch\] resumed_step=(\d+(?:\.\d+)?) step=(\d+)"),
 }
 _JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
 _STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
@@ -38,6 +45,7 @@ class Markers:
     first_step: float | None = None
     launch_end: float | None = None
     walltime_stop: float | None = None  # the watchdog asked the trainers to save and stop
+    repeated: list[tuple[float, str]] = field(default_factory=list)  # (at, what): attempts, ...
     host: str = ""
     ranks: int | None = None
     nodes: int | None = None
@@ -67,6 +75,8 @@ def parse_markers(text: str) -> Markers:
                     found.host = match[2]
                 if name == "launch_start" and match[2]:
                     found.ranks, found.nodes = int(match[2]), int(match[3])
+        if line.startswith("[mmm-orch] "):
+            found.repeated.extend(_repeated(line))
         if local.job_start is None and (match := _JOB_STARTED.search(line)):
             local.job_start = _local_seconds(datetime.strptime(match[1], "%Y-%m-%d-%H%M%S"))
             local.host = match[2] or ""
@@ -79,6 +89,16 @@ def parse_markers(text: str) -> Markers:
     return found
 
 
+def _repeated(line: str) -> list[tuple[float, str]]:
+    if match := _REPEATED["attempt"].search(line):
+        return [(float(match[2]), f"attempt {match[1]} on {match[3]}")]
+    if match := _REPEATED["retired"].search(line):
+        return [(float(match[2]), f"retired {match[1]}")]
+    if match := _REPEATED["resumed"].search(line):
+        return [(float(match[1]), f"resumed at step {match[2]}")]
+    return []
+
+
 def from_file_name(name: str, markers: Markers) -> Markers:
     """Nodes and ranks from the study's log names (`...-nhosts4-ngpu16-...`) when the log has
     no launch marker."""
@@ -89,15 +109,18 @@ def from_file_name(name: str, markers: Markers) -> Markers:
 
 
 def timeline(submitted: float | None, markers: Markers, ended: float | None) -> list[dict[str, Any]]:
-    """The job's events in order, each with the gap to the one before it."""
+    """The job's events in order, each with the gap to the one before it (failover attempts,
+    retired nodes and resumes go where their times put them)."""
     events = [("submitted", submitted), ("job start", markers.job_start),
               ("launch start", markers.launch_start), ("first step", markers.first_step),
               ("walltime stop", markers.walltime_stop), ("launch end", markers.launch_end),
               ("ended", ended)]
+    events = [(name, at) for name, at in events if at is not None]
+    for at, name in markers.repeated:  # before the first fixed event that comes later
+        where = next((i for i, (_, t) in enumerate(events) if t > at), len(events))
+        events.insert(where, (name, at))
     rows, previous = [], None
     for name, at in events:
-        if at is None:
-            continue
         rows.append({"event": name, "at": at, "gap_s": None if previous is None else at - previous})
         previous = at
     return rows

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import posixpath
 import secrets
 import shutil
@@ -141,6 +140,18 @@ def _signals_as_interrupts() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def failure_signatures(plan: Plan) -> str:
+    """The machine's and the common failure signatures, as JSON the job can read without
+    pydantic (mmm_orch.failover)."""
+    import dataclasses
+
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.jobs.diagnose import generic_signatures
+
+    signatures = load_machine(plan.machine).failures + generic_signatures()
+    return json.dumps([dataclasses.asdict(s) for s in signatures])
+
+
 def write_record(directory: Path, values: dict[str, Any]) -> None:
     """The job's own copy of its record (what `mmm-orch db recover` rebuilds from)."""
     tmp = directory / (RECORD_FILE + ".tmp")
@@ -200,7 +211,9 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
             script_path=script_path, script=script, plan=plan.to_dict(),
             submit_dir=plan.workdir, git_commit=None if remote else git_commit(plan.workdir),
             log_path=plan.log_path, submitted_at=time.time(), tag=tag, submitter=submitter(),
-            run_dir=plan.run_dir, **(links or {}))
+            run_dir=plan.run_dir, spares=plan.spare_nodes, **(links or {}))
+        if plan.failover:  # what the failover loop inside the job classifies failures with
+            host.write_file(posixpath.join(job_dir, "failures.json"), failure_signatures(plan), 0o600)
         with _signals_as_interrupts():
             job_id = db.insert(**values)
             write_record(local_dir, {"id": job_id, **values})

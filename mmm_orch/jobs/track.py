@@ -4,6 +4,8 @@ asked again, and an unreachable scheduler turns into stale rows, not an error.""
 from __future__ import annotations
 
 import dataclasses
+import json
+import posixpath
 import re
 import time
 from dataclasses import dataclass, field
@@ -56,7 +58,10 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
             for native_id, status in statuses.items():
                 if native_id in by_native:
                     record = by_native[native_id]
-                    updates[record.id] = _as_the_job_ended(status, record, host)
+                    status = _as_the_job_ended(status, record, host)
+                    if record.spares:
+                        status = _failover(db, status, record, host)
+                    updates[record.id] = status
         except MmmError as exc:
             outcome.warnings.append(
                 f"{machine} ({host_name}): scheduler not reachable, showing last known states: {exc}")
@@ -102,3 +107,31 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobSt
         return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
                                    else "no checkpoint: it cannot be resumed")
     return status
+
+
+def _failover(db: JobDB, status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
+    """Where a job with spare nodes stands (failover.json beside it): its attempt, its active
+    and spare nodes, the nodes it retired (remembered as bad on its machine at once, so that
+    the next submission there avoids them) and, once it ended, why its last attempt stopped."""
+    try:
+        state = json.loads(host.read_from(posixpath.join(record.job_dir, "failover.json"), 0) or b"")
+    except (ValueError, MmmError, OSError):
+        return status
+    retired = state.get("retired", [])
+    for entry in retired:
+        if not entry["blind"]:  # a blind rotation is a guess, not evidence
+            db.blame_node(record.machine, entry["node"], entry["evidence"], record.id)
+    parts = [f"attempt {state['attempt']}/{state['attempts']}"]
+    if retired:
+        parts.append(", ".join(f"{entry['node']} retired{' (blind)' if entry['blind'] else ''}"
+                               for entry in retired) + f" ({retired[-1]['evidence'][:80]})")
+    if status.state is JobState.RUNNING:
+        parts.append(f"active {','.join(state['active'])}, spare {','.join(state['spares']) or 'none'}")
+        return dataclasses.replace(status, reason="; ".join(parts))
+    # Ended outside the loop's view (killed), or in a state whose own words say more (resumable
+    # at step N, hung after step N, cancelled): those first.
+    if "verdict" not in state or status.state in (JobState.TIMEOUT, JobState.HUNG, JobState.CANCELLED):
+        return dataclasses.replace(status, reason="; ".join([status.reason, *parts]).strip("; "))
+    if state["verdict"] != "success":
+        parts.append(f"{state['verdict']}: {state['reason'][:120]}")
+    return dataclasses.replace(status, reason="; ".join(parts))

@@ -59,24 +59,44 @@ def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
     return json.dumps(out, indent=2)
 
 
-def rows(records: list[JobRecord], refresh: Refresh, db=None) -> list[dict[str, str]]:
-    """One row per job; with `db`, the links of a chain as one row for the chain (`c<id>`)."""
+def rows(records: list[JobRecord], refresh: Refresh, db=None, links: bool = False,
+         sweeps: bool = True) -> list[dict[str, str]]:
+    """One row per job; with `db`, the links of a chain as one row for the chain (`c<id>`, unless
+    `links`) and the points of a sweep as one row for the sweep (`s<id>`, if `sweeps`)."""
     now = time.time()
     out: list[dict[str, str]] = []
     shown: set[int] = set()
     groups: dict[int, dict | None] = {}
+    collapsed = {"chain": chain_row} if not links else {}
+    if sweeps:
+        collapsed["sweep"] = sweep_row
     for record in records:
         if db is not None and record.group_id is not None:
             if record.group_id not in groups:
                 groups[record.group_id] = db.group(record.group_id)
             group = groups[record.group_id]
-            if group and group["kind"] == "chain":
+            if group and group["kind"] in collapsed:
                 if record.group_id not in shown:
                     shown.add(record.group_id)
-                    out.append(chain_row(group, db.list(group_id=record.group_id), refresh, now))
+                    members = db.list(group_id=record.group_id)
+                    out.append(collapsed[group["kind"]](group, members, refresh, now))
                 continue
         out.append(row(record, refresh, now))
     return out
+
+
+def sweep_row(group: dict, jobs: list[JobRecord], refresh: Refresh, now: float) -> dict[str, str]:
+    from mmm_orch.jobs.sweeps import summary
+
+    sweep = summary(group, jobs)
+    spec = group["spec"]
+    ids = sorted(job.id for job in jobs)
+    return {"id": f"s{group['id']}", "machine": spec["machine"], "workload": spec["workload"],
+            "nodes": ",".join(map(str, sweep["nodes"])), "state": sweep["state"].value,
+            "elapsed": duration(sweep["elapsed"]), "exit": "-",
+            "native id": f"jobs {ids[0]}-{ids[-1]}" if ids else "-",
+            "note": sweep["note"][:60] + (f" (status --sweep {group['id']})"),
+            "stale": any(job.id in refresh.stale for job in jobs)}
 
 
 def chain_row(group: dict, links: list[JobRecord], refresh: Refresh, now: float) -> dict[str, str]:

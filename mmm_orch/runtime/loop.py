@@ -123,17 +123,31 @@ def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
     if rt.is_main:
         path.mkdir(parents=True, exist_ok=True)
         _RUN_LOCK = open(path / ".lock", "a+")
-        try:
-            fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _RUN_LOCK.seek(0)
-            _RUN_LOCK.truncate()
-            _RUN_LOCK.write(f"{rt.hostname} {os.getpid()}\n")
-            _RUN_LOCK.flush()
-        except BlockingIOError:
-            _RUN_LOCK.seek(0)
-            holder = _RUN_LOCK.read().strip() or "another process"
-        except OSError:  # a filesystem without flock: run unguarded
-            pass
+        # A relaunch after a failure waits this long for the ranks of the launch that ended,
+        # which may take the scheduler's kill grace (Slurm's KillWait) to go.
+        deadline = time.monotonic() + float(os.environ.get("MMM_RUN_LOCK_WAIT", "0"))
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _RUN_LOCK.seek(0)
+                _RUN_LOCK.truncate()
+                _RUN_LOCK.write(f"{rt.hostname} {os.getpid()}\n")
+                _RUN_LOCK.flush()
+                holder = ""
+            except BlockingIOError:
+                _RUN_LOCK.seek(0)
+                holder = _RUN_LOCK.read().strip() or "another process"
+                if time.monotonic() < deadline:
+                    if not waiting:
+                        waiting = True
+                        print(f"[runtime] run directory {path} is still held by {holder}; waiting "
+                              f"up to {deadline - time.monotonic():.0f}s for it to stop", flush=True)
+                    time.sleep(1)
+                    continue
+            except OSError:  # a filesystem without flock: run unguarded
+                holder = ""
+            break
     verdict = [holder]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:

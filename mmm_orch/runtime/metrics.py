@@ -2,8 +2,12 @@
 
 The line format is stable so that logs can be parsed (mmm-orch timeline/startup, grep):
     step=12 loss=2.314159 dt=0.1234 dtf=0.0410 dtb=0.0790 tokens_per_s=16600.2 mfu=41.20 mem_gib=12.31
-The first completed step also prints a marker with the wall-clock time, for startup analysis:
+Throughput (`tokens_per_s`, `samples_per_s`) is per device, as torchtitan reports it: the job's is
+that times the ranks; `mmm-orch report` compares sizes with it.
+The first step a launch completes also prints a marker with the wall-clock time, for startup
+analysis (`resumed_step` when the launch continues a run from its checkpoint):
     [mmm-orch] first_step=1732212345.123 step=1 at=2026-11-22 01:32:25
+    [mmm-orch] resumed_step=1732215945.456 step=151 at=2026-11-22 02:32:25
 """
 
 from __future__ import annotations
@@ -38,16 +42,45 @@ def parse_line(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
 
+def _drop_after(path: Path, step: int) -> None:
+    """Forget the records of steps after the checkpoint a run resumes from: a launch that died
+    past its last checkpoint ran them, and the resumed launch runs them again. The file then holds
+    every step once, as the run that went on computed it."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if _step_of(line) <= step]
+    partial = path.with_suffix(".jsonl.partial")
+    partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    partial.replace(path)  # atomic: a crash here leaves the old file or the new one
+
+
+def _step_of(line: str) -> int:
+    """The step a step or checkpoint record is about; 0 for any other (or an unreadable) line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return 0
+    if record.get("event") in ("step", "checkpoint") and isinstance(record.get("step"), int):
+        return record["step"]
+    return 0
+
+
 class MetricLogger:
     """Prints and records metrics on the main rank only; the other ranks' calls are no-ops."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], enabled: bool, append: bool = False):
+    def __init__(self, run_dir: Path, config: dict[str, Any], enabled: bool, resumed_from: int = 0):
+        """`resumed_from`: the checkpoint's step when the launch continues a run (0: a fresh run)."""
         self.enabled = enabled
-        self.first_step_seen = append
+        self.resumed = resumed_from > 0
+        self.announced = False  # the marker of this launch's first step is printed
         self._file = None
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+            path = run_dir / "metrics.jsonl"
+            if self.resumed:
+                _drop_after(path, resumed_from)
+            self._file = open(path, "a" if self.resumed else "w", encoding="utf-8")
             self._write({"event": "config", "time": time.time(), "config": config})
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -59,10 +92,11 @@ class MetricLogger:
         if not self.enabled:
             return
         now = time.time()
-        if not self.first_step_seen:
-            self.first_step_seen = True
+        if not self.announced:
+            self.announced = True
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-            say(f"[mmm-orch] first_step={now:.3f} step={step} at={stamp}")
+            marker = "resumed_step" if self.resumed else "first_step"
+            say(f"[mmm-orch] {marker}={now:.3f} step={step} at={stamp}")
         say(format_line({"step": step, **fields}))
         self._write({"event": "step", "time": now, "step": step, **fields})
 

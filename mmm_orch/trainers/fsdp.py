@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.load_state_dict(state["scheduler"])
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
                                 "steps_per_epoch": steps_per_epoch},
-                          enabled=rt.is_main, append=step > 0)
+                          enabled=rt.is_main, resumed_from=step)
     timer = StepTimer(rt)
     stop = False
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *train.batch(picked))
             epoch_loss += loss.detach()
             logger.step(step, epoch=epoch, loss=loss.item(), **times,
-                        samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
+                        samples_per_s=cfg.batch_size / times["dt"],
                         mem_gib=rt.device.memory_gib())
             stop = checkpointer.after_step(step, model, optimizer,
                                            {"scheduler": scheduler.state_dict()}, logger)

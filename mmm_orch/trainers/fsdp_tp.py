@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
                                 "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()}},
-                          enabled=rt.is_main, append=step > 0)
+                          enabled=rt.is_main, resumed_from=step)
     timer = StepTimer(rt)
 
     while step < cfg.steps:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
         times = timer.stop()
-        tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"]
+        tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"] / rt.world_size
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()), **times,
                     tokens_per_s=tokens_per_s, mem_gib=rt.device.memory_gib())
         if checkpointer.after_step(step, model, optimizer, {}, logger):

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             else SyntheticTokens(args.vocab_size, seq_len, cfg.seed))
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
                                 "params": params, "world_size": rt.world_size},
-                          enabled=rt.is_main, append=step > 0)
+                          enabled=rt.is_main, resumed_from=step)
     flops_per_token = transformer_flops_per_token(params, embedding_params, args.n_layers,
                                                   args.n_heads, args.head_dim, seq_len)
     peak = peak_flops(rt.device.name())

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         step = state["step"]
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size},
-                          enabled=rt.is_main, append=step > 0)
+                          enabled=rt.is_main, resumed_from=step)
     timer = StepTimer(rt)
 
     while step < cfg.steps:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
         loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *batch)
         logger.step(step, loss=mean_across(loss), **times,
-                    samples_per_s=cfg.batch_size * rt.world_size / times["dt"],
+                    samples_per_s=cfg.batch_size / times["dt"],
                     mem_gib=rt.device.memory_gib())
         if checkpointer.after_step(step, model, optimizer, {}, logger):
             break

@@ -1,0 +1,171 @@
+"""Commands about scaling studies: sweep, report, plot."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+from mmm_orch.cli import common
+
+PLOT_HINT = ("figures need matplotlib: pip install 'mmm-orch[plot]' (into the environment "
+             "mmm-orch runs from), then run this command again")
+
+
+def sweep_id(text: str) -> int:
+    """A sweep as `status` shows it (s3) or its number (3)."""
+    match = re.fullmatch(r"s?(\d{1,18})", text.strip())
+    if not match or int(match[1]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: a sweep id, like s3 or 3")
+    return int(match[1])
+
+
+def job_or_sweep(text: str) -> tuple[str, int]:
+    if text.strip().startswith("s"):
+        return "sweep", sweep_id(text)
+    return "job", common.job_id(text)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="submit one job per point of a grid of node counts and "
+                       "trainer options (with --dry-run: list the points)")
+    common.plan_options(p, sweep=True)
+    p.add_argument("--dry-run", action="store_true", help="list the points; submit nothing")
+    p.add_argument("--no-env-check", action="store_true",
+                   help="skip the check that the job's Python imports this mmm-orch")
+    p.add_argument("--json", action="store_true", help="print the jobs' records as JSON")
+    p.add_argument("--host", metavar="HOST", help="submit through this login host over SSH")
+    p.set_defaults(func=cmd_sweep, workdir=None)
+
+    p = sub.add_parser("report", help="a scaling report of a sweep (s3) or of jobs: table, "
+                       "figures and one self-contained report.html")
+    p.add_argument("targets", nargs="+", type=job_or_sweep, metavar="SWEEP|JOB")
+    p.add_argument("--out", metavar="DIR", help="where the figures and report.html go "
+                   "(default: ./report-s<ID> or ./report-jobs-<IDS>)")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("plot", help="one job's loss and throughput curves, as a PNG")
+    p.add_argument("job", type=common.job_id, metavar="JOB")
+    p.add_argument("--out", metavar="FILE", help="the PNG (default: ./job-<ID>.png)")
+    p.set_defaults(func=cmd_plot)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from mmm_orch.jobs import sweeps
+
+    swept = sweeps.axes(args.nodes, args.sets)
+    planned = sweeps.points(common.request(args, nodes=None, sets=()), swept)
+    if args.dry_run:
+        print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
+              f"{len(planned)} points (nothing submitted)")
+        for point in planned:
+            plan = point.plan
+            mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
+            print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue or '-'}, "
+                  f"{plan.nodes} nodes x {plan.ranks_per_node} = {plan.ranks} ranks, mesh {mesh}, "
+                  f"walltime {plan.walltime_hms}")
+        return 0
+    from mmm_orch.jobs.db import db_path
+    from mmm_orch.jobs.submit import check_job_python, target_for
+    from mmm_orch.render import render
+
+    remote = target_for(planned[0].plan, args.host)
+    for point in planned:  # a bad template is refused before the machine is contacted
+        render(point.plan, args.template)
+    if not args.no_env_check:
+        check_job_python(planned[0].plan, remote)
+    sweep, records = sweeps.submit_sweep(swept, planned, db_path(args.db), args.template, remote)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+        return 0
+    print(f"sweep {sweep}: {len(records)} jobs submitted, {records[0].id}-{records[-1].id}")
+    for point, record in zip(planned, records):
+        print(f"  job {record.id}: {point.label} ({record.scheduler} id {record.native_id})")
+    print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
+    return 0
+
+
+def _selected(args: argparse.Namespace):
+    """The jobs to report on, with their point values, and the default output directory."""
+    from mmm_orch.jobs import sweeps
+
+    db = common.jobs_db(args)
+    records, values, names = [], [], []
+    for kind, number in args.targets:
+        if kind == "sweep":
+            group, jobs = sweeps.sweep_jobs(db, number)
+            points = group["spec"]["points"]
+            records += [db.get(j.id, events=False) for j in jobs]  # with their plans
+            values += [points[j.group_index - 1] if j.group_index else {"nodes": j.nodes} for j in jobs]
+            names.append(f"s{number}")
+        else:
+            record = common.job(db, number)
+            records.append(record)
+            values.append({"nodes": record.nodes})
+            names.append(str(number))
+    default = "report-" + ("-".join(names) if all(n.startswith("s") for n in names)
+                           else "jobs-" + "-".join(n.lstrip("s") for n in names))
+    title = ", ".join(f"sweep {n[1:]}" if n.startswith("s") else f"job {n}" for n in names)
+    return records, values, default[:100], title
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mmm_orch.errors import MmmError
+    from mmm_orch.report import data, html, table
+
+    records, values, default, title = _selected(args)
+    jobs = data.collect(records, values)
+    rows = table.rows(jobs)
+    if args.json:
+        print(json.dumps(table.as_dicts(rows), indent=2))
+    else:
+        sys.stdout.write(table.text(rows))
+    out = Path(args.out or default)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {exc.strerror}") from None
+    figures: list[Path] = []
+    hint = ""
+    if importlib.util.find_spec("matplotlib") is None:
+        hint = PLOT_HINT
+    else:
+        from mmm_orch.report import figures as draw
+
+        figures = draw.report_figures(rows, jobs, out)
+    page = html.page(f"mmm-orch report: {title}", rows, figures, table.__doc__.split("\n\n")[1].replace("\n", " "), hint)
+    common.write_file(str(out / "report.html"), page)
+    where = sys.stderr if args.json else sys.stdout
+    for path in figures:
+        print(f"figure: {path}", file=where)
+    print(f"report: {out / 'report.html'}", file=where)
+    if hint:
+        print(f"mmm-orch: {hint}", file=sys.stderr)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from mmm_orch.errors import MmmError
+    from mmm_orch.report import data
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MmmError(PLOT_HINT)
+    from mmm_orch.report import figures
+
+    record = common.job(common.jobs_db(args), args.job)
+    job = data.collect([record])[0]
+    out = Path(args.out or f"job-{record.id}.png")
+    if not job.steps:
+        raise MmmError(f"job {record.id} has no step metrics to plot"
+                       + (f" ({record.run_dir}/metrics.jsonl is missing or empty)" if record.run_dir
+                          else f" (workload {record.workload} writes none)"))
+    try:
+        figures.job_curves(job, out)
+    except OSError as exc:
+        raise MmmError(f"--out {str(out)!r}: cannot write: {exc.strerror}") from None
+    print(f"figure: {out}")
+    return 0

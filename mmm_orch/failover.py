@@ -1,0 +1,241 @@
+"""Failover inside a job: the allocation holds spare nodes, and when a launch fails because a node
+did, the launch starts again without that node, on a spare, from the last checkpoint, in the same
+job (no new wait in the queue).
+
+    python -m mmm_orch.failover --dir JOB_DIR --machine aurora --active 2 \\
+        --node-arg '--nodelist={nodelist}' [--avoid n7] [--attempts 3] \\
+        --resume-args '--resume --allow-fresh' [watchdog options] -- 'srun @NODES@ ... python -m ...'
+
+JOB_DIR holds nodes.txt (the job's nodes, in order) and, from `mmm-orch submit`, failures.json
+(the signatures below, as they were when the job was submitted; without it the machine's profile
+is read here). The loop writes active-hosts.txt (the launcher's host file) and failover.json
+(where it stands, for `mmm-orch status`) beside them.
+
+Each attempt runs under the watchdog (hangs, the walltime stop) and is then classified from its
+exit code, the watchdog's verdict and the failure signatures (the machine's and the common ones):
+
+    success (exit 0) ............................................. stop: done
+    the scheduler stopped the job (SIGTERM, SIGINT: qdel, scancel) stop
+    saved before the walltime (exit 75) .......................... stop: resumable
+    the walltime is (nearly) spent ............................... stop
+    a rank killed on a named node (srun "n2: tasks 2-3: Killed", Hydra "RUNNING AT x" with
+      signal 9, PALS "x: shepherd died from signal 9", PALS "Couldn't forward RPC launch ...
+      to child x": the child, not the reporting parent) ......... node fault: retire x, retry
+    a hang the watchdog ended (exit 124) ......................... hang: retire a named node, else
+                                                                   rotate one node out (blind), retry
+    ranks killed (SIGKILL), no node named ........................ node fault: blind rotation, retry
+    a failure before any step (an exception, a refusal, a bad option, a missing file) .. stop:
+                                                                   the code or the request
+    an exception after steps, no node named ...................... stop: the code
+    no spare left / attempts used up ............................. stop, saying which
+
+Retired nodes are printed as `[mmm-orch] failover: retired NODE (evidence)`, so that mmm-orch
+remembers them for later jobs on this machine. A failure inside this loop ends the job with its
+own message (exit 70), never silently. Standard library and mmm_orch only: it runs in the job's
+own Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from mmm_orch import watchdog
+from mmm_orch.jobs.diagnose import TEARDOWN, diagnose
+
+NODES_TOKEN = "@NODES@"
+INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE
+ATTEMPT_MARKER = "[mmm-orch] attempt"
+RETIRED_MARKER = "[mmm-orch] failover: retired"
+_STOPS = (signal.SIGTERM, signal.SIGINT)  # from the scheduler: qdel, scancel, the walltime
+_KILLED = re.compile(r"\b(Killed|KILLED BY SIGNAL: 9|EXIT CODE: (9|137)|signal 9)\b")
+# A relaunch waits up to this long for the ranks of the attempt before to let go of the run
+# directory: the launcher may return before the scheduler has killed them all (a stopped rank
+# goes only at Slurm's KillWait, 30 s by default; PBS's kill_delay is 10 s).
+RELAUNCH_LOCK_WAIT_S = 120
+
+
+@dataclass
+class Verdict:
+    kind: str            # success, stopped, checkpointed, walltime, node, hang, start, code
+    reason: str
+    nodes: tuple[str, ...] = ()
+    retry: bool = False
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def load_signatures(job_dir: Path, machine: str) -> list:
+    """The failure signatures written beside the job at submission, as plain objects; without
+    that file (a script from `mmm-orch render`), the machine's profile and the common ones."""
+    path = job_dir / "failures.json"
+    if not path.exists():
+        from mmm_orch.config.registry import load_machine
+        from mmm_orch.jobs.diagnose import generic_signatures
+
+        return load_machine(machine).failures + generic_signatures()
+    defaults = {"fallout": False, "catch_all": False, "consequence": False, "node_fault": False,
+                "meaning": "", "fix": "", "source": ""}
+    return [types.SimpleNamespace(**{**defaults, **entry})
+            for entry in json.loads(path.read_text())]
+
+
+def classify(launch: watchdog.Launch, signatures: list, active: list[str],
+             walltime_end: float | None, margin: float) -> Verdict:
+    if launch.code == 0:
+        return Verdict("success", "the launch finished")
+    stops = [signal.Signals(s).name for s in launch.received if s in _STOPS]
+    if stops:
+        return Verdict("stopped", f"the scheduler stopped the job ({stops[0]}: cancelled, or "
+                       f"the walltime)")
+    if launch.checkpointed or launch.code == watchdog.CHECKPOINTED_EXIT:
+        return Verdict("checkpointed", "saved a checkpoint before the walltime")
+    if walltime_end is not None and walltime_end - time.time() <= max(margin, 30):
+        return Verdict("walltime", f"the walltime is spent (exit {launch.code})")
+    lines = list(launch.lines)
+    # The launcher's report of the first rank it lost comes before its own teardown of the rest,
+    # and before the ranks the watchdog's stop of a hang killed.
+    cut = next((i for i, line in enumerate(lines)
+                if TEARDOWN.search(line) or line.startswith(watchdog.HUNG_MARKER)), len(lines) - 1)
+    cause = lines[:cut + 1]
+    first = diagnose("\n".join(cause), signatures).first
+    # Logs and node lists may name a node differently (x1.hsn.cm... and x1.hostmgmt...).
+    named = {short(node): node for node in active}.get(short(first.host or "")) if first else None
+    if first is not None and first.signature.node_fault and named:
+        return Verdict("node", f"{named} lost its ranks: {first.line.strip(' =')[:160]}",
+                       (named,), True)
+    if launch.hung:
+        return Verdict("hang", "the watchdog ended a hang; no node named", (), True)
+    what = f"{first.signature.name}: {first.line[:160]}" if first else f"exit {launch.code}"
+    # Not the launch's exit code: srun returns 143 when its own teardown terminated the others.
+    if any(_KILLED.search(line) for line in cause):
+        return Verdict("node", f"ranks were killed (exit {launch.code}); no node named", (), True)
+    if launch.last_step is None:
+        return Verdict("start", f"failed before its first step ({what})")
+    return Verdict("code", f"failed after step {launch.last_step} ({what})")
+
+
+def run(args: argparse.Namespace) -> int:
+    signatures = load_signatures(args.dir, args.machine)
+    allocated = [n for n in (args.dir / "nodes.txt").read_text().split() if n]
+    if len(allocated) < args.active:
+        raise ValueError(f"the job has {len(allocated)} nodes, fewer than the {args.active} to "
+                         f"launch on: {allocated}")
+    avoid = {n for n in args.avoid.split(",") if n}
+    # Nodes known to be bad go last: spares, used only when nothing else is left.
+    ordered = [n for n in allocated if n not in avoid] + [n for n in allocated if n in avoid]
+    active, spares = ordered[:args.active], ordered[args.active:]
+    if avoid & set(active):
+        say(f"[mmm-orch] failover: launching on known-bad nodes, no others left: "
+            f"{','.join(sorted(avoid & set(active)))}")
+    attempts = args.attempts or len(spares) + 1
+    retired: list[dict] = []
+    stop_signal = signal.Signals[f"SIG{args.stop_signal}"]
+    base_port = int(os.environ.get("MASTER_PORT") or 29500)
+    for attempt in range(1, attempts + 1):
+        line = args.command.replace(NODES_TOKEN, node_arg(args, active))
+        # Rank 0 runs on the first active node, and each attempt rendezvous on a port of its
+        # own: ranks of the attempt before may still hold the old one while they are torn down.
+        os.environ["MASTER_ADDR"] = args.host_addr.format(node=active[0], short=short(active[0]))
+        os.environ["MASTER_PORT"] = str(base_port + attempt - 1)
+        if attempt > 1:
+            line = f"{line} {args.resume_args}".rstrip()
+            os.environ["MMM_RUN_LOCK_WAIT"] = str(RELAUNCH_LOCK_WAIT_S)
+        say(f"{ATTEMPT_MARKER}={attempt}/{attempts} at={time.time():.3f} "
+            f"active={','.join(active)} spares={','.join(spares) or 'none'}")
+        state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,
+                 "retired": retired}
+        report(args, state)
+        launch = watchdog.run(line, args.first_step_timeout, args.step_timeout, args.grace,
+                              args.walltime_end, args.margin, stop_signal)
+        verdict = classify(launch, signatures, active, args.walltime_end, args.margin)
+        code = launch.code if launch.code is not None else 1
+        head = f"{ATTEMPT_MARKER} {attempt}/{attempts}: {verdict.kind}: {verdict.reason}"
+        if not verdict.retry:
+            say(head)
+            report(args, {**state, "verdict": verdict.kind, "reason": verdict.reason})
+            return code
+        out = list(verdict.nodes)
+        blind = not out
+        if blind:  # nothing names a node: take one out anyway, and say it is a guess
+            out = [active[-1]]
+        stopping = len(spares) < len(out) or attempt == attempts
+        # A node that failed is retired (and remembered) even when no attempt is left; a guess
+        # is rotated out only when there is a next attempt to make on a spare.
+        for node in ([] if stopping and blind else out):
+            evidence = f"{'blind rotation: ' if blind else ''}{verdict.reason}"
+            say(f"{RETIRED_MARKER} {node} at={time.time():.3f} ({evidence})")
+            retired.append({"node": node, "evidence": evidence, "blind": blind,
+                            "attempt": attempt})
+        if stopping:
+            why = "no spare node left" if len(spares) < len(out) else "attempts used up"
+            say(f"{head}; {why}: stopping")
+            report(args, {**state, "verdict": verdict.kind, "reason": f"{verdict.reason}; {why}"})
+            return code or 1
+        active = [spares.pop(0) if n in out else n for n in active]
+        say(f"{head}; relaunching on {','.join(active)} from the last checkpoint")
+    raise AssertionError("unreachable: the last attempt always returns")
+
+
+def short(node: str) -> str:
+    return node.split(".", 1)[0]
+
+
+def report(args: argparse.Namespace, state: dict) -> None:
+    """failover.json beside the job: where the failover stands, for `mmm-orch status` (and the
+    nodes to remember as bad)."""
+    path = args.dir / "failover.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def node_arg(args: argparse.Namespace, active: list[str]) -> str:
+    """The launcher's words for "only these nodes": a node list, or a host file it reads."""
+    hostfile = args.dir / "active-hosts.txt"
+    hostfile.write_text("".join(f"{node}\n" for node in active))
+    return args.node_arg.format(nodelist=",".join(active), hostfile=hostfile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.failover",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, required=True,
+                        help="the job's directory: nodes.txt, failures.json; failover.json goes there")
+    parser.add_argument("--machine", required=True, help="whose failure signatures, without failures.json")
+    parser.add_argument("--active", type=int, required=True, help="nodes a launch runs on")
+    parser.add_argument("--host-addr", default="{node}",
+                        help="a node's address from its name ({node}, {short}): MASTER_ADDR")
+    parser.add_argument("--attempts", type=int, default=0, help="at most (default: spares + 1)")
+    parser.add_argument("--node-arg", required=True,
+                        help="launcher words for the active nodes ({nodelist}, {hostfile})")
+    parser.add_argument("--avoid", default="", help="nodes known to be bad, comma-separated")
+    parser.add_argument("--resume-args", default="", help="added to the trainer's on a relaunch")
+    parser.add_argument("--first-step-timeout", type=float, required=True)
+    parser.add_argument("--step-timeout", type=float, required=True)
+    parser.add_argument("--grace", type=float, default=30.0)
+    parser.add_argument("--walltime-end", type=float)
+    parser.add_argument("--margin", type=float, default=120.0)
+    parser.add_argument("--stop-signal", default="USR1")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    args.command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    try:
+        return run(args)
+    except Exception as exc:  # noqa: BLE001 - the loop meant to recover must not fail silently
+        say(f"[mmm-orch] failover: internal error, the job ends: {type(exc).__name__}: {exc}")
+        return INTERNAL_ERROR_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

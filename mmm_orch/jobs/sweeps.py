@@ -1,0 +1,135 @@
+"""Sweeps: one workload over the cross product of node counts and trainer options, each point an
+ordinary job in one sweep group. Every point is planned (and so validated) before the first is
+submitted; a refused submission cancels the points already submitted."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.errors import MmmError
+from mmm_orch.jobs.db import JobDB, JobRecord, open_db
+from mmm_orch.plan import Plan, Request, resolve
+
+_SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    index: int                      # from 1, in submission order
+    values: dict[str, Any]          # nodes and each swept option
+    plan: Plan
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values.items())
+
+
+def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
+    """The swept values: `--nodes 1,2,4` and each `--set KEY=V1,V2` (a single value is a fixed
+    option, an axis of one). Empty lists and repeated values are refused."""
+    found: dict[str, list[str]] = {}
+    if nodes is not None:
+        found["nodes"] = _values("--nodes", nodes)
+        for value in found["nodes"]:
+            if not value.isdigit() or int(value) < 1:
+                raise MmmError(f"--nodes {value!r} is invalid: node counts are whole numbers >= 1")
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise MmmError(f"--set {item!r} is invalid: give KEY=V1,V2,...")
+        if key in found:
+            raise MmmError(f"--set {key}: given twice; list all its values in one --set")
+        found[key] = _values(f"--set {key}", text, allow_empty_value=True)
+    return found
+
+
+def _values(flag: str, text: str, allow_empty_value: bool = False) -> list[str]:
+    values = [v.replace("\\,", ",").strip() for v in _SPLIT.split(text)]
+    if not text.strip() or (not allow_empty_value and any(v == "" for v in values)):
+        raise MmmError(f"{flag} {text!r} is invalid: a comma-separated list of values, none empty")
+    for value in values:
+        if values.count(value) > 1:
+            raise MmmError(f"{flag} {text!r} is invalid: {value!r} is listed twice")
+    return values
+
+
+def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
+    """Every point planned, in order (nodes outermost); the first that cannot be planned stops
+    the sweep with an error naming it."""
+    keys = list(swept)
+    out = []
+    for index, combo in enumerate(itertools.product(*(swept[k] for k in keys)), start=1):
+        values = dict(zip(keys, combo))
+        sets = tuple(f"{k}={v}" for k, v in values.items() if k != "nodes")
+        point_request = dataclasses.replace(
+            request, sets=request.sets + sets,
+            nodes=int(values["nodes"]) if "nodes" in values else request.nodes)
+        try:
+            plan = resolve(point_request)
+        except MmmError as exc:
+            label = " ".join(f"{k}={v}" for k, v in values.items())
+            raise MmmError(f"sweep point {index} ({label}): {exc}") from None
+        out.append(Point(index, {"nodes": plan.nodes, **{k: v for k, v in values.items()
+                                                          if k != "nodes"}}, plan))
+    if not out:
+        raise MmmError("sweep: no points; give --nodes N1,N2,... and/or --set KEY=V1,V2,...")
+    return out
+
+
+def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Path,
+                 template: str | None = None, remote: str = "") -> tuple[int, list[JobRecord]]:
+    """Submit the points as one sweep group; a refused point cancels those already submitted."""
+    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs.submit import submit
+    from mmm_orch.schedulers.base import JobRef, scheduler_for
+
+    db = open_db(str(db_file), create=True)
+    assert db is not None
+    first = planned[0].plan
+    sweep_id = db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
+                                      "axes": swept, "points": [p.values for p in planned],
+                                      "remote": remote})
+    records: list[JobRecord] = []
+    try:
+        for point in planned:
+            records.append(submit(point.plan, db_file, template, remote,
+                                  links={"group_id": sweep_id, "group_index": point.index}))
+    except BaseException:
+        for record in reversed(records):
+            scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
+            scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+        raise
+    return sweep_id, records
+
+
+def sweep_jobs(db: JobDB | None, sweep_id: int) -> tuple[dict, list[JobRecord]]:
+    """The sweep group and its jobs in point order, or an error naming the sweeps there are."""
+    group = db.group(sweep_id) if db is not None else None
+    if group is None or group["kind"] != "sweep":
+        raise MmmError(f"sweep {sweep_id} not found" + (f" in {db.path}" if db is not None else
+                                                          "; no jobs recorded yet"))
+    jobs = sorted(db.list(group_id=sweep_id), key=lambda r: r.group_index or 0)
+    return group, jobs
+
+
+def summary(group: dict, jobs: list[JobRecord]) -> dict[str, Any]:
+    """A sweep as one line of `status`: the state of its least finished point, and a count of
+    its points by state."""
+    from mmm_orch.schedulers.states import JobState
+
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job.state.value] = counts.get(job.state.value, 0) + 1
+    order = [JobState.SUBMITTING, JobState.RUNNING, JobState.PENDING, JobState.UNKNOWN,
+             JobState.FAILED, JobState.HUNG, JobState.TIMEOUT, JobState.CANCELLED,
+             JobState.COMPLETED]
+    state = next((s for s in order if s.value in counts), JobState.COMPLETED)
+    nodes = sorted({job.nodes for job in jobs})
+    note = (f"{len(jobs)} points, nodes {','.join(map(str, nodes))}: "
+            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return {"state": state, "note": note, "nodes": nodes,
+            "elapsed": max((job.elapsed() or 0 for job in jobs), default=0) or None}

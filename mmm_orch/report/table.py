@@ -1,0 +1,118 @@
+"""One row per job: size, layout, step time, throughput, MFU, startup, final loss, and scaling
+efficiency against the smallest point with the same other values.
+
+- step time: the median `dt` over every step but the first (warm-up, compilation);
+- throughput: the median per-device `tokens_per_s` (else `samples_per_s`) over the same steps;
+- weak-scaling efficiency, for work per device held fixed (the trainers' per-rank batch):
+  step_time(base) / step_time(this); 1.0 is ideal;
+- strong-scaling efficiency, for the total work held fixed:
+  (step_time(base) x ranks(base)) / (step_time(this) x ranks(this)); 1.0 is ideal.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from mmm_orch.report.data import JobData
+
+COLUMNS = [("job", "job"), ("point", "point"), ("nodes", "nodes"), ("ranks", "ranks"),
+           ("mesh", "mesh"), ("state", "state"), ("steps", "steps"), ("step_ms", "step ms"),
+           ("throughput", "per device"), ("mfu", "MFU %"), ("startup_s", "startup s"),
+           ("final_loss", "final loss"), ("weak", "weak eff"), ("strong", "strong eff"),
+           ("latency_us", "lat us (min size)"), ("busbw_gbps", "busbw GB/s (max size)")]
+
+
+@dataclass
+class Row:
+    job: int
+    point: str
+    nodes: int
+    ranks: int
+    mesh: str
+    state: str
+    steps: int | None
+    step_ms: float | None
+    throughput: float | None
+    unit: str                  # tokens/s or samples/s, per device
+    mfu: float | None
+    startup_s: float | None
+    final_loss: float | None
+    weak: float | None = None
+    strong: float | None = None
+    latency_us: float | None = None
+    busbw_gbps: float | None = None
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(values) if values else None
+
+
+def row(data: JobData) -> Row:
+    record, steps = data.record, data.steps
+    timed = steps[1:] if len(steps) > 1 else steps
+    unit = next((key for key in ("tokens_per_s", "samples_per_s") if any(key in s for s in timed)), "")
+    dt = _median([s.get("dt") for s in timed])
+    sizes = sorted(data.allreduce, key=lambda r: r["bytes"])
+    mesh = record.plan.get("mesh") or {}
+    return Row(job=record.id, point=data.label, nodes=record.nodes, ranks=record.ranks,
+               mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
+               state=record.state.value, steps=len(steps) or None,
+               step_ms=None if dt is None else 1000 * dt,
+               throughput=_median([s.get(unit) for s in timed]) if unit else None,
+               unit=unit.replace("_per_s", "/s"), mfu=_median([s.get("mfu") for s in timed]),
+               startup_s=data.startup_s,
+               final_loss=steps[-1].get("loss") if steps else None,
+               latency_us=sizes[0]["latency_us"] if sizes else None,
+               busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None)
+
+
+def rows(jobs: list[JobData]) -> list[Row]:
+    """Rows with efficiencies: each against the point with the fewest ranks among those that
+    share its other values (a sweep over nodes and batch size compares within a batch size)."""
+    out = [row(data) for data in jobs]
+    groups: dict[tuple, list[Row]] = {}
+    for data, r in zip(jobs, out):
+        key = tuple(sorted((k, str(v)) for k, v in data.values.items() if k != "nodes"))
+        groups.setdefault(key, []).append(r)
+    for members in groups.values():
+        timed = [r for r in members if r.step_ms]
+        if not timed:
+            continue
+        base = min(timed, key=lambda r: (r.ranks, r.job))
+        for r in timed:
+            r.weak = base.step_ms / r.step_ms
+            r.strong = base.step_ms * base.ranks / (r.step_ms * r.ranks)
+    return out
+
+
+def cell(r: Row, key: str) -> str:
+    value = getattr(r, key)
+    if value is None:
+        return "-"
+    if key == "throughput":
+        return f"{value:,.1f} {r.unit}"
+    if key in ("weak", "strong", "final_loss"):
+        return f"{value:.3f}" if key == "final_loss" else f"{value:.2f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def shown_columns(table: list[Row]) -> list[tuple[str, str]]:
+    """The columns with a value in some row (a dist_check sweep has no loss, a trainer sweep no
+    all-reduce timings)."""
+    return [(k, h) for k, h in COLUMNS if any(cell(r, k) != "-" for r in table)]
+
+
+def text(table: list[Row]) -> str:
+    columns = shown_columns(table)
+    cells = [[h for _, h in columns]] + [[cell(r, k) for k, _ in columns] for r in table]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+                     for line in cells) + "\n"
+
+
+def as_dicts(table: list[Row]) -> list[dict]:
+    return [asdict(r) for r in table]
