@@ -6,8 +6,8 @@ the server's `parked` queue, which takes jobs and never starts them, so every jo
 queued when its status is asked, and the right answer is known: 200 queued jobs.
 
 - Submit: 200 x `mmm-orch submit pbs-local noop -q parked` (each a new process: plan, render,
-  job directory, database record, qsub) against 200 x `executor.submit(job)` in one PSI/J
-  process (script generation, qsub).
+  job directory, database record, qsub), and one `mmm-orch sweep` of 200 points (one process),
+  against 200 x `executor.submit(job)` in one PSI/J process (script generation, qsub).
 - Status: `mmm-orch status --all` (one `qstat -f -F dsv -x` for the 200 ids) against PSI/J's own
   status query (`qstat -f -F json -x` for the 200 ids, parsed by its executor), each timed and
   checked: how many of the 200 each reports queued.
@@ -74,21 +74,28 @@ def delete(ids: list[str]) -> None:
         subprocess.run([f"{Q}/qdel", *ids[start:start + 50]], capture_output=True)
 
 
-def mmm_round(mmm: Path, count: int, work: Path) -> dict:
+def mmm_round(mmm: Path, count: int, work: Path, sweep: bool = False) -> dict:
+    """`count` submits, each a new process; with `sweep`, one `mmm-orch sweep` of `count` points
+    (one process)."""
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
            "PYTHONPATH": str(work)}
     (work / "noop_probe.py").write_text("pass\n")
     specs = work / ".mmm-orch" / "workloads"
     specs.mkdir(parents=True, exist_ok=True)
-    (specs / "noop.yaml").write_text("name: noop\ntrainer: noop_probe\n")
+    (specs / "noop.yaml").write_text("name: noop\ntrainer: noop_probe\n"
+                                     "options: {seed: {type: int, default: 0}}\n")
     submit = [str(mmm / "mmm-orch"), "submit", "pbs-local", "noop", "-q", "parked", "--json"]
+    if sweep:
+        submit = [str(mmm / "mmm-orch"), "sweep", "pbs-local", "noop", "-q", "parked", "--json",
+                  "--set", "seed=" + ",".join(str(i) for i in range(count))]
     ids = []
     start = time.perf_counter()
-    for _ in range(count):
+    for _ in range(1 if sweep else count):
         proc = subprocess.run(submit, capture_output=True, text=True, env=env, cwd=work)
         if proc.returncode != 0:
             raise SystemExit(f"mmm-orch submit: {proc.stderr}")
-        ids.append(json.loads(proc.stdout)["native_id"])
+        out = json.loads(proc.stdout)
+        ids += [r["native_id"] for r in out] if sweep else [out["native_id"]]
     submit_s = time.perf_counter() - start
     time.sleep(1.1)  # qstat sleeps 200 ms when the same user called it within the second
     start = time.perf_counter()
@@ -123,12 +130,13 @@ def main() -> None:
     subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
                    check=True)
     psij = venv("psij", [f"psij-python=={PSIJ_VERSION}"])
-    rounds = {"mmm-orch": [], "psij": []}
+    rounds = {"mmm-orch": [], "mmm-orch sweep": [], "psij": []}
     for run in range(args.runs):
-        for tool in (("mmm-orch", "psij") if run % 2 == 0 else ("psij", "mmm-orch")):
+        order = list(rounds) if run % 2 == 0 else list(reversed(rounds))
+        for tool in order:
             with tempfile.TemporaryDirectory() as tmp:
-                result = (mmm_round(mmm, args.jobs, Path(tmp)) if tool == "mmm-orch"
-                          else psij_round(psij, args.jobs, Path(tmp)))
+                result = (psij_round(psij, args.jobs, Path(tmp)) if tool == "psij"
+                          else mmm_round(mmm, args.jobs, Path(tmp), sweep=tool.endswith("sweep")))
             delete(result.pop("ids"))
             rounds[tool].append(result)
             print(f"run {run + 1} {tool}: submit {result['submit_s']:.1f} s, status "

@@ -82,9 +82,13 @@ def test_status_of_many_remote_jobs_is_one_connection_and_one_squeue(cli, remote
 
 
 def test_logs_follow_survives_a_dropped_connection_and_cancel_works(cli, remote, sshd, tmp_path):
-    # A job whose first rank prints a numbered line every 0.2 s for about 12 s.
+    # A job whose first rank prints a numbered line every 0.2 s, and from tick 10 on only once the
+    # test has dropped the connections (so the follower is mid-stream, however loaded the host).
     probe = tmp_path / "ticker.py"
-    probe.write_text("import os, time\nfor i in range(60):\n"
+    go = tmp_path / "go"
+    probe.write_text("import os, pathlib, time\nfor i in range(60):\n"
+                     f"    while i == 10 and not pathlib.Path({str(go)!r}).exists():\n"
+                     "        time.sleep(0.1)\n"
                      "    if os.environ['SLURM_PROCID'] == '0':\n        print(f'tick {i}', flush=True)\n"
                      "    time.sleep(0.2)\n")
     specs = remote.parent / "work" / ".mmm-orch" / "workloads"
@@ -105,6 +109,7 @@ def test_logs_follow_survives_a_dropped_connection_and_cancel_works(cli, remote,
         before = sshd.accepted()
         for session in sshd.sessions():  # the server side drops every connection
             session.kill()
+        go.touch()
         text += follower.stdout.read()  # (the same buffered reader: nothing read is skipped)
         err = follower.stderr.read()
         follower.wait()
