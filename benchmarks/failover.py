@@ -61,7 +61,9 @@ class Session:
         return json.loads(self.run("status", str(job), "--json"))[0]
 
     def log(self, job: int) -> str:
-        return self.run("logs", str(job))
+        """The job's log so far ('' while it has none)."""
+        return subprocess.run([sys.executable, "-m", "mmm_orch", "logs", str(job)], env=self.env,
+                              cwd=self.work, capture_output=True, text=True, timeout=120).stdout
 
 
 def until(what, timeout: float, poll: float = 0.5):
@@ -101,7 +103,7 @@ def with_spare(session: Session, machine: str) -> dict:
               "to_retired_s": retired_at(log) - killed,
               "to_relaunch_s": epoch_after(log, "[mmm-orch] attempt=2/") - killed,
               "to_resumed_step_s": epoch_after(log, "[mmm-orch] resumed_step=") - killed}
-    session.run("cancel", str(job))
+    stop(session, job)
     return result
 
 
@@ -116,8 +118,14 @@ def without_spare(session: Session, machine: str) -> dict:
     log = session.log(rerun)
     result = {"state": session.row(job)["state"], "to_failed_recorded_s": failed - killed,
               "to_resumed_step_s": epoch_after(log, "[mmm-orch] resumed_step=") - killed}
-    session.run("cancel", str(rerun))
+    stop(session, rerun)
     return result
+
+
+def stop(session: Session, job: int) -> None:
+    """Cancel the job and wait for its end (it saves a checkpoint on the way out)."""
+    session.run("cancel", str(job))
+    until(lambda: session.row(job)["state"] in TERMINAL, 120)
 
 
 def epoch_after(log: str, prefix: str) -> float:
@@ -143,7 +151,7 @@ def main() -> None:
         runs = {"with_spare": [], "without_spare": []}
         for _ in range(args.runs):
             for kind, measure in (("with_spare", with_spare), ("without_spare", without_spare)):
-                with tempfile.TemporaryDirectory() as tmp:
+                with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
                     runs[kind].append(measure(Session(Path(tmp)), machine))
                 print(machine, kind, runs[kind][-1], flush=True)
         results[machine] = {

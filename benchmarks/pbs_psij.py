@@ -108,7 +108,10 @@ def mmm_round(mmm: Path, count: int, work: Path, sweep: bool = False) -> dict:
     subprocess.run([f"{Q}/qstat", "-f", "-F", "dsv", "-x", *ids], capture_output=True, check=True)
     qstat_s = time.perf_counter() - start
     return {"submit_s": submit_s, "status_s": status_s, "qstat_s": qstat_s, "ids": ids,
-            "queued": sum(r["state"] == "pending" for r in rows),
+            # Only what the server said counts: a stale row is the last known state, shown when
+            # qstat did not answer within status's deadline.
+            "queued": sum(r["state"] == "pending" and not r["stale"] for r in rows),
+            "stale": sum(bool(r["stale"]) for r in rows),
             "states": {s: [r["state"] for r in rows].count(s) for s in {r["state"] for r in rows}}}
 
 
@@ -141,7 +144,7 @@ def main() -> None:
             rounds[tool].append(result)
             print(f"run {run + 1} {tool}: submit {result['submit_s']:.1f} s, status "
                   f"{result['status_s'] * 1e3:.0f} ms, {result['queued']}/{args.jobs} queued "
-                  f"{result['states']}", flush=True)
+                  f"{result['states']}, stale {result.get('stale', '-')}", flush=True)
             time.sleep(2)
     summary = {tool: {"submit_ms_per_job": statistics.median(r["submit_s"] for r in rs) / args.jobs * 1e3,
                       "status_ms": statistics.median(r["status_s"] for r in rs) * 1e3,

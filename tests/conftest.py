@@ -97,6 +97,16 @@ def leftovers_cancelled():
     cancel_leftovers()
 
 
+def wait_in_db(db: Path, job: int, timeout: float) -> dict:
+    """The job's status row from the database `db` once it ended, or as it is at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = json.loads(run_cli("--db", str(db), "status", str(job), "--json").stdout)[0]
+        if row["state"] in TERMINAL or time.monotonic() > deadline:
+            return row
+        time.sleep(2)
+
+
 def assert_nothing_recorded() -> None:
     """After a submission the scheduler refused: no record and no job directory. (The database
     itself may exist: the record is written before the scheduler is asked, then removed.)"""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TERMINAL, assert_nothing_recorded, run_cli, ssh_config, wait_state,
+from conftest import (assert_nothing_recorded, run_cli, ssh_config, wait_in_db, wait_state,
                       write_probe)
 from faults import HANG
 from mmm_orch.jobs.db import JobDB
@@ -212,13 +212,7 @@ def test_aurora_and_polaris_scripts_are_accepted_by_a_live_qsub(cli, tmp_path):
 
 
 def test_job_over_its_walltime_ends_timeout(over_walltime):
-    deadline = time.monotonic() + 240
-    while True:
-        proc = run_cli("--db", str(over_walltime), "status", "1", "--json")
-        row = json.loads(proc.stdout)[0]
-        if row["state"] in TERMINAL or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row
     assert row["native_state"] == "F"
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, assert_nothing_recorded, command_wrappers, run_cli, wait_state, write_probe
+from conftest import (TERMINAL, assert_nothing_recorded, command_wrappers, run_cli, wait_in_db,
+                      wait_state, write_probe)
 from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
@@ -190,13 +191,7 @@ def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeyp
 
 
 def test_job_over_its_walltime_ends_timeout(over_walltime):
-    deadline = time.monotonic() + 240
-    while True:
-        proc = run_cli("--db", str(over_walltime), "status", "1", "--json")
-        row = json.loads(proc.stdout)[0]
-        if row["state"] in TERMINAL or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row
     assert row["native_state"] == "TIMEOUT"
 

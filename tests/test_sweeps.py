@@ -91,6 +91,11 @@ def png_is_drawn(path: Path, size: tuple[int, int]) -> None:
     assert coloured > 500, (path, coloured)  # lines and markers, not only black axes on white
 
 
+# The tests of the two live sweeps share them: one pytest-xdist worker runs them all (test.sh
+# distributes by group), so the sweeps run once.
+ON_ONE_WORKER = pytest.mark.xdist_group("live-sweeps")
+
+
 @pytest.fixture(scope="module")
 def sweeps(slurm_cluster, tmp_path_factory):
     """A dist_check sweep and an fsdp sweep over 1 and 2 nodes, run to their end."""
@@ -113,6 +118,7 @@ def sweeps(slurm_cluster, tmp_path_factory):
     return cli, work
 
 
+@ON_ONE_WORKER
 def test_status_shows_a_sweep_as_one_line_that_expands(sweeps):
     cli, _ = sweeps
     lines = cli("status").out.splitlines()
@@ -123,6 +129,7 @@ def test_status_shows_a_sweep_as_one_line_that_expands(sweeps):
                                                           ["4", "slurm-local", "fsdp", "2"]]
 
 
+@ON_ONE_WORKER
 def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
     cli, work = sweeps
     result = cli("report", "s2", "--json")
@@ -154,6 +161,7 @@ def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
     assert f"report: {work / 'again' / 'report.html'}" in text
 
 
+@ON_ONE_WORKER
 def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps):
     cli, work = sweeps
     result = cli("report", "s1", "--json")
@@ -170,6 +178,7 @@ def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps):
     png_is_drawn(out / "allreduce.png", (1200, 675))
 
 
+@ON_ONE_WORKER
 def test_plot_draws_one_job(sweeps):
     cli, work = sweeps
     result = cli("plot", "4", "--out", str(work / "job-4.png"))
@@ -179,6 +188,7 @@ def test_plot_draws_one_job(sweeps):
     assert refused.code == 2 and "job 1 has no step metrics" in refused.err
 
 
+@ON_ONE_WORKER
 def test_report_html_renders_in_headless_chromium(sweeps, tmp_path):
     cli, work = sweeps
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -204,6 +214,7 @@ def test_report_html_renders_in_headless_chromium(sweeps, tmp_path):
     assert blue > 300, blue
 
 
+@ON_ONE_WORKER
 def test_without_matplotlib_report_prints_the_table_and_says_how(sweeps, tmp_path):
     """A Python with every package of the test environment but matplotlib (linked, not copied),
     running this checkout's mmm_orch."""

@@ -137,7 +137,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from mmm_orch.report import figures as draw
 
         figures = draw.report_figures(rows, jobs, out)
-    page = html.page(f"mmm-orch report: {title}", rows, figures, table.__doc__.split("\n\n")[1].replace("\n", " "), hint)
+    page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
     common.write_file(str(out / "report.html"), page)
     where = sys.stderr if args.json else sys.stdout
     for path in figures:

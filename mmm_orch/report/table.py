@@ -1,13 +1,5 @@
 """One row per job: size, layout, step time, throughput, MFU, startup, final loss, and scaling
-efficiency against the smallest point with the same other values.
-
-- step time: the median `dt` over every step but the first (warm-up, compilation);
-- throughput: the median per-device `tokens_per_s` (else `samples_per_s`) over the same steps;
-- weak-scaling efficiency, for work per device held fixed (the trainers' per-rank batch):
-  step_time(base) / step_time(this); 1.0 is ideal;
-- strong-scaling efficiency, for the total work held fixed:
-  (step_time(base) x ranks(base)) / (step_time(this) x ranks(this)); 1.0 is ideal.
-"""
+efficiency against the smallest point with the same other values (DEFINITIONS says how)."""
 
 from __future__ import annotations
 
@@ -16,6 +8,12 @@ from dataclasses import asdict, dataclass
 
 from mmm_orch.report.data import JobData
 
+DEFINITIONS = (
+    "Step time: the median over every step but the first (warm-up). Throughput: the median "
+    "per-device tokens/s (else samples/s) over the same steps. Efficiency is against the point "
+    "with the fewest ranks and the same other values; 1.0 is ideal. Weak scaling (work per "
+    "device fixed, as with a per-rank batch): step_time(base) / step_time. Strong scaling "
+    "(total work fixed): step_time(base) x ranks(base) / (step_time x ranks).")
 COLUMNS = [("job", "job"), ("point", "point"), ("nodes", "nodes"), ("ranks", "ranks"),
            ("mesh", "mesh"), ("state", "state"), ("steps", "steps"), ("step_ms", "step ms"),
            ("throughput", "per device"), ("mfu", "MFU %"), ("startup_s", "startup s"),
