@@ -139,7 +139,10 @@ def test_rerun_resume_continues_a_stopped_run(cli, isolated):
     assert again.code == 0, again.err
     new = json.loads(again.out)
     assert new["rerun_of"] == 1 and new["run_dir"] == json.loads(first.out)["run_dir"]
-    time.sleep(15)
+    deadline = time.monotonic() + 240  # a loaded host may take a while to start it
+    while len(metrics(new["run_dir"])) <= stopped_at:
+        assert time.monotonic() < deadline, cli("logs", str(new["id"])).out[-2000:]
+        time.sleep(1)
     assert cli("cancel", str(new["id"])).code == 0
     wait_state(cli, new["id"], timeout=120)
     steps = [r["step"] for r in metrics(new["run_dir"])]

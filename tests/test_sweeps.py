@@ -193,7 +193,8 @@ def test_report_html_renders_in_headless_chromium(sweeps, tmp_path):
     cli, work = sweeps
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "chromium is installed by scripts/setup.sh (apt package chromium)"
-    page = work / "report-s2" / "report.html"
+    assert cli("report", "s2", "--out", str(tmp_path / "shared")).code == 0
+    page = tmp_path / "shared" / "report.html"
     text = page.read_text()
     assert "http://" not in text and "https://" not in text  # nothing fetched from the network
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
