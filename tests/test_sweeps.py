@@ -73,6 +73,12 @@ def metrics_steps(run_dir: str) -> list[dict]:
     return [r for r in rows if r["event"] == "step"]
 
 
+def report_rows(cli, target: str) -> list[dict]:
+    result = cli("report", target, "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
 def rgb(image) -> list[tuple[int, int, int]]:
     data = image.convert("RGB").tobytes()
     return [tuple(data[i:i + 3]) for i in range(0, len(data), 3)]
@@ -132,9 +138,7 @@ def test_status_shows_a_sweep_as_one_line_that_expands(sweeps):
 @ON_ONE_WORKER
 def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
     cli, work = sweeps
-    result = cli("report", "s2", "--json")
-    assert result.code == 0, result.err
-    rows = json.loads(result.out)
+    rows = report_rows(cli, "s2")
     assert [(r["job"], r["nodes"], r["ranks"]) for r in rows] == [(3, 1, 2), (4, 2, 4)]
     jobs = {j["id"]: j for j in json.loads(cli("status", "3", "4", "--json").out)}
     for r in rows:
@@ -164,9 +168,7 @@ def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
 @ON_ONE_WORKER
 def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps):
     cli, work = sweeps
-    result = cli("report", "s1", "--json")
-    assert result.code == 0, result.err
-    rows = json.loads(result.out)
+    rows = report_rows(cli, "s1")
     for r in rows:
         log = cli("logs", str(r["job"])).out
         timings = json.loads(log.split("[dist_check] json ", 1)[1].splitlines()[0])["allreduce"]
