@@ -2,7 +2,7 @@
 did, the launch starts again without that node, on a spare, from the last checkpoint, in the same
 job (no new wait in the queue).
 
-    python -m mmm_orch.failover --dir JOB_DIR --machine aurora --active 2 \\
+    python -m mmm_orch.failover --dir JOB_DIR --machine MACHINE --active 2 \\
         --node-arg '--nodelist={nodelist}' [--avoid n7] [--attempts 3] \\
         --resume-args '--resume --allow-fresh' [watchdog options] -- 'srun @NODES@ ... python -m ...'
 

@@ -97,6 +97,17 @@ def leftovers_cancelled():
     cancel_leftovers()
 
 
+def submit_over_walltime(machine: str, root: Path) -> Path:
+    """Submit, with its own database in `root`, a one-node job that sleeps past its 1-minute
+    walltime; returns the database (see wait_in_db)."""
+    write_probe(root, "forever", "import time\ntime.sleep(900)\n")
+    db = root / "jobs.db"
+    proc = run_cli("--db", str(db), "submit", machine, "forever", "--walltime", "00:01:00",
+                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch")})
+    assert proc.returncode == 0, proc.stderr
+    return db
+
+
 def wait_in_db(db: Path, job: int, timeout: float) -> dict:
     """The job's status row from the database `db` once it ended, or as it is at the timeout."""
     deadline = time.monotonic() + timeout

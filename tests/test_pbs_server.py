@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (assert_nothing_recorded, run_cli, ssh_config, wait_in_db, wait_state,
-                      write_probe)
+from conftest import (assert_nothing_recorded, ssh_config, submit_over_walltime, wait_in_db,
+                      wait_state, write_probe)
 from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
@@ -30,13 +30,7 @@ def native(job: int = 1) -> str:
 def over_walltime(pbs_server, tmp_path_factory):
     """A job that outlives its 1-minute walltime (PBS kills it at about 80 s), submitted first so
     that its wait overlaps the other tests; checked by the last test of this module."""
-    root = tmp_path_factory.mktemp("walltime")
-    write_probe(root, "forever", "import time\ntime.sleep(900)\n")
-    db = root / "jobs.db"
-    proc = run_cli("--db", str(db), "submit", "pbs-local", "forever", "--walltime", "00:01:00",
-                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch")})
-    assert proc.returncode == 0, proc.stderr
-    return db
+    return submit_over_walltime("pbs-local", tmp_path_factory.mktemp("walltime"))
 
 
 def test_two_node_dist_check_through_mpiexec(cli, over_walltime):

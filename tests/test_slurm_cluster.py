@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TERMINAL, assert_nothing_recorded, command_wrappers, run_cli, wait_in_db,
-                      wait_state, write_probe)
+from conftest import (TERMINAL, assert_nothing_recorded, command_wrappers, run_cli,
+                      submit_over_walltime, wait_in_db, wait_state, write_probe)
 from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
@@ -34,13 +34,7 @@ def status(cli, job: int) -> dict:
 def over_walltime(slurm_cluster, tmp_path_factory):
     """A one-node job that outlives its 1-minute walltime, submitted after the two-node test so
     that its wait overlaps the other (one-node) tests; checked by the last test of this module."""
-    root = tmp_path_factory.mktemp("walltime")
-    write_probe(root, "forever", "import time\ntime.sleep(900)\n")
-    db = root / "jobs.db"
-    proc = run_cli("--db", str(db), "submit", "slurm-local", "forever", "--walltime", "00:01:00",
-                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch")})
-    assert proc.returncode == 0, proc.stderr
-    return db
+    return submit_over_walltime("slurm-local", tmp_path_factory.mktemp("walltime"))
 
 
 def test_dist_check_on_two_nodes_through_srun(cli):

@@ -293,11 +293,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs.submit import cancel
     from mmm_orch.jobs.track import refresh
-    from mmm_orch.schedulers.base import JobRef, scheduler_for
 
     db = common.jobs_db(args)
     if not args.jobs and args.sweep is None:
@@ -330,8 +327,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"job {record.id}: still submitting; cancel it once `mmm-orch status` shows "
                   "its scheduler id")
             continue
-        scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
-        scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+        cancel(record)
         refresh(db, [record])
         now = db.get(record.id, events=False)
         print(f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "

@@ -15,9 +15,9 @@ from typing import Any
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
-from mmm_orch.jobs.submit import new_tag, submit
+from mmm_orch.jobs.submit import cancel, new_tag, submit
 from mmm_orch.plan import Plan
-from mmm_orch.schedulers.base import JobRef, scheduler_for
+from mmm_orch.schedulers.base import scheduler_for
 
 CHAIN_FILE = "chain.json"
 
@@ -81,7 +81,7 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
             records.append(record)
     except BaseException:
         for record in reversed(records):
-            scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+            cancel(record)
         if not records:
             host.remove_tree(created)
         raise

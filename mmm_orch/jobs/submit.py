@@ -35,8 +35,8 @@ from mmm_orch.hosts import Host, host_for
 from mmm_orch.jobs.db import RECORD_FILE, JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
-from mmm_orch.schedulers.base import (Retry, SchedulerError, Submission, SubmissionUnconfirmed,
-                                      Unreachable, scheduler_for)
+from mmm_orch.schedulers.base import (JobRef, Retry, SchedulerError, Submission,
+                                      SubmissionUnconfirmed, Unreachable, scheduler_for)
 
 
 def git_commit(directory: str) -> str | None:
@@ -245,6 +245,12 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     record = db.get(job_id)
     assert record is not None
     return record
+
+
+def cancel(record: JobRecord) -> None:
+    """Ask the job's scheduler (here, or over SSH) to cancel it."""
+    scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
+    scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
 
 
 def forget(db: JobDB, record: JobRecord) -> None:

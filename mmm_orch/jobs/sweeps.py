@@ -83,9 +83,7 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
 def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Path,
                  template: str | None = None, remote: str = "") -> tuple[int, list[JobRecord]]:
     """Submit the points as one sweep group; a refused point cancels those already submitted."""
-    from mmm_orch.hosts import host_for
-    from mmm_orch.jobs.submit import submit
-    from mmm_orch.schedulers.base import JobRef, scheduler_for
+    from mmm_orch.jobs.submit import cancel, submit
 
     db = open_db(str(db_file), create=True)
     assert db is not None
@@ -100,8 +98,7 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
                                   links={"group_id": sweep_id, "group_index": point.index}))
     except BaseException:
         for record in reversed(records):
-            scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
-            scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+            cancel(record)
         raise
     return sweep_id, records
 
