@@ -13,8 +13,11 @@
 # names, so that scripts rendered for those machines meet a real server's validation. Side by
 # side with scripts/slurm-cluster.sh: pbs_comm moves off 17001, which the first slurmd uses. Facts
 # behind each step: ../shared/reference/test-infrastructure.md ("A live PBS Pro (OpenPBS) server").
-# Idempotent: a second `up` only starts what is not running and rechecks the configuration.
+# Idempotent: a second `up` only starts what is not running and rechecks the configuration; a
+# server started afresh cancels the jobs an earlier run left.
 set -euo pipefail
+NAME=pbs-server
+source "$(dirname "$0")/lib.sh"
 
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VENDOR=$HERE/vendor/openpbs
@@ -28,37 +31,6 @@ RUNTIME=(expat libedit2 postgresql postgresql-contrib python3 tcl tk libical3 li
 BUILD=(gcc make libtool libhwloc-dev libx11-dev libxt-dev libedit-dev libical-dev libncurses-dev perl
        postgresql-server-dev-all postgresql-contrib python3-dev tcl-dev tk-dev swig libexpat-dev
        libssl-dev libxext-dev libxft-dev autoconf automake g++ libcjson-dev)
-
-log() { echo "[pbs-server] $*" >&2; }
-
-need_root() {
-    if [[ $(id -u) -ne 0 ]]; then
-        echo "pbs-server.sh: must run as root (it installs packages and starts daemons)" >&2
-        exit 2
-    fi
-}
-
-wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
-    local limit=$1 what=$2; shift 2
-    for _ in $(seq $((limit * 10))); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    log "timed out after ${limit}s waiting for ${what}"
-    return 1
-}
-
-apt_install() {
-    local missing=()
-    for pkg in "$@"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    [[ ${#missing[@]} -eq 0 ]] && return
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
 
 install_pbs() {
     apt_install "${RUNTIME[@]}"
@@ -240,6 +212,16 @@ can_run_a_job() {
     return 1
 }
 
+# A server started afresh recovers the jobs of an earlier run; a test run must not find its vnodes
+# held by them.
+cancel_recovered_jobs() {
+    local jobs
+    jobs=$("$PBS_EXEC/bin/qselect")
+    [[ -z $jobs ]] && return 0
+    log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
+    "$PBS_EXEC/bin/qdel" -W force $jobs || true  # one may have ended meanwhile
+}
+
 up() {
     need_root
     install_pbs
@@ -249,6 +231,7 @@ up() {
     configure_server >/dev/null
     configure_vnodes
     if [[ -n $STARTED ]]; then
+        cancel_recovered_jobs
         can_run_a_job  # a server already running (and maybe busy) has shown that before
     fi
     log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked, history on"
@@ -260,11 +243,7 @@ down() {
     log "down"
 }
 
-# One run at a time: tests running side by side may all call `up`. flock holds the lock for the
-# run; -o keeps it from the daemons started here (they would hold it for ever).
-if [[ $(id -u) -eq 0 && -z ${MMM_ORCH_SCRIPT_LOCKED:-} ]]; then
-    MMM_ORCH_SCRIPT_LOCKED=1 exec flock -o /run/mmm-orch-pbs-server.lock bash "$0" "$@"
-fi
+run_locked "$0" "$@"
 
 case "${1:-up}" in
     up) up ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster with accounting on this one host, for tests and CI.
+# A real three-node Slurm cluster with accounting on this one host, for tests and CI.
 #
 #   scripts/slurm-cluster.sh up                 install (apt, once) and start everything; idempotent
 #   scripts/slurm-cluster.sh stop-controller    stop slurmctld only (tests of an unreachable scheduler)
@@ -7,48 +7,20 @@
 #   scripts/slurm-cluster.sh down               stop every daemon
 #   scripts/slurm-cluster.sh status             daemons and nodes
 #
-# Needs root and Debian 12 (slurm-wlm 22.05). Daemons: munge, MariaDB, slurmdbd, slurmctld and two
-# slurmd (n1, n2: 2 CPUs each, both on localhost, ports 17001/17002). See
-# ../shared/reference/test-infrastructure.md for why each step is there.
+# Needs root and Debian 12 (slurm-wlm 22.05). Daemons: munge, MariaDB, slurmdbd, slurmctld and
+# three slurmd (n1, n2, n3: 2 CPUs each, all on localhost, ports 17001-17003; three so that a
+# two-node job can hold a spare). A controller started afresh cancels the jobs an earlier run left.
+# See ../shared/reference/test-infrastructure.md for why each step is there.
 set -euo pipefail
+NAME=slurm-cluster
+source "$(dirname "$0")/lib.sh"
 
 CLUSTER=mmmtest
 PACKAGES=(slurm-wlm slurmdbd mariadb-server munge mpich openssh-server)
 CONF=/etc/slurm
 DB_PASS=mmm-orch-test-only   # a throwaway database on a test machine, reachable only over the local socket
 
-log() { echo "[slurm-cluster] $*" >&2; }
-
-need_root() {
-    if [[ $(id -u) -ne 0 ]]; then
-        echo "slurm-cluster.sh: must run as root (it installs packages and starts daemons)" >&2
-        exit 2
-    fi
-}
-
-install_packages() {
-    local missing=()
-    for cmd in slurmctld slurmd slurmdbd sbatch mysqld munged mpiexec.mpich sshd; do
-        command -v "$cmd" >/dev/null 2>&1 || [[ -x /usr/sbin/$cmd ]] || missing+=("$cmd")
-    done
-    [[ ${#missing[@]} -eq 0 ]] && return
-    log "installing ${PACKAGES[*]} (missing: ${missing[*]})"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
-}
-
 running() { pgrep -f "$1" >/dev/null 2>&1; }
-
-wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
-    local limit=$1 what=$2; shift 2
-    for _ in $(seq $((limit * 10))); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    log "timed out after ${limit}s waiting for ${what}"
-    return 1
-}
 
 start_munge() {
     mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
@@ -81,7 +53,7 @@ write_configs() {
     local old=""
     [[ -f $CONF/slurm.conf ]] && old=$(cat "$CONF/slurm.conf")
     cat >"$CONF/slurm.conf" <<EOF
-# Written by mmm-orch scripts/slurm-cluster.sh: a two-node test cluster on one host.
+# Written by mmm-orch scripts/slurm-cluster.sh: a three-node test cluster on one host.
 ClusterName=${CLUSTER}
 SlurmctldHost=localhost
 SlurmUser=root
@@ -153,6 +125,16 @@ start_controller() {
     wait_for 30 slurmctld scontrol ping
 }
 
+# A controller started afresh (not restarted for a new slurm.conf while tests may run) recovers
+# the jobs of an earlier run from its saved state; a test run must not find its nodes held by them.
+cancel_recovered_jobs() {
+    local jobs
+    jobs=$(squeue -h -o %i)
+    [[ -z $jobs ]] && return 0
+    log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
+    scancel $jobs || true  # one may have ended meanwhile
+}
+
 stop_controller() {
     pkill -x slurmctld 2>/dev/null || true
     for _ in $(seq 50); do running "slurmctld" || return 0; sleep 0.1; done
@@ -181,12 +163,15 @@ nodes_idle() {
 
 up() {
     need_root
-    install_packages
+    local fresh=""
+    running slurmctld || fresh=1
+    apt_install "${PACKAGES[@]}"
     start_munge
     start_mariadb
     write_configs
     start_slurmdbd
     start_controller
+    [[ -z $fresh ]] || cancel_recovered_jobs
     start_nodes
     log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug and parked, accounting on"
 }
@@ -199,11 +184,7 @@ down() {
     log "down (munge and MariaDB left running)"
 }
 
-# One run at a time: tests running side by side may all call `up`. flock holds the lock for the
-# run; -o keeps it from the daemons started here (they would hold it for ever).
-if [[ $(id -u) -eq 0 && -z ${MMM_ORCH_SCRIPT_LOCKED:-} ]]; then
-    MMM_ORCH_SCRIPT_LOCKED=1 exec flock -o /run/mmm-orch-slurm-cluster.lock bash "$0" "$@"
-fi
+run_locked "$0" "$@"
 
 case "${1:-up}" in
     up) up ;;

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (assert_nothing_recorded, ssh_config, submit_over_walltime, wait_in_db,
-                      wait_state, write_probe)
+from conftest import (PBS_BIN, assert_nothing_recorded, ssh_config, submit_over_walltime,
+                      wait_in_db, wait_state, write_probe)
 from faults import HANG
 from mmm_orch.jobs.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
-Q = "/opt/pbs/bin"
+Q = PBS_BIN
 
 
 def native(job: int = 1) -> str:

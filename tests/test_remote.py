@@ -98,7 +98,7 @@ def test_logs_follow_survives_a_dropped_connection_and_cancel_works(cli, remote,
                "--env", f"PYTHONPATH={tmp_path}").code == 0
     follower = subprocess.Popen([sys.executable, "-m", "mmm_orch", "logs", "1", "--follow"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    guard = threading.Timer(240, follower.kill)
+    guard = threading.Timer(600, follower.kill)  # (the job may queue behind other tests)
     guard.start()
     try:
         text = line = follower.stdout.readline()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cancel_leftovers, write_probe
+from conftest import PBS_BIN, cancel_leftovers, write_probe
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,11 @@ class Sched:
             out = subprocess.run(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i|%T"],
                                  capture_output=True, text=True, check=True).stdout
             return dict(line.split("|") for line in out.split())
-        ids = subprocess.run(["/opt/pbs/bin/qselect", "-x", "-N", name], capture_output=True,
+        ids = subprocess.run([f"{PBS_BIN}/qselect", "-x", "-N", name], capture_output=True,
                              text=True, check=True).stdout.split()
         if not ids:
             return {}
-        table = subprocess.run(["/opt/pbs/bin/qstat", "-x", *ids], capture_output=True,
+        table = subprocess.run([f"{PBS_BIN}/qstat", "-x", *ids], capture_output=True,
                                text=True).stdout.splitlines()[2:]  # id name user time S queue
         return {line.split()[0]: line.split()[-2] for line in table if line.strip()}
 
@@ -53,7 +53,7 @@ SLURM = Sched("slurm", "slurm-faults", "/usr/bin/sbatch",
               "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
               "(connect failure)",
               "extends: slurm-local\nname: slurm-faults\n")
-PBS = Sched("pbs", "pbs-faults", "/opt/pbs/bin/qsub",
+PBS = Sched("pbs", "pbs-faults", f"{PBS_BIN}/qsub",
             "qsub: Premature end of message from server",
             "Connection refused\nqsub: cannot connect to server vm (errno=111)",
             "extends: pbs-local\nname: pbs-faults\n"
@@ -103,11 +103,11 @@ def sched(request, isolated, monkeypatch, tmp_path):
         script.chmod(0o755)
     state = tmp_path / "wrapper-state"
     state.mkdir()
-    extra = "/opt/pbs/bin" + os.pathsep if s.kind == "pbs" else ""
+    extra = PBS_BIN + os.pathsep if s.kind == "pbs" else ""
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{extra}{os.environ['PATH']}")
     monkeypatch.setenv("STATE", str(state))
     monkeypatch.setenv("REAL", s.submit)
-    monkeypatch.setenv("REAL_LOOKUP", "/usr/bin/squeue" if s.kind == "slurm" else "/opt/pbs/bin/qselect")
+    monkeypatch.setenv("REAL_LOOKUP", "/usr/bin/squeue" if s.kind == "slurm" else f"{PBS_BIN}/qselect")
     monkeypatch.setenv("TIMEOUT_TEXT", s.timeout_text)
     monkeypatch.setenv("UNSENT_TEXT", s.unsent_text)
     monkeypatch.setenv("PYTHONPATH", str(isolated))

@@ -327,7 +327,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"job {record.id}: still submitting; cancel it once `mmm-orch status` shows "
                   "its scheduler id")
             continue
-        cancel(record)
+        cancel(db, record)
         refresh(db, [record])
         now = db.get(record.id, events=False)
         print(f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "

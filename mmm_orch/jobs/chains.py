@@ -81,7 +81,7 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
             records.append(record)
     except BaseException:
         for record in reversed(records):
-            cancel(record)
+            cancel(db, record)
         if not records:
             host.remove_tree(created)
         raise

@@ -32,6 +32,7 @@ SCHEMA_VERSION = 4  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spa
 SQLITE_HEADER = b"SQLite format 3\x00"
 BACKUP_EVERY = 600.0
 RECORD_FILE = "record.json"
+CANCEL_SENT = "cancel sent by mmm-orch"  # the reason of the event that records a cancel request
 # What bad_nodes keeps: host names, and PBS vnode names (`host[3]`).
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 _SCHEMA = """
@@ -356,6 +357,20 @@ class JobDB:
                                JobState.SUBMITTING.value))
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, JobState.PENDING.value, "", note))
+
+    def cancel_sent(self, job_id: int, native_id: str) -> None:
+        """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
+        can after a server restart, is read as cancelled: see track)."""
+        with self._write():
+            self.conn.execute("INSERT INTO events SELECT id, ?, state, ?, ? FROM jobs WHERE id = ?",
+                              (time.time(), native_id, CANCEL_SENT, job_id))
+
+    def cancels_sent(self, job_ids: list[int]) -> set[int]:
+        """Which of `job_ids` mmm-orch asked the scheduler to cancel."""
+        marks = ", ".join("?" for _ in job_ids)
+        return {row[0] for row in self.conn.execute(
+            f"SELECT DISTINCT job_id FROM events WHERE reason = ? AND job_id IN ({marks})",
+            (CANCEL_SENT, *job_ids))}
 
     def note(self, job_id: int, reason: str) -> None:
         """Say why a record is as it is (e.g. a submission whose outcome is not known yet)."""

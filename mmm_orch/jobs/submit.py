@@ -247,10 +247,11 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     return record
 
 
-def cancel(record: JobRecord) -> None:
-    """Ask the job's scheduler (here, or over SSH) to cancel it."""
+def cancel(db: JobDB, record: JobRecord) -> None:
+    """Ask the job's scheduler (here, or over SSH) to cancel it, and record that it was asked."""
     scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
     scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
+    db.cancel_sent(record.id, record.native_id)
 
 
 def forget(db: JobDB, record: JobRecord) -> None:

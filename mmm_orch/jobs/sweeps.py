@@ -98,7 +98,7 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
                                   links={"group_id": sweep_id, "group_index": point.index}))
     except BaseException:
         for record in reversed(records):
-            cancel(record)
+            cancel(db, record)
         raise
     return sweep_id, records
 

@@ -53,12 +53,13 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
         host = host_for(newest.remote)
         scheduler = scheduler_for(newest.scheduler, newest.commands, host)
         by_native = {r.native_id: r for r in group}
+        cancelled = db.cancels_sent([r.id for r in group])
         try:
             statuses = scheduler.query([JobRef(r.native_id, Path(r.job_dir)) for r in group])
             for native_id, status in statuses.items():
                 if native_id in by_native:
                     record = by_native[native_id]
-                    status = _as_the_job_ended(status, record, host)
+                    status = _as_the_job_ended(status, record, host, record.id in cancelled)
                     if record.spares:
                         status = _failover(db, status, record, host)
                     updates[record.id] = status
@@ -72,17 +73,21 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
 
 # What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
 STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
+LAUNCH_SUCCEEDED = re.compile(r"^\[mmm-orch\] launch_end=\S+ exit_code=0$")
 CHAIN_MARKER = "[mmm-orch] chain:"
 _SAVED = re.compile(r"^\[checkpoint\] step=(\d+) ")
 
 
-def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
+def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
+                      cancel_sent: bool) -> JobStatus:
     """Read the end of the log of a job that ended: a job the watchdog ended is `hung` (its
     marker says after which step); a job the watchdog stopped before the walltime, having saved,
     is `timeout` and resumable; a job whose script was stopped by SIGTERM was cancelled, even
-    where the scheduler records success (a PBS qdel racing the job's end, or after a server
-    restart, as seen on the live server). A job the scheduler ended at its walltime says which
-    checkpoint it can resume from."""
+    where the scheduler records success (a PBS qdel racing the job's end, as seen on the live
+    server). So is a job mmm-orch cancelled that the scheduler calls a success without its
+    launch having succeeded: after a restart, the live PBS server killed such a job without a
+    SIGTERM, recorded exit 0 and left its log empty. A job the scheduler ended at its walltime
+    says which checkpoint it can resume from."""
     if status.state not in (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT):
         return status
     text, _ = tail(host, record.log_path, 60)
@@ -106,6 +111,11 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host) -> JobSt
     if status.state is JobState.TIMEOUT:
         return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
                                    else "no checkpoint: it cannot be resumed")
+    if cancel_sent and status.state is JobState.COMPLETED \
+            and not any(LAUNCH_SUCCEEDED.match(line) for line in lines):
+        return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
+                                   reason="cancelled; the scheduler recorded a success, "
+                                   "but the launch never finished")
     return status
 
 

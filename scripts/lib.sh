@@ -1,0 +1,41 @@
+# Shared by scripts/slurm-cluster.sh and scripts/pbs-server.sh; each sets NAME (its log prefix and
+# lock name) before sourcing this file.
+
+log() { echo "[$NAME] $*" >&2; }
+
+need_root() {
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "$NAME.sh: must run as root (it installs packages and starts daemons)" >&2
+        exit 2
+    fi
+}
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
+    local limit=$1 what=$2; shift 2
+    for _ in $(seq $((limit * 10))); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    log "timed out after ${limit}s waiting for ${what}"
+    return 1
+}
+
+apt_install() {  # apt_install PACKAGE...: those not installed yet
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# One run at a time: tests running side by side may all call `up`. flock holds the lock for the
+# run; -o keeps it from the daemons started here (they would hold it for ever).
+run_locked() {  # run_locked SCRIPT ARGS...: re-executes SCRIPT under the lock (as root only)
+    if [[ $(id -u) -eq 0 && -z ${MMM_ORCH_SCRIPT_LOCKED:-} ]]; then
+        MMM_ORCH_SCRIPT_LOCKED=1 exec flock -o "/run/mmm-orch-$NAME.lock" bash "$@"
+    fi
+}

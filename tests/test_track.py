@@ -1,0 +1,31 @@
+"""How mmm-orch reads the end of a job the scheduler reports as ended: the job's own log has the
+last word where the scheduler's answer is ambiguous (a success that was a cancel)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from mmm_orch.hosts import host_for
+from mmm_orch.jobs.track import _as_the_job_ended
+from mmm_orch.schedulers.states import JobState, JobStatus
+
+LAUNCHED = "[mmm-orch] launch_start=1.0 ranks=2 nodes=1\n"
+SUCCEEDED = LAUNCHED + "[mmm-orch] launch_end=9.5 exit_code=0\n"
+
+
+@pytest.mark.parametrize("log, cancel_sent, state", [
+    ("", True, JobState.CANCELLED),  # killed after a PBS server restart: exit 0, empty log
+    (LAUNCHED, True, JobState.CANCELLED),
+    (SUCCEEDED, True, JobState.COMPLETED),  # it finished before the cancel reached it
+    ("", False, JobState.COMPLETED),  # nobody cancelled it: the scheduler's word stands
+    (LAUNCHED + "[mmm-orch] job script: stopped by SIGTERM: exit 143\n", False, JobState.CANCELLED),
+])
+def test_a_success_after_a_cancel_is_read_from_the_log(tmp_path, log, cancel_sent, state):
+    (tmp_path / "job.log").write_text(log)
+    record = types.SimpleNamespace(log_path=str(tmp_path / "job.log"))
+    ended = JobStatus("1.vm", JobState.COMPLETED, "F", exit_code=0)
+    read = _as_the_job_ended(ended, record, host_for(""), cancel_sent)
+    assert read.state is state
+    assert (read.exit_code is None) == (state is JobState.CANCELLED)
