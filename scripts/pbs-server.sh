@@ -109,6 +109,13 @@ EOF
 \$clienthost $host
 \$usecp *:/ /
 EOF
+    # Jobs run as root, and PBS gives them root's home: their login shells read this host's
+    # /root/.bashrc. Where that runs `pyenv init`, a rehash lock left by a killed shell makes each
+    # job wait 60 s for it; the MoM hands this variable to every job so that it waits 1 s.
+    if ! grep -qx "PYENV_REHASH_TIMEOUT=1" "$PBS_HOME/pbs_environment" 2>/dev/null; then
+        echo "PYENV_REHASH_TIMEOUT=1" >>"$PBS_HOME/pbs_environment"
+        pkill -x pbs_mom 2>/dev/null || true  # started again below, reading the new environment
+    fi
 }
 
 daemons_up() {

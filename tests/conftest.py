@@ -124,7 +124,8 @@ def submit_over_walltime(machine: str, root: Path) -> Path:
     write_probe(root, "forever", "import time\ntime.sleep(900)\n")
     db = root / "jobs.db"
     proc = run_cli("--db", str(db), "submit", machine, "forever", "--walltime", "00:01:00",
-                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch")})
+                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch"),
+                                  "HOME": str(root / "home")})
     assert proc.returncode == 0, proc.stderr
     return db
 
@@ -297,7 +298,11 @@ UsePAM no
 PidFile {root}/sshd.pid
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
+SetEnv HOME={root}/home
 """)
+    # The sessions' login shells read an empty home, as a new account's would: not the dotfiles of
+    # this host's root (a .bashrc that runs `pyenv init` waits 60 s on a stale pyenv lock).
+    (root / "home").mkdir()
     Path("/run/sshd").mkdir(exist_ok=True)
     subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True)
     deadline = time.monotonic() + 10

@@ -114,7 +114,9 @@ args: {dim: 512, n_layers: 6, n_heads: 8, n_kv_heads: 4, vocab_size: 32000, seq_
        batch_size: 2, steps: 100000, tp: 1, checkpoint_every: 5}
 watchdog: {walltime_margin: "00:00:01"}
 """)
-    result = cli("submit", "slurm-local", "big", "--walltime", "00:01:00")
+    # Two minutes: on a loaded host the ranks take up to a minute to start, and the stop must come
+    # after a periodic save or two.
+    result = cli("submit", "slurm-local", "big", "--walltime", "00:02:00")
     assert result.code == 0, result.err
     row = wait_state(cli, 1, timeout=300)
     log = cli("logs", "1").out

@@ -108,8 +108,8 @@ def sweeps(slurm_cluster, tmp_path_factory):
     from conftest import run_cli
 
     work = tmp_path_factory.mktemp("sweeps")
-    env = {"XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
-           "XDG_CONFIG_HOME": str(work / "config")}
+    env = {"HOME": str(work / "home"), "XDG_STATE_HOME": str(work / "state"),
+           "XDG_CACHE_HOME": str(work / "cache"), "XDG_CONFIG_HOME": str(work / "config")}
 
     def cli(*args: str):
         proc = run_cli(*args, env=env, cwd=work)

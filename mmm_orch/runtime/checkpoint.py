@@ -103,6 +103,8 @@ class Checkpointer:
                 print(f"[runtime] error: --resume: no checkpoint in {self.root}; name the run to "
                       "continue with --run-name, or pass --allow-fresh to start from step 0",
                       flush=True)
+            if dist.is_initialized():  # no rank exits, and has the launcher stop the main one,
+                dist.barrier()         # before the main one said why
             raise SystemExit(2)
         return state
 
