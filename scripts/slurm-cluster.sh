@@ -150,14 +150,16 @@ start_nodes() {
     done
     # Nodes left DOWN by an earlier unclean stop come back; then wait until all take jobs.
     scontrol update nodename="$(IFS=,; echo "${NODES[*]}")" state=resume >/dev/null 2>&1 || true
-    wait_for 30 "nodes ${NODES[*]} idle" nodes_idle
+    wait_for 60 "nodes ${NODES[*]} up" nodes_up
 }
 
-nodes_idle() {
+nodes_up() {
     local states node
     states=$(sinfo -h -N -p debug -o "%N %t" 2>/dev/null | sort -u)
     for node in "${NODES[@]}"; do
-        grep -q "^$node \(idle\|mix\|alloc\)" <<<"$states" || return 1
+        # Up and responding (no suffix): idle, running jobs, or ending one (a test's job may be
+        # completing while another test's `up` runs).
+        grep -qx "$node \(idle\|mix\|alloc\|comp\|resv\)" <<<"$states" || return 1
     done
 }
 
