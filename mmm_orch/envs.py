@@ -1,6 +1,6 @@
 """Job environments: the Python a facility's jobs run in.
 
-A facility's framework module (Aurora `frameworks`, Polaris `conda`, Perlmutter `pytorch`) has
+A facility's framework module (its profile's `setup` lines name it, e.g. a `frameworks` module) has
 torch but not mmm-orch, and its compute nodes run the job's `python3`. So each machine gets a
 virtual environment on its shared filesystem, created on top of the profile's setup lines with
 `--system-site-packages` (the facility's torch, oneCCL/NCCL builds stay in use), holding this very

@@ -358,12 +358,12 @@ class JobDB:
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, JobState.PENDING.value, "", note))
 
-    def cancel_sent(self, job_id: int, native_id: str) -> None:
+    def cancel_sent(self, job_id: int) -> None:
         """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
         can after a server restart, is read as cancelled: see track)."""
         with self._write():
-            self.conn.execute("INSERT INTO events SELECT id, ?, state, ?, ? FROM jobs WHERE id = ?",
-                              (time.time(), native_id, CANCEL_SENT, job_id))
+            self.conn.execute("INSERT INTO events SELECT id, ?, state, '', ? FROM jobs WHERE id = ?",
+                              (time.time(), CANCEL_SENT, job_id))
 
     def cancels_sent(self, job_ids: list[int]) -> set[int]:
         """Which of `job_ids` mmm-orch asked the scheduler to cancel."""

@@ -251,7 +251,7 @@ def cancel(db: JobDB, record: JobRecord) -> None:
     """Ask the job's scheduler (here, or over SSH) to cancel it, and record that it was asked."""
     scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
     scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
-    db.cancel_sent(record.id, record.native_id)
+    db.cancel_sent(record.id)
 
 
 def forget(db: JobDB, record: JobRecord) -> None:
