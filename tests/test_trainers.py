@@ -158,6 +158,37 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resumes(tmp_path):
     assert [r["step"] for r in steps(out)][-2:] == [stopped_at + 1, stopped_at + 2]
 
 
+def caught(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (the SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+def test_a_stop_signal_during_startup_is_kept_until_the_first_step(tmp_path):
+    """A walltime warning that comes before torch has even loaded (a slow start: a loaded node,
+    or minutes of imports at scale) does not kill the rank: the run does step 1, saves, exits 75,
+    so a chain link that started late still makes progress."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "mmm_orch.trainers.llama3", "--tiny",
+                             "--steps", "100000", "--output-dir", str(out), "--run-name", "run"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 30
+    while not caught(proc.pid, signal.SIGUSR1):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.005)
+    maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    proc.send_signal(signal.SIGUSR1)
+    assert "libtorch" not in maps  # the signal came before torch loaded
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr[-3000:]
+    metrics = (out / "run" / "metrics.jsonl").read_text().splitlines()
+    saved = [r for r in map(json.loads, metrics) if r["event"] == "checkpoint"]
+    assert [(r["step"], r["reason"]) for r in saved] == [(1, "signal")]
+    assert [r["step"] for r in steps(out)] == [1]
+
+
 def test_llama3_learns_from_a_pretokenized_token_file(tmp_path):
     import array
 

@@ -1,2 +1,3 @@
 """What every trainer shares: who am I (launch_env), which device (device), process group (dist),
-metrics (metrics) and checkpoints (checkpoint). Only device, dist and checkpoint import torch."""
+metrics (metrics), stop signals (stop) and checkpoints (checkpoint). Only device, dist and
+checkpoint import torch."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from mmm_orch.runtime import stop
 # The exit code of a run that saved a checkpoint because it was told to stop (the walltime is
 # near, or the job was signalled) before its last step: EX_TEMPFAIL, "try again later".
 EXIT_CHECKPOINTED = 75
@@ -30,18 +29,13 @@ class Checkpointer:
     def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool):
         self.root = run_dir / "checkpoints"
         self.every, self.device, self.is_main = every, device, is_main
-        self.signalled: int | None = None
         self.stopped = False
         self.last_save_s = 0.0
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.signalled = signum  # acted on at the end of the current step, on every rank at once
+        stop.catch()  # the trainers' entry points catch earlier; this covers any other caller
 
     def stop_requested(self) -> bool:
         """True on every rank once any rank got a stop signal (one tiny all-reduce per step)."""
-        flag = torch.tensor([1 if self.signalled else 0], device=self.device)
+        flag = torch.tensor([1 if stop.received() else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 

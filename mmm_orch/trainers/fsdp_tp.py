@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+    from mmm_orch.runtime import stop
+    stop.catch()
+
 import torch
 import torch.nn.functional as F
 

@@ -12,6 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+    from mmm_orch.runtime import stop
+    stop.catch()
+
 import torch
 import torch.nn.functional as F
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+    from mmm_orch.runtime import stop
+    stop.catch()
+
 import torch
 
 from mmm_orch.runtime import dist as runtime_dist
