@@ -46,6 +46,7 @@ def test_our_markers_win_over_the_study_style_lines():
             "[mmm-orch] launch_end=1100 exit_code=0\n")
     m = parse_markers(text)
     assert (m.job_start, m.launch_start, m.first_step, m.launch_end) == (1000.0, 1001.5, 1042.25, 1100.0)
+    assert m.launch_exit == 0
     assert (m.nodes, m.ranks, m.host, m.startup_s) == (2, 8, "n1", 42.25)
 
 

@@ -21,7 +21,7 @@ _EPOCH_MARKERS = {
     "job_start": re.compile(r"\[mmm-orch\] job_start=(\d+(?:\.\d+)?)(?: host=(\S+))?"),
     "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d+(?:\.\d+)?)(?: ranks=(\d+) nodes=(\d+))?"),
     "first_step": re.compile(r"\[mmm-orch\] first_step=(\d+(?:\.\d+)?)"),
-    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)"),
+    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)(?: exit_code=(-?\d+))?"),
     "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d+(?:\.\d+)?)"),
 }
 # Events that can happen several times in one job: failover attempts, nodes retired, resumes.
@@ -44,6 +44,7 @@ class Markers:
     launch_start: float | None = None
     first_step: float | None = None
     launch_end: float | None = None
+    launch_exit: int | None = None  # the launch's exit code, printed with launch_end
     walltime_stop: float | None = None  # the watchdog asked the trainers to save and stop
     repeated: list[tuple[float, str]] = field(default_factory=list)  # (at, what): attempts, ...
     host: str = ""
@@ -75,6 +76,8 @@ def parse_markers(text: str) -> Markers:
                     found.host = match[2]
                 if name == "launch_start" and match[2]:
                     found.ranks, found.nodes = int(match[2]), int(match[3])
+                if name == "launch_end" and match[2]:
+                    found.launch_exit = int(match[2])
         if line.startswith("[mmm-orch] "):
             found.repeated.extend(_repeated(line))
         if local.job_start is None and (match := _JOB_STARTED.search(line)):

@@ -15,6 +15,7 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.jobs.db import JobDB, JobRecord
 from mmm_orch.jobs.logs import tail
+from mmm_orch.jobs.startup import parse_markers
 from mmm_orch.schedulers.base import JobRef, scheduler_for
 from mmm_orch.schedulers.states import JobState, JobStatus
 from mmm_orch.watchdog import CHECKPOINTED_EXIT, CHECKPOINTED_MARKER, HUNG_EXIT, HUNG_MARKER
@@ -73,7 +74,6 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
 
 # What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
 STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
-LAUNCH_SUCCEEDED = re.compile(r"^\[mmm-orch\] launch_end=\S+ exit_code=0$")
 CHAIN_MARKER = "[mmm-orch] chain:"
 _SAVED = re.compile(r"^\[checkpoint\] step=(\d+) ")
 
@@ -90,8 +90,9 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     says which checkpoint it can resume from."""
     if status.state not in (JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT):
         return status
-    text, _ = tail(host, record.log_path, 60)
-    lines = text.decode(errors="replace").splitlines()
+    raw, _ = tail(host, record.log_path, 60)
+    text = raw.decode(errors="replace")
+    lines = text.splitlines()
     saved = next((m[1] for line in reversed(lines) if (m := _SAVED.match(line))), None)
     for line in reversed(lines):
         if status.state is JobState.TIMEOUT:
@@ -111,8 +112,8 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     if status.state is JobState.TIMEOUT:
         return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
                                    else "no checkpoint: it cannot be resumed")
-    if cancel_sent and status.state is JobState.COMPLETED \
-            and not any(LAUNCH_SUCCEEDED.match(line) for line in lines):
+    if (cancel_sent and status.state is JobState.COMPLETED
+            and parse_markers(text).launch_exit != 0):
         return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                    reason="cancelled; the scheduler recorded a success, "
                                    "but the launch never finished")

@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from mmm_orch.runtime import stop
+
 # The exit code of a run that saved a checkpoint because it was told to stop (the walltime is
 # near, or the job was signalled) before its last step: EX_TEMPFAIL, "try again later".
 EXIT_CHECKPOINTED = 75
