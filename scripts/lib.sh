@@ -39,3 +39,14 @@ run_locked() {  # run_locked SCRIPT ARGS...: re-executes SCRIPT under the lock (
         MMM_ORCH_SCRIPT_LOCKED=1 exec flock -o "/run/mmm-orch-$NAME.lock" bash "$@"
     fi
 }
+
+# A scheduler started afresh recovers the jobs of an earlier run from its saved state; a test run
+# must not find its nodes held by them.
+cancel_recovered_jobs() {  # cancel_recovered_jobs LIST_COMMAND CANCEL_COMMAND...
+    local jobs
+    jobs=$($1)
+    shift
+    [[ -z $jobs ]] && return 0
+    log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
+    "$@" $jobs || true  # one may have ended meanwhile
+}

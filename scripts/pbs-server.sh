@@ -219,16 +219,6 @@ can_run_a_job() {
     return 1
 }
 
-# A server started afresh recovers the jobs of an earlier run; a test run must not find its vnodes
-# held by them.
-cancel_recovered_jobs() {
-    local jobs
-    jobs=$("$PBS_EXEC/bin/qselect")
-    [[ -z $jobs ]] && return 0
-    log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
-    "$PBS_EXEC/bin/qdel" -W force $jobs || true  # one may have ended meanwhile
-}
-
 up() {
     need_root
     install_pbs
@@ -238,7 +228,7 @@ up() {
     configure_server >/dev/null
     configure_vnodes
     if [[ -n $STARTED ]]; then
-        cancel_recovered_jobs
+        cancel_recovered_jobs "$PBS_EXEC/bin/qselect" "$PBS_EXEC/bin/qdel" -W force
         can_run_a_job  # a server already running (and maybe busy) has shown that before
     fi
     log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked, history on"

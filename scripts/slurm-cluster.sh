@@ -125,16 +125,6 @@ start_controller() {
     wait_for 30 slurmctld scontrol ping
 }
 
-# A controller started afresh (not restarted for a new slurm.conf while tests may run) recovers
-# the jobs of an earlier run from its saved state; a test run must not find its nodes held by them.
-cancel_recovered_jobs() {
-    local jobs
-    jobs=$(squeue -h -o %i)
-    [[ -z $jobs ]] && return 0
-    log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
-    scancel $jobs || true  # one may have ended meanwhile
-}
-
 stop_controller() {
     pkill -x slurmctld 2>/dev/null || true
     for _ in $(seq 50); do running "slurmctld" || return 0; sleep 0.1; done
@@ -173,7 +163,8 @@ up() {
     write_configs
     start_slurmdbd
     start_controller
-    [[ -z $fresh ]] || cancel_recovered_jobs
+    # Only when started afresh: a restart for a new slurm.conf may happen while tests run.
+    [[ -z $fresh ]] || cancel_recovered_jobs "squeue -h -o %i" scancel
     start_nodes
     log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug and parked, accounting on"
 }
