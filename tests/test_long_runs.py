@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -45,17 +44,20 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
     request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
     write_spec(isolated, "llama_chain", CHAIN_SPEC)
-    # How many steps need three links here, now: about 25 s of training fit in one link.
+    # How many steps need three links here, now. At most about 35 s of training fit in one link
+    # (60 s, less the 20 s margin and a start of 5 s or more). The host's load comes and goes, so
+    # the links may run faster than the calibration did: count with its fastest tenth of steps,
+    # and 3 links' worth. A loaded host needs more links (up to 20).
     calibration = local_run(isolated, 150, "calibration")
     assert calibration.wait(timeout=300) == 0, calibration.stderr.read()
-    dt = statistics.median(r["dt"] for r in metrics(isolated / "outputs" / "calibration"))
-    steps = math.ceil(3.2 * 25 / dt)
+    dts = sorted(r["dt"] for r in metrics(isolated / "outputs" / "calibration"))
+    steps = math.ceil(3 * 35 / dts[len(dts) // 10])
 
     result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", "--walltime",
-                 "00:01:00", "--chain", "15", "--json")
+                 "00:01:00", "--chain", "20", "--json")
     assert result.code == 0, result.err
     links = json.loads(result.out)
-    deadline = time.monotonic() + 1500
+    deadline = time.monotonic() + 1800
     while True:
         chain = cli("status").out  # before the rows: a link that ends between the two reads
         rows = json.loads(cli("status", "--all", "--json").out)  # shows ended in both
