@@ -125,11 +125,14 @@ start_controller() {
     wait_for 30 slurmctld scontrol ping
 }
 
-stop_controller() {
-    pkill -x slurmctld 2>/dev/null || true
-    for _ in $(seq 50); do running "slurmctld" || return 0; sleep 0.1; done
-    pkill -9 -x slurmctld 2>/dev/null || true
+# Until it has exited: an `up` right after would find it still running and not start it.
+stop_daemon() {  # stop_daemon NAME
+    pkill -x "$1" 2>/dev/null || true
+    for _ in $(seq 50); do pgrep -x "$1" >/dev/null || return 0; sleep 0.1; done
+    pkill -9 -x "$1" 2>/dev/null || true
 }
+
+stop_controller() { stop_daemon slurmctld; }
 
 NODES=(n1 n2 n3)
 
@@ -171,9 +174,9 @@ up() {
 
 down() {
     need_root
-    pkill -x slurmd 2>/dev/null || true
+    stop_daemon slurmd
     stop_controller
-    pkill -x slurmdbd 2>/dev/null || true
+    stop_daemon slurmdbd
     log "down (munge and MariaDB left running)"
 }
 
