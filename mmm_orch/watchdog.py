@@ -15,6 +15,10 @@ because the scheduler's own SIGTERM comes with only seconds before its SIGKILL (
 PBS's kill_delay). If the trainers then saved, it prints `[mmm-orch] checkpointed before the
 walltime: step=N` and exits 75, whatever the launcher passed through. Signals the scheduler
 sends (TERM, USR1, INT) are passed on to the launch.
+
+A failed rank: srun returns 128 + the highest signal among its tasks, so when it terminates the
+others after one exited non-zero (--kill-on-bad-exit) it returns 143 and the rank's own code is
+lost. The watchdog exits with the code srun reported for the first rank that exited non-zero.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from mmm_orch.procgroup import signal_group, stop_group
 
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
 SAVED = re.compile(rb"^\[checkpoint\] step=(\d+) .*save_s=([0-9.eE+-]+)")
+# Slurm src/srun/launch.c (_task_finish): "n1: task 0: Exited with exit code 3".
+RANK_EXITED = re.compile(rb"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code (\d+)")
 HUNG_EXIT = 124
 HUNG_MARKER = "[mmm-orch] hung:"
 CHECKPOINTED_EXIT = 75  # the trainers' EXIT_CHECKPOINTED: saved, not finished
@@ -54,6 +60,7 @@ class Launch:
         self.last_step: int | None = None
         self.longest_save = 0.0
         self.saved_step: int | None = None  # the last checkpoint's step
+        self.first_rank_exit: int | None = None  # the launcher's report of the first failed rank
         self.lines: collections.deque[str] = collections.deque(maxlen=2000)  # the output's end
         self.code: int | None = None
         self.hung = self.checkpointed = self.stopped_for_walltime = False
@@ -69,6 +76,8 @@ class Launch:
             if match := SAVED.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
+            if self.first_rank_exit is None and (match := RANK_EXITED.search(line)):
+                self.first_rank_exit = int(match[1])
 
 
 def say(text: str) -> None:
@@ -111,6 +120,10 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
             say(f"{CHECKPOINTED_MARKER} step={launch.saved_step}; continue with --resume "
                 f"(exit {CHECKPOINTED_EXIT}; the launch returned {code})")
             launch.code, launch.checkpointed = CHECKPOINTED_EXIT, True
+        elif code > 128 and launch.first_rank_exit and not launch.received and stop_sent_after is None:
+            say(f"[mmm-orch] watchdog: a rank exited with code {launch.first_rank_exit} first; the "
+                f"launch returned {code} after ending the others: exit {launch.first_rank_exit}")
+            launch.code = launch.first_rank_exit
         launch.stopped_for_walltime = stop_sent_after is not None
         return launch
 

@@ -67,17 +67,32 @@ def test_fsdp_on_two_nodes_completes_with_the_loss_falling(cli, isolated):
 
 
 def test_exit_code_3_ends_failed_with_3(cli, isolated, monkeypatch, over_walltime):
+    """Rank 1 still runs when rank 0 exits 3, so srun terminates it and returns 143: the job's
+    exit code is still rank 0's."""
     monkeypatch.setenv("PYTHONPATH", str(isolated))
-    write_probe(isolated, "exit3", "import os, sys\nsys.exit(3 if os.environ['SLURM_PROCID'] == '0' else 0)\n")
+    write_probe(isolated, "exit3", "import os, sys, time\n"
+                "sys.exit(3) if os.environ['SLURM_PROCID'] == '0' else time.sleep(120)\n")
     assert cli("submit", "slurm-local", "exit3").code == 0
     row = wait_state(cli, 1, TERMINAL)
-    assert (row["state"], row["exit_code"]) == ("failed", 3)
+    log = cli("logs", "1").out
+    assert (row["state"], row["exit_code"]) == ("failed", 3), log[-2000:]
+    assert "Terminating StepId" in log
+    assert "[mmm-orch] watchdog: a rank exited with code 3 first; the launch returned 143" in log
     assert row["native_state"] == "FAILED"
     # Start and end are the controller's, not the moments status happened to look.
     times = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start,End", "-j", row["native_id"]],
                            capture_output=True, text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"},
                            check=True).stdout.split()[0].split("|")
     assert (row["started_at"], row["ended_at"]) == (float(times[0]), float(times[1]))
+
+
+def test_an_exit_code_above_128_is_kept(cli, isolated, monkeypatch):
+    """sacct before Slurm 25.11 reads 200 as 72 (it subtracts 128); the controller has it right."""
+    monkeypatch.setenv("PYTHONPATH", str(isolated))
+    write_probe(isolated, "exit200", "import sys\nsys.exit(200)\n")
+    assert cli("submit", "slurm-local", "exit200").code == 0
+    row = wait_state(cli, 1, TERMINAL)
+    assert (row["state"], row["exit_code"]) == ("failed", 200), cli("logs", "1").out[-2000:]
 
 
 def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):

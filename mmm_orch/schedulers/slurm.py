@@ -1,7 +1,9 @@
-"""Slurm: sbatch, squeue (live), sacct (final state and exit code), scontrol (no accounting)."""
+"""Slurm: sbatch, squeue (live), sacct (final state and exit code), scontrol (no accounting, and
+the exact exit code of a failed job)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from typing import Sequence
 
@@ -76,7 +78,8 @@ class SlurmScheduler(CommandScheduler):
                                 f"--format={','.join(parse.SACCT_FIELDS)}",
                                 f"--jobs={','.join(ids)}"], "query")
             if result.returncode == 0:
-                return parse.parse_sacct_parsable(result.stdout, parse.SACCT_FIELDS)
+                return self._exact_exit_codes(parse.parse_sacct_parsable(result.stdout,
+                                                                         parse.SACCT_FIELDS))
             if not parse.ACCOUNTING_DISABLED.search(result.message):
                 raise SchedulerError(f"{self.cmd['accounting']}: {result.message}")
         # No accounting: the controller remembers finished jobs for MinJobAge (300 s by default).
@@ -85,6 +88,19 @@ class SlurmScheduler(CommandScheduler):
             raise SchedulerError(f"{self.cmd['control']}: {result.message}")
         wanted = set(ids)
         return {i: s for i, s in parse.parse_scontrol_show_job(result.stdout).items() if i in wanted}
+
+    def _exact_exit_codes(self, final: dict[str, JobStatus]) -> dict[str, JobStatus]:
+        """sacct before Slurm 25.11 subtracts 128 from an exit code of 128 or more (143 reads 15,
+        137 reads 9; Slurm commit 831571cb84). The controller's record is exact while it keeps a
+        finished job (MinJobAge, 300 s by default), so a failed job's code is read there too."""
+        for job_id, status in final.items():
+            if status.state is not JobState.FAILED:
+                continue
+            result = self._run([self.cmd["control"], "--oneliner", "show", "job", job_id], "query")
+            exact = parse.parse_scontrol_show_job(result.stdout).get(job_id)
+            if result.returncode == 0 and exact and exact.state.terminal and exact.exit_code:
+                final[job_id] = dataclasses.replace(status, exit_code=exact.exit_code)
+        return final
 
     def cancel(self, job: JobRef) -> None:
         result = self._run([self.cmd["cancel"], job.native_id], "submit")
