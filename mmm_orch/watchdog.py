@@ -37,8 +37,9 @@ from mmm_orch.procgroup import signal_group, stop_group
 
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
 SAVED = re.compile(rb"^\[checkpoint\] step=(\d+) .*save_s=([0-9.eE+-]+)")
-# Slurm src/srun/launch.c (_task_finish): "n1: task 0: Exited with exit code 3".
-RANK_EXITED = re.compile(rb"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code (\d+)")
+# srun's report of how tasks ended (Slurm src/srun/launch.c, _task_finish): "n1: task 0: Exited
+# with exit code 3", "n2: task 1: Killed", "n1: task 1: Terminated", "...: Out Of Memory".
+TASK_ENDED = re.compile(rb"^srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code (\d+))?")
 HUNG_EXIT = 124
 HUNG_MARKER = "[mmm-orch] hung:"
 CHECKPOINTED_EXIT = 75  # the trainers' EXIT_CHECKPOINTED: saved, not finished
@@ -60,7 +61,7 @@ class Launch:
         self.last_step: int | None = None
         self.longest_save = 0.0
         self.saved_step: int | None = None  # the last checkpoint's step
-        self.first_rank_exit: int | None = None  # the launcher's report of the first failed rank
+        self.first_task_ended: bytes | None = None  # srun's report of the first task that ended
         self.lines: collections.deque[str] = collections.deque(maxlen=2000)  # the output's end
         self.code: int | None = None
         self.hung = self.checkpointed = self.stopped_for_walltime = False
@@ -76,8 +77,13 @@ class Launch:
             if match := SAVED.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
-            if self.first_rank_exit is None and (match := RANK_EXITED.search(line)):
-                self.first_rank_exit = int(match[1])
+            if self.first_task_ended is None and (match := TASK_ENDED.search(line)):
+                self.first_task_ended = match[1] or b""
+
+    @property
+    def first_rank_exit(self) -> int | None:
+        """The code of the first rank srun reported, when it exited rather than being killed."""
+        return int(self.first_task_ended) if self.first_task_ended else None
 
 
 def say(text: str) -> None:

@@ -55,3 +55,33 @@ def test_leftovers_of_an_ended_launch_do_not_hold_it():
     assert proc.returncode == 5
     assert time.monotonic() - start < 20
     assert "launch exited (5) but processes it started still hold its output" in proc.stdout
+
+
+# srun's own lines when rank 0 exited 3 and srun terminated rank 1 (recorded on the Slurm test
+# cluster): srun then returns 143, the highest signal winning over any exit code.
+SRUN_TEARDOWN = ("echo 'srun: error: n1: task 0: Exited with exit code 3' >&2; "
+                 "echo 'srun: launch/slurm: _step_signal: Terminating StepId=4619.0' >&2; "
+                 "echo 'srun: error: n1: task 1: Terminated' >&2; ")
+
+
+def test_the_first_failed_rank_s_code_outlives_srun_s_teardown():
+    proc = run(SRUN_TEARDOWN + "exit 143")
+    assert proc.returncode == 3, proc.stdout
+    assert proc.stdout.endswith("[mmm-orch] watchdog: a rank exited with code 3 first; the launch "
+                                "returned 143 after ending the others: exit 3\n")
+
+
+def test_a_rank_killed_first_keeps_the_launch_s_code():
+    proc = run("echo 'srun: error: n2: task 1: Killed' >&2; " + SRUN_TEARDOWN + "exit 137")
+    assert proc.returncode == 137 and "watchdog: a rank exited" not in proc.stdout
+
+
+def test_a_rank_s_code_does_not_hide_a_signal_the_scheduler_sent(tmp_path):
+    (tmp_path / "teardown.sh").write_text(SRUN_TEARDOWN + "exit 143\n")
+    proc = subprocess.Popen([*WATCHDOG, "--first-step-timeout", "60", "--step-timeout", "60", "--",
+                             f"trap 'bash {tmp_path}/teardown.sh; exit 143' TERM; echo ready; "
+                             "sleep 300 & wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
