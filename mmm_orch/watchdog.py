@@ -61,7 +61,8 @@ class Launch:
         self.last_step: int | None = None
         self.longest_save = 0.0
         self.saved_step: int | None = None  # the last checkpoint's step
-        self.first_task_ended: bytes | None = None  # srun's report of the first task that ended
+        self.task_reported = False  # srun has reported how a task ended
+        self.first_rank_exit: int | None = None  # ...and that first task exited with this code
         self.lines: collections.deque[str] = collections.deque(maxlen=2000)  # the output's end
         self.code: int | None = None
         self.hung = self.checkpointed = self.stopped_for_walltime = False
@@ -77,13 +78,9 @@ class Launch:
             if match := SAVED.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
-            if self.first_task_ended is None and (match := TASK_ENDED.search(line)):
-                self.first_task_ended = match[1] or b""
-
-    @property
-    def first_rank_exit(self) -> int | None:
-        """The code of the first rank srun reported, when it exited rather than being killed."""
-        return int(self.first_task_ended) if self.first_task_ended else None
+            if not self.task_reported and (match := TASK_ENDED.search(line)):
+                self.task_reported = True
+                self.first_rank_exit = int(match[1]) if match[1] else None  # None: killed
 
 
 def say(text: str) -> None:
