@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 from pathlib import Path
 
 from mmm_orch.errors import ConfigError
@@ -13,11 +12,12 @@ from mmm_orch.plan import Plan
 
 
 def _bytecode_cache():
-    """Compiled templates keyed by source checksum: a stale entry can never be used."""
+    """Compiled templates keyed by source checksum: a stale entry can never be used. The
+    directory is the sandbox's own: code compiled without its rewriting is never loaded."""
     import jinja2
 
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(root, "mmm-orch", "jinja")
+    directory = os.path.join(root, "mmm-orch", "jinja-sandbox-1")
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError:
@@ -33,39 +33,45 @@ def _environment(extra_dir: Path | None):
 
 @functools.lru_cache(maxsize=None)
 def _environment_for(dirs: tuple[str, ...]):
-    """One Jinja environment per search path (the user's template directory can change)."""
-    import jinja2
+    """One sandboxed environment per search path (the user's template directory can change)."""
+    from mmm_orch.sandbox import Sandbox
 
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(dirs),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-        bytecode_cache=_bytecode_cache(),
-    )
-    env.filters["sh"] = lambda value: shlex.quote(str(value))
-    return env
+    return Sandbox(dirs, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                   bytecode_cache=_bytecode_cache())
 
 
 def render(plan: Plan, template: str | None = None) -> str:
-    """The job script for `plan`; `template` is a file path overriding the scheduler's template."""
+    """The job script for `plan`; `template` is a file path overriding the scheduler's template.
+    Every template renders in mmm_orch.sandbox: data, never code."""
     import jinja2
+
+    from mmm_orch.sandbox import TemplateLimit, read_template
 
     if template:
         path = Path(template)
-        if not path.is_file():
-            raise ConfigError(f"--template {template!r}: no such file")
+        try:
+            read_template(str(path))  # a FIFO, a directory or a huge file is refused unread
+        except FileNotFoundError:
+            raise ConfigError(f"--template {template!r}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"--template {template!r}: cannot read: {exc.strerror}") from None
+        except TemplateLimit as exc:
+            raise ConfigError(f"--template {template!r}: {exc}") from None
+        except UnicodeDecodeError:
+            pass  # said below, with the byte
         env, name = _environment(path.resolve().parent), path.name
     else:
         env, name = _environment(None), f"{plan.scheduler}.sh.j2"
     try:
-        return env.get_template(name).render(plan=plan)
+        return env.render_bounded(env.get_template(name), plan=plan)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"template {template or name}: not UTF-8 text (byte {exc.start}: "
                           f"{exc.object[exc.start:exc.start + 1]!r})") from None
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"{exc.filename or name}:{exc.lineno}: template error: {exc.message}") from None
+    except jinja2.sandbox.SecurityError as exc:
+        raise ConfigError(f"template {template or name}: refused by the sandbox: {exc}") from None
     except jinja2.TemplateError as exc:
         raise ConfigError(f"template {name}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"template {template or name}: includes or macros nest without end") from None

@@ -59,6 +59,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     swept = sweeps.axes(args.nodes, args.sets)
     planned = sweeps.points(common.request(args, nodes=None, sets=()), swept)
+    from mmm_orch.render import render
+
+    for point in planned:  # a bad template is refused before the machine is contacted
+        render(point.plan, args.template)
     if args.dry_run:
         print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
               f"{len(planned)} points (nothing submitted)")
@@ -71,11 +75,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     from mmm_orch.jobs.db import db_path
     from mmm_orch.jobs.submit import check_job_python, target_for
-    from mmm_orch.render import render
 
     remote = target_for(planned[0].plan, args.host)
-    for point in planned:  # a bad template is refused before the machine is contacted
-        render(point.plan, args.template)
     if not args.no_env_check:
         check_job_python(planned[0].plan, remote)
     sweep, records = sweeps.submit_sweep(swept, planned, db_path(args.db), args.template, remote)
