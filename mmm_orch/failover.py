@@ -48,7 +48,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmm_orch import watchdog
+from mmm_orch import rendezvous, watchdog
 from mmm_orch.jobs.diagnose import TEARDOWN, diagnose
 
 NODES_TOKEN = "@NODES@"
@@ -141,13 +141,13 @@ def run(args: argparse.Namespace) -> int:
     attempts = args.attempts or len(spares) + 1
     retired: list[dict] = []
     stop_signal = signal.Signals[f"SIG{args.stop_signal}"]
-    base_port = int(os.environ.get("MASTER_PORT") or 29500)
     for attempt in range(1, attempts + 1):
         line = args.command.replace(NODES_TOKEN, node_arg(args, active))
-        # Rank 0 runs on the first active node, and each attempt rendezvous on a port of its
-        # own: ranks of the attempt before may still hold the old one while they are torn down.
+        # Rank 0 runs on the first active node, and each relaunch rendezvous on a port nobody
+        # holds: ranks of the attempt before may still hold the old one while they are torn down.
         os.environ["MASTER_ADDR"] = args.host_addr.format(node=active[0], short=short(active[0]))
-        os.environ["MASTER_PORT"] = str(base_port + attempt - 1)
+        if attempt > 1:
+            os.environ["MASTER_PORT"] = str(rendezvous.free_port())
         if attempt > 1:
             line = f"{line} {args.resume_args}".rstrip()
             os.environ["MMM_RUN_LOCK_WAIT"] = str(RELAUNCH_LOCK_WAIT_S)
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,
                  "retired": retired}
         report(args, state)
-        launch = watchdog.run(line, args.first_step_timeout, args.step_timeout, args.grace,
+        launch = watchdog.run_bound(line, args.first_step_timeout, args.step_timeout, args.grace,
                               args.walltime_end, args.margin, stop_signal)
         verdict = classify(launch, signatures, active, args.walltime_end, args.margin)
         code = launch.code if launch.code is not None else 1

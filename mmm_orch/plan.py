@@ -491,7 +491,10 @@ def resolve(request: Request) -> Plan:
         device_env.append(EnvEntry(name="MMM_DEVICE_PER_RANK", value="1"))
     if machine.rendezvous.master_addr:
         device_env.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
-    if machine.rendezvous.master_port:
+    if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds (rendezvous.py)
+        device_env.append(EnvEntry(name="MASTER_PORT",
+                                   value=f"$({shlex.quote(python)} -m mmm_orch.rendezvous)"))
+    elif machine.rendezvous.master_port:
         device_env.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
 
     workload_env = dict(workload.env)

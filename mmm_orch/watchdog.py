@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 
+from mmm_orch import rendezvous
 from mmm_orch.procgroup import signal_group, stop_group
 
 STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
@@ -67,7 +68,15 @@ class Launch:
         self.code: int | None = None
         self.hung = self.checkpointed = self.stopped_for_walltime = False
         self.received: list[int] = []  # signals the scheduler sent (passed on to the launch)
+        self.port_in_use = False  # a rank could not bind the rendezvous port before step 1
         self._pending = b""
+
+    @property
+    def rendezvous_refused(self) -> bool:
+        """It failed before its first step because the rendezvous port was taken: a launch
+        fault to retry on another port."""
+        return (self.code != 0 and self.port_in_use and self.last_step is None and not self.hung
+                and not self.received and not self.stopped_for_walltime)
 
     def feed(self, chunk: bytes) -> None:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
@@ -78,6 +87,8 @@ class Launch:
             if match := SAVED.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
+            if self.last_step is None and rendezvous.PORT_IN_USE.search(line.decode(errors="replace")):
+                self.port_in_use = True
             if not self.task_reported and (match := TASK_ENDED.search(line)):
                 self.task_reported = True
                 self.first_rank_exit = int(match[1]) if match[1] else None  # None: killed
@@ -90,15 +101,31 @@ def say(text: str) -> None:
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
           walltime_end: float | None = None, margin: float = 0.0,
           stop_signal: int = signal.SIGUSR1) -> int:
-    return run(command, first_step_timeout, step_timeout, grace, walltime_end, margin,
-               stop_signal).code
+    return run_bound(command, first_step_timeout, step_timeout, grace, walltime_end, margin,
+                     stop_signal).code
+
+
+def run_bound(command: str, *args, **kwargs) -> Launch:
+    """run(), relaunched on a fresh MASTER_PORT while the rendezvous could not bind its port
+    (another job or attempt on the node holds it), at most rendezvous.TRIES launches."""
+    for tries in range(1, rendezvous.TRIES + 1):
+        launch = run(command, *args, **kwargs, relaunchable=tries < rendezvous.TRIES)
+        if not launch.rendezvous_refused or tries == rendezvous.TRIES:
+            return launch
+        port = rendezvous.free_port()
+        say(f"{rendezvous.RELAUNCH_MARKER} port {os.environ.get('MASTER_PORT', '?')} was in use "
+            f"before the first step; relaunching on port {port} ({tries}/{rendezvous.TRIES - 1})")
+        os.environ["MASTER_PORT"] = str(port)
+    raise AssertionError("unreachable: the last try always returns")
 
 
 def run(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
         walltime_end: float | None = None, margin: float = 0.0,
-        stop_signal: int = signal.SIGUSR1) -> Launch:
+        stop_signal: int = signal.SIGUSR1, relaunchable: bool = False) -> Launch:
     """Run the launch to its end; the Launch says how it ended (`code`, `hung`,
-    `checkpointed`) and what it printed last."""
+    `checkpointed`) and what it printed last. `relaunchable`: a rank that cannot bind the
+    rendezvous port ends the launch at once (the other ranks would wait for it until their
+    timeout where the launcher does not end them, as MPICH's Hydra does not)."""
     launch = Launch(command)
     process = launch.process
     def pass_on(signum: int, _frame) -> None:
@@ -144,6 +171,12 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
         now = time.monotonic()
         if exited_at is None and process.poll() is not None:
             exited_at = now
+        if relaunchable and exited_at is None and launch.port_in_use and launch.last_step is None:
+            say(f"{rendezvous.RELAUNCH_MARKER} a rank could not bind port "
+                f"{os.environ.get('MASTER_PORT', '?')}; stopping the launch")
+            stop_group(process, grace)
+            launch.code = process.returncode or 1
+            return launch
         if exited_at is not None:
             if now - exited_at > LINGER:
                 say(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
