@@ -6,30 +6,43 @@ up to busy_timeout), so concurrent submits never lose or corrupt a record. A rec
 trace that the next `status` reconciles; a submission the scheduler refused is removed again.
 
 The database is checked before anything is done with it (a directory, a foreign file, a truncated
-or damaged database, a read-only place, a full disk: one clear error, exit 2, nothing written),
-and two copies make recovery real: `jobs.db.backup` (SQLite's online backup, refreshed at most
-every BACKUP_EVERY seconds by a writer) and one `record.json` per job in its directory beside the
-database. `mmm-orch db recover` rebuilds from the damaged file, the backup and those records.
+or damaged database, a read-only place, a full disk: one clear error, exit 2, nothing written).
+mmm-orch's databases carry its mark in the SQLite header (application_id), set at creation; those
+of earlier versions are known by their tables, and marked. A high-water mark beside the database
+(jobs.db.last-id, the highest job id it recorded) shows a database that was replaced or rolled
+back: it is refused until `db recover`. Two copies make recovery real: `jobs.db.backup` (SQLite's
+online backup, refreshed at most every BACKUP_EVERY seconds by a writer) and one `record.json` per
+job in its directory beside the database. `mmm-orch db recover` rebuilds from the damaged file,
+the backup and those records.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import os
 import re
 import sqlite3
+import stat
+import struct
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from mmm_orch.errors import MmmError
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
 SCHEMA_VERSION = 4  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes
 SQLITE_HEADER = b"SQLite format 3\x00"
+# Set in the SQLite header ("mmmo") when mmm-orch creates a database, so that a file is known to
+# be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
+APPLICATION_ID = 0x6D6D6D6F
+MARK_SUFFIX = ".last-id"  # beside the database: the highest job id it ever recorded
+ALLOWED = ("--db and $MMM_ORCH_DB must name an mmm-orch job database, or a path where none exists "
+           "yet (the first `mmm-orch submit` creates it there)")
 BACKUP_EVERY = 600.0
 RECORD_FILE = "record.json"
 CANCEL_SENT = "cancel sent by mmm-orch"  # the reason of the event that records a cancel request
@@ -88,7 +101,7 @@ CREATE TABLE IF NOT EXISTS groups (
     spec         TEXT NOT NULL       -- JSON: what was asked (links, axes and points)
 );
 """
-# Columns added after the first schema, created on older databases by _migrate().
+# Columns added after the first schema, created on older databases by _build().
 _ADDED_COLUMNS = {
     "remote": "TEXT NOT NULL DEFAULT ''",     # SSH target the job went through, '' for here
     "tag": "TEXT NOT NULL DEFAULT ''",        # the mark the scheduler shows (comment, variable)
@@ -100,6 +113,16 @@ _ADDED_COLUMNS = {
     "spares": "INTEGER NOT NULL DEFAULT 0",   # spare nodes the job holds for failover
 }
 _OPEN_STATES = tuple(s.value for s in JobState if not s.terminal)
+# What a database of mmm-orch 0.1.0 (before APPLICATION_ID) holds at least, and at most.
+_FIRST_JOB_COLUMNS = {
+    "id", "machine", "host", "scheduler", "commands", "workload", "name", "nodes", "ranks",
+    "native_id", "job_dir", "script_path", "script", "plan", "submit_dir", "git_commit", "log_path",
+    "state", "native_state", "reason", "exit_code", "signal", "submitted_at", "started_at",
+    "ended_at", "checked_at"}
+_EVENT_COLUMNS = {"job_id", "at", "state", "native_state", "reason"}
+_OUR_TABLES = {"jobs", "events", "bad_nodes", "groups"}
+_SPECIAL_FILES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket",
+                  stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 class DatabaseError(MmmError):
@@ -203,11 +226,19 @@ def open_db(path: str | None = None, create: bool = False) -> JobDB | None:
     key = file.absolute()
     if key in _open:
         return _open[key]
-    check_file(file)
-    if not file.exists() and not create:
-        return None
-    _open[key] = JobDB(file)
-    return _open[key]
+    if not _connected[key]:  # else already open here, and reading it again would drop the locks
+        if check_file(file) == "missing":
+            refuse_lost_jobs(file, 0, set)
+            if not create:
+                return None
+    db = JobDB(file)
+    try:
+        db.check_complete()
+    except BaseException:
+        db.close()
+        raise
+    _open[key] = db
+    return db
 
 
 def close_all() -> None:
@@ -215,38 +246,109 @@ def close_all() -> None:
         _open.popitem()[1].close()
 
 
-def check_file(file: Path) -> None:
-    """Refuse what is not a usable job database, before anything is written."""
-    if file.is_dir():
-        raise DatabaseError(f"job database {file}: is a directory, not a database file "
-                            "(--db or $MMM_ORCH_DB names the file, e.g. .../jobs.db)")
-    if not file.exists():
-        parent = next((p for p in file.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            raise DatabaseError(f"job database {file}: {parent} is a file, not a directory")
-        return
-    if _connected[file.absolute()]:
-        return  # already open here, so a database; reading it again would drop SQLite's locks
+def identify(file: Path) -> tuple[str, str]:
+    """What `file` is, found without writing anything: (kind, what it is in words), kind one of
+    missing, empty, mmm-orch, newer (an mmm-orch database this version does not know), foreign."""
     try:
-        with open(file, "rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
+        mode = file.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a file in the way: check_file says which
+        return "missing", ""
+    except OSError as exc:
+        raise DatabaseError(f"job database {file}: cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        return "foreign", "a directory"
+    if not stat.S_ISREG(mode):
+        return "foreign", _SPECIAL_FILES.get(stat.S_IFMT(mode), "not a regular file")
+    try:
+        # Non-blocking: a FIFO put there since the stat must not hang the command.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "foreign", "not a regular file"
+            head = os.read(fd, 100)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise DatabaseError(f"job database {file}: cannot read: {exc.strerror}") from None
     if not head:
-        evidence = _earlier_records(file)
-        if evidence:
-            raise DatabaseError(
-                f"job database {file} is empty (0 bytes) but {evidence}: it was truncated. "
-                f"Nothing was written; `mmm-orch db recover` rebuilds it from the backup and "
-                f"the job directories (the empty file is kept aside)")
-        return
-    if head != SQLITE_HEADER:
-        raise DatabaseError(f"job database {file}: not an SQLite database (it starts with "
-                            f"{head[:8]!r}); name another file with --db, or move this one away")
+        return "empty", "an empty file (0 bytes)"
+    if len(head) < 100 or not head.startswith(SQLITE_HEADER):
+        return "foreign", f"not an SQLite database (it starts with {head[:8]!r})"
+    version, app = struct.unpack(">i4xi", head[60:72])  # the header's user_version, application_id
+    if app == APPLICATION_ID:
+        return _by_version(version)
+    if app != 0:
+        return "foreign", f"an SQLite database of another program (application id {app:#x})"
+    try:  # immutable: reads only, and never leaves -wal or -shm files beside a foreign database
+        conn = sqlite3.connect(f"{file.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            return _by_tables(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return "foreign", f"an SQLite file that cannot be read ({exc})"
 
 
-def _earlier_records(file: Path) -> str:
-    """What shows that a database at `file` once held jobs: its backup, or job directories."""
+def _by_version(version: int) -> tuple[str, str]:
+    if version > SCHEMA_VERSION:
+        return "newer", (f"a job database of a newer mmm-orch (schema {version}; this one knows "
+                         f"up to {SCHEMA_VERSION})")
+    return "mmm-orch", ""
+
+
+def _by_tables(conn: sqlite3.Connection) -> tuple[str, str]:
+    """A database without mmm-orch's mark: one of an earlier mmm-orch has its tables, only them."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+              if not row[0].startswith("sqlite_")}
+    if not tables:
+        return "foreign", "an SQLite database with no tables that mmm-orch did not create"
+
+    def columns(table: str) -> set[str]:
+        return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+    if not ({"jobs", "events"} <= tables <= _OUR_TABLES and _FIRST_JOB_COLUMNS <= columns("jobs")
+            and _EVENT_COLUMNS <= columns("events")):
+        shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
+        return "foreign", f"an SQLite database of another program (tables: {shown})"
+    return _by_version(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def check_file(file: Path) -> str:
+    """Refuse what is not a usable job database, before anything is written: anything but a
+    missing file or an mmm-orch database is left exactly as it is. Returns the kind (identify)."""
+    kind, what = identify(file)
+    if kind == "missing":
+        parent = next((p for p in file.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise DatabaseError(f"job database {file}: {parent} is a file, not a directory")
+    if kind in ("missing", "mmm-orch"):
+        return kind
+    if kind == "newer":
+        raise DatabaseError(f"job database {file} is {what}; it was left as it is: use that newer "
+                            "mmm-orch, or name another file with --db")
+    if kind == "empty" and (evidence := earlier_records(file)):
+        raise DatabaseError(
+            f"job database {file} is empty (0 bytes) but {evidence}: it was truncated. "
+            f"Nothing was written; `mmm-orch db recover` rebuilds it from the backup and "
+            f"the job directories (the empty file is kept aside)")
+    lost = len(recorded_job_dirs(file)) if held_jobs(file) else 0
+    raise DatabaseError(
+        f"job database {file} is {what}, not an mmm-orch job database; it was left as it is. "
+        + (f"It lacks the {lost} jobs recorded in {jobs_root_for(file)}: if it replaced the job "
+           "database, `mmm-orch db recover` sets it aside unchanged and rebuilds the database"
+           if lost else ALLOWED))
+
+
+def held_jobs(file: Path) -> bool:
+    """Whether an mmm-orch database at this very path once recorded jobs (its high-water mark or
+    its backup; the job directories are shared by every database in the same directory)."""
+    return bool(read_mark(file)) or backup_path(file).is_file()
+
+
+def earlier_records(file: Path) -> str:
+    """What shows that a database at `file` once held jobs: its mark, backup, or job directories."""
+    if mark := read_mark(file):
+        return f"it recorded jobs up to id {mark}"
     backup = backup_path(file)
     if backup.is_file() and backup.stat().st_size:
         return f"its backup {backup.name} exists"
@@ -256,6 +358,115 @@ def _earlier_records(file: Path) -> str:
         if count:
             return f"{count} job directories with records exist in {root}"
     return ""
+
+
+def job_records(root: Path) -> list[dict[str, Any]]:
+    """Every job's own record.json under `root` (what `db recover` rebuilds from)."""
+    records = []
+    with contextlib.suppress(OSError):
+        for directory in sorted(root.iterdir()):
+            with contextlib.suppress(OSError, ValueError):
+                records.append(json.loads((directory / RECORD_FILE).read_text()))
+    return records
+
+
+def recorded_job_dirs(file: Path) -> set[str]:
+    return {r["job_dir"] for r in job_records(jobs_root_for(file))
+            if isinstance(r, dict) and isinstance(r.get("job_dir"), str)}
+
+
+# -- the high-water mark: a replaced or rolled-back database is noticed ------------------------
+
+def mark_path(db_file: Path) -> Path:
+    return db_file.with_name(db_file.name + MARK_SUFFIX)
+
+
+def read_mark(db_file: Path) -> int | None:
+    """The highest job id the database at `db_file` recorded; None where no mark was kept."""
+    try:
+        return int(mark_path(db_file).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return 0  # unreadable: no evidence either way (not rewritten: someone else's doing)
+
+
+def write_mark(db_file: Path, job_id: int) -> None:
+    """Atomically; a mark that cannot be written only weakens the check, it fails nothing."""
+    target = mark_path(db_file)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(f"{job_id}\n")
+        tmp.replace(target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def refuse_lost_jobs(file: Path, last_id: int, known: Callable[[], set[str]]) -> None:
+    """Refuse a database (or its absence) that lacks jobs it once recorded: whose highest job id
+    is below the mark, and whose job directories record jobs it does not have. Directories are
+    listed only when the mark says so; `known()` (the job_dirs the database has) is asked after,
+    since a job's record.json is written after its row."""
+    mark = read_mark(file)
+    if not mark or mark <= last_id:
+        return
+    recorded = recorded_job_dirs(file)
+    lost = len(recorded - known()) if recorded else 0
+    if lost:
+        where = f"job database {file} " + ("is missing" if last_id == 0 and not file.exists()
+                                             else "was replaced or rolled back")
+        raise DatabaseError(
+            f"{where}: it lacks {lost} of the jobs recorded in {jobs_root_for(file)} (its jobs "
+            f"reached id {mark}). Nothing was written; `mmm-orch db recover` rebuilds it from its "
+            f"backup and the job directories (the current file is kept aside)")
+
+
+def create_file(file: Path) -> None:
+    """A new job database at `file`, marked as mmm-orch's. Built aside and linked into place, so
+    that no process ever sees it half made: an empty file at `file` is never one of ours."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise DatabaseError(f"job database {file}: cannot create {file.parent}: "
+                            f"{exc.strerror}") from None
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
+    try:
+        tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            _build(conn)
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode = WAL")
+        finally:
+            conn.close()
+        with contextlib.suppress(FileExistsError):  # another mmm-orch made it meanwhile: use that
+            os.link(tmp, file)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"job database {file}: cannot create: {describe(exc)}") from None
+    except OSError as exc:
+        reason = {errno.ENOSPC: "the disk is full",
+                  errno.EROFS: "cannot write there (read-only place)",
+                  errno.EACCES: "cannot write there (no permission)"}.get(exc.errno, exc.strerror)
+        raise DatabaseError(f"job database {file}: cannot create: {reason}") from None
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def _build(conn: sqlite3.Connection) -> None:
+    """Create what is missing (tables, indexes, columns added since: all have defaults) and mark
+    the file as mmm-orch's, of this schema version."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def describe(exc: sqlite3.Error) -> str:
@@ -275,35 +486,62 @@ def describe(exc: sqlite3.Error) -> str:
 
 class JobDB:
     def __init__(self, path: Path):
+        """Open the job database at `path`, creating it where there is none; a file that is not
+        an mmm-orch database is refused before anything is written to it."""
         self.path = path
+        if not path.exists():
+            create_file(path)
         with self._errors("open"):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                raise DatabaseError(f"job database {path}: cannot create {path.parent}: "
-                                    f"{exc.strerror}") from None
-            self.conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+            # mode=rw: never creates a file (a path removed since would be an empty, unmarked one)
+            self.conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True,
+                                        timeout=60, isolation_level=None)
             _connected[path.absolute()] += 1
-            self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA busy_timeout = 60000")
-            if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                self.conn.execute("PRAGMA journal_mode = WAL")
-            self.conn.execute("PRAGMA synchronous = NORMAL")
-            self.conn.execute("PRAGMA foreign_keys = ON")
-            if self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                self._migrate()
+        try:
+            with self._errors("open"):
+                self._prepare()
+        except BaseException:
+            self.close()
+            raise
 
-    def _migrate(self) -> None:
-        """Create what is missing: tables, indexes, and columns added since (all have defaults)."""
-        with self._write():
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self.conn.execute(statement)
-            have = {row["name"] for row in self.conn.execute("PRAGMA table_info(jobs)")}
-            for name, kind in _ADDED_COLUMNS.items():
-                if name not in have:
-                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
-            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    def _prepare(self) -> None:
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA busy_timeout = 60000")
+        app = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        kind, what = _by_version(self.conn.execute("PRAGMA user_version").fetchone()[0])
+        if app != APPLICATION_ID:
+            kind, what = ("foreign", f"an SQLite database of another program (application id "
+                          f"{app:#x})") if app else _by_tables(self.conn)
+        if kind != "mmm-orch":
+            raise DatabaseError(f"job database {self.path} is {what}, not one this mmm-orch "
+                                f"can use; it was left as it is. {ALLOWED}")
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        if app != APPLICATION_ID or self.conn.execute(
+                "PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            with self._write():  # one of an earlier mmm-orch: upgraded, and marked as ours
+                _build(self.conn)
+
+    def check_complete(self) -> None:
+        """Refuse the database if it lacks jobs it once recorded (see refuse_lost_jobs); cheap:
+        one small file and one row read. Keeps a mark where there was none (earlier versions)."""
+        mark = read_mark(self.path)
+        last = self.last_id()
+        if mark is None and last:
+            write_mark(self.path, last)
+        refuse_lost_jobs(self.path, last, self.job_dirs)
+
+    def last_id(self) -> int:
+        """The highest job id ever given (refused submissions' ids included: never reused)."""
+        with self._errors("read"):
+            row = self.conn.execute(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return row[0] if row else 0
+
+    def job_dirs(self) -> set[str]:
+        with self._errors("read"):
+            return {row[0] for row in self.conn.execute("SELECT job_dir FROM jobs")}
 
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
@@ -344,6 +582,7 @@ class JobDB:
             job_id = int(cur.lastrowid)
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, values["state"], "", "recorded before submission"))
+            write_mark(self.path, job_id)  # under the write lock: marks only ever rise
         self._refresh_backup()
         return job_id
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.db import (RECORD_FILE, SQLITE_HEADER, JobDB, backup_path, describe,
-                              jobs_root_for)
+from mmm_orch.jobs.db import (SQLITE_HEADER, JobDB, backup_path, check_file, describe,
+                              earlier_records, held_jobs, identify, job_records, jobs_root_for,
+                              read_mark, recorded_job_dirs, write_mark)
 from mmm_orch.schedulers.states import JobState
 
 
@@ -42,7 +43,8 @@ def _readable_rows(file: Path) -> tuple[list[dict[str, Any]], dict[int, list[tup
     events: dict[int, list[tuple]] = {}
     problem = ""
     try:
-        conn = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+        # rw, not ro: a read-only connection to a WAL database leaves -wal and -shm files behind
+        conn = sqlite3.connect(f"{file.absolute().as_uri()}?mode=rw", uri=True)
     except sqlite3.Error as exc:
         return [], {}, describe(exc)
     conn.row_factory = sqlite3.Row
@@ -70,19 +72,13 @@ def _readable_rows(file: Path) -> tuple[list[dict[str, Any]], dict[int, list[tup
     return rows, events, problem
 
 
-def _job_records(root: Path) -> list[dict[str, Any]]:
-    records = []
-    with contextlib.suppress(OSError):
-        for directory in sorted(root.iterdir()):
-            with contextlib.suppress(OSError, ValueError):
-                records.append(json.loads((directory / RECORD_FILE).read_text()))
-    return records
-
-
-def gather(db_file: Path) -> Report:
+def gather(db_file: Path, read_db: bool = True) -> Report:
+    """What the database (unless `read_db` is False: not an mmm-orch file), its backup and the
+    job directories still hold."""
     report = Report()
     problems = []
-    for label, file in (("database", db_file), ("backup", backup_path(db_file))):
+    sources = (("database", db_file),) if read_db else ()
+    for label, file in (*sources, ("backup", backup_path(db_file))):
         rows, events, problem = _readable_rows(file)
         if problem and label == "database":
             problems.append(problem)
@@ -91,7 +87,7 @@ def gather(db_file: Path) -> Report:
                 report.rows[row["job_dir"]] = row
                 report.events[row["job_dir"]] = events.get(row["id"], [])
                 report.sources[label] = report.sources.get(label, 0) + 1
-    for record in _job_records(jobs_root_for(db_file)):
+    for record in job_records(jobs_root_for(db_file)):
         if record.get("job_dir") and record["job_dir"] not in report.rows:
             row = {k: v for k, v in record.items()}
             row["state"] = JobState.PENDING.value if row.get("native_id") else JobState.SUBMITTING.value
@@ -103,35 +99,52 @@ def gather(db_file: Path) -> Report:
     return report
 
 
+def _accept(db_file: Path) -> tuple[str, str]:
+    """What is at `db_file` (see identify), if it is one to check or recover: an mmm-orch
+    database, nothing, or what took the place of one that recorded jobs. Anything else gets the
+    one-line refusal every command gives."""
+    kind, what = identify(db_file)
+    evidence = {"empty": earlier_records, "foreign": held_jobs}.get(kind)
+    if kind == "newer" or (evidence is not None and not evidence(db_file)):
+        check_file(db_file)  # raises
+    return kind, what
+
+
 def check(db_file: Path) -> list[str]:
     """Lines that describe the database's health; the first says whether all is well."""
-    lines = []
-    healthy = True
-    if not db_file.exists():
+    kind, what = _accept(db_file)
+    recorded = recorded_job_dirs(db_file)
+    if kind == "missing" and not (recorded and held_jobs(db_file)):
         return [f"no job database at {db_file} yet"]
-    try:
-        conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True)
+    lines = []
+    healthy = kind == "mmm-orch"
+    known: set[str] = set()
+    if kind == "missing":
+        lines.append("the file is missing")
+    elif kind != "mmm-orch":
+        lines.append(f"it is {what}, not an mmm-orch job database")
+    else:
         try:
-            verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            count = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
-        finally:
-            conn.close()
-        if verdict != "ok":
+            conn = sqlite3.connect(f"{db_file.absolute().as_uri()}?mode=rw", uri=True)
+            try:
+                verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
+                count = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+            finally:
+                conn.close()
+            if verdict != "ok":
+                healthy = False
+                lines.append(f"integrity check failed: {verdict}")
+            else:
+                lines.append(f"integrity check: ok, {count} jobs")
+        except sqlite3.Error as exc:
             healthy = False
-            lines.append(f"integrity check failed: {verdict}")
-        else:
-            lines.append(f"integrity check: ok, {count} jobs")
-    except sqlite3.Error as exc:
-        healthy, count = False, 0
-        lines.append(f"cannot be read: {describe(exc)}")
+            lines.append(f"cannot be read: {describe(exc)}")
     backup = backup_path(db_file)
     if backup.is_file():
         age = time.time() - backup.stat().st_mtime
         lines.append(f"backup: {backup} ({age / 60:.0f} min old)")
     else:
         lines.append("backup: none yet (one is written with the next submission)")
-    recorded = {r["job_dir"] for r in _job_records(jobs_root_for(db_file))}
-    known: set[str] = set()
     if healthy:
         rows, _, _ = _readable_rows(db_file)
         known = {row["job_dir"] for row in rows}
@@ -146,7 +159,7 @@ def check(db_file: Path) -> list[str]:
 
 def recover(db_file: Path) -> tuple[Path | None, Report]:
     """Rebuild the database; returns where the old file was moved and what was found."""
-    report = gather(db_file)
+    report = gather(db_file, read_db=_accept(db_file)[0] == "mmm-orch")
     if not report.rows:
         raise MmmError(f"nothing to recover for {db_file}: no readable database rows, no backup "
                        f"and no record.json in {jobs_root_for(db_file)}")
@@ -169,6 +182,11 @@ def recover(db_file: Path) -> tuple[Path | None, Report]:
                 (values.get("submitted_at") or time.time(), values["state"], "", "recovered")]
             new.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                                  [(cur.lastrowid, *e) for e in events])
+        # Ids continue above every id given before (refused submissions' too), none reused.
+        mark = read_mark(db_file) or 0
+        new.conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs' AND seq < ?",
+                         (mark, mark))
+    last = new.last_id()
     new.close()
     moved = None
     if db_file.exists():
@@ -181,4 +199,5 @@ def recover(db_file: Path) -> tuple[Path | None, Report]:
     fresh.replace(db_file)
     for suffix in ("-wal", "-shm"):
         fresh.with_name(fresh.name + suffix).unlink(missing_ok=True)
+    write_mark(db_file, last)
     return moved, report
