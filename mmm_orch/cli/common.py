@@ -159,10 +159,19 @@ def job(db, job_id: int):
 
 def check_machine(name: str | None, db) -> None:
     """A --machine filter must name a profile or a machine jobs were recorded on."""
+    _check_known("machines", name, db.machines() if db is not None else set())
+
+
+def check_workload(name: str | None, db) -> None:
+    """A --workload filter must name a spec or a workload jobs were recorded with."""
+    _check_known("workloads", name, {r.workload for r in db.list()} if db is not None else set())
+
+
+def _check_known(kind: str, name: str | None, recorded: set[str]) -> None:
     if name is None:
         return
     from mmm_orch.config.registry import names, unknown_name
 
-    known = set(names("machines")) | (db.machines() if db is not None else set())
+    known = set(names(kind)) | recorded
     if name not in known:
-        raise unknown_name("machine", name, sorted(known))
+        raise unknown_name(kind.removesuffix("s"), name, sorted(known))

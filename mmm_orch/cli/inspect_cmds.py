@@ -89,6 +89,7 @@ def cmd_startup(args: argparse.Namespace) -> int:
 
         db = common.jobs_db(args)
         common.check_machine(args.machine, db)
+        common.check_workload(args.workload, db)
         for record in db.list(machine=args.machine) if db is not None else []:
             if args.workload and record.workload != args.workload:
                 continue
@@ -138,6 +139,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         path = Path(args.log)
         if not path.is_file():
             raise MmmError(f"--log {args.log!r}: no such file")
+        common.check_machine(args.machine, None)
         text, machine, where, header = path.read_text(errors="replace"), args.machine, str(path), path.name
     else:
         from mmm_orch.hosts import host_for

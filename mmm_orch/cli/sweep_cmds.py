@@ -155,9 +155,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise MmmError(PLOT_HINT)
-    from mmm_orch.report import figures
-
     record = common.job(common.jobs_db(args), args.job)
+    from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
+
     job = data.collect([record])[0]
     out = Path(args.out or f"job-{record.id}.png")
     if not job.steps:

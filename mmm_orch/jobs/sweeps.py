@@ -71,7 +71,7 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
         try:
             plan = resolve(point_request)
         except MmmError as exc:
-            label = " ".join(f"{k}={v}" for k, v in values.items())
+            label = " ".join(f"{k}={v if v.isprintable() else repr(v)}" for k, v in values.items())
             raise MmmError(f"sweep point {index} ({label}): {exc}") from None
         out.append(Point(index, {"nodes": plan.nodes, **{k: v for k, v in values.items()
                                                           if k != "nodes"}}, plan))
