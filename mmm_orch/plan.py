@@ -385,6 +385,10 @@ def environment_word(machine: Machine, account: str | None) -> str:
         return shlex.quote(entry["path"])
     if machine.environment is None:
         return ""
+    # The word is double-quoted so that $USER expands: the account must be a plain word (env
+    # create and env check reach here without resolve()'s own check).
+    if account and not _SAFE_WORD.match(account):
+        raise _fail("--account", account, "use letters, digits, '_', '.', '+', '-'")
     template = machine.environment.path
     if ("{account" in template) and not account:
         raise MmmError(f"--account is needed on {machine.name}: the job environment lives under "

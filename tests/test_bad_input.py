@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from mmm_orch.cli import build_parser, common
+from mmm_orch.cli import build_parser, common, sweep_cmds
 from mmm_orch.config import registry
 from mmm_orch.walltime import format_walltime
 
 PROJ = ["-A", "PROJ"]
+LOG = str(Path(__file__).parent / "fixtures" / "failures" / "perlmutter_cuda_oom_seed003.log")
 
 
 def _bad_option_values(option) -> list[str]:
@@ -50,7 +51,8 @@ def spec_cases() -> list[tuple[str, list[str], list[str]]]:
 
 def _typed_arguments() -> list[tuple[str, argparse.Action]]:
     """(command words, action) for every argument whose type mmm-orch checks."""
-    checked = {common.count, common.lines, common.job_id, common.seconds}
+    checked = {common.count, common.lines, common.job_id, common.seconds, sweep_cmds.sweep_id,
+               sweep_cmds.job_or_sweep}
     found = []
 
     def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
@@ -69,15 +71,15 @@ def parser_cases() -> list[tuple[str, list[str], list[str]]]:
     for words, action in _typed_arguments():
         positional = not action.option_strings
         name = action.option_strings[-1] if not positional else action.metavar
-        prefix = {"render": ["aurora", "fsdp", *PROJ], "submit": ["aurora", "fsdp", *PROJ]}.get(
-            words[0], [])
+        prefix = {"render": ["aurora", "fsdp", *PROJ], "submit": ["aurora", "fsdp", *PROJ],
+                  "sweep": ["aurora", "fsdp", *PROJ]}.get(words[0], [])
         bad = ["x", "", "-1"]
         if action.type is not common.seconds:
             bad.append("1.5")
-        if action.type is common.count or action.type is common.job_id:
+        if action.type in (common.count, common.job_id, sweep_cmds.sweep_id):
             bad.append("0")
-        if action.type is common.job_id:
-            bad.append("99999999999999999999999")
+        if action.type in (common.job_id, sweep_cmds.sweep_id, sweep_cmds.job_or_sweep):
+            bad += ["99999999999999999999999", "s0", "s-1", "3\n4"]
         if action.type is common.seconds:
             bad += ["0", "nan", "inf"]
         for value in bad:
@@ -164,8 +166,56 @@ FOUND = [  # the findings this corpus started from, and their neighbours
      for name in ("WANDB_KEY", "AWS_ACCESS_KEY_ID", "GH_PAT", "HF_TOKEN", "OPENAI_API_KEY",
                   "DB_PASSWORD", "GITHUB_AUTH", "MY_SECRET", "SSH_PRIVATE_KEY", "SESSION_COOKIE")]
 
+def command_cases() -> list[tuple[str, list[str], list[str]]]:
+    """The commands added since the corpus began (sweep, report, plot, nodes, env, db, rerun,
+    chains): each value they take, spelled wrong in every way the corpus knows."""
+    cases = []
+    for value in ("two\nlines", "bell\x07", "", "   "):
+        cases += [
+            (f"env create --account {value!r}", ["env", "create", "aurora", "-A", value],
+             ["--account"]),
+            (f"env check --account {value!r}", ["env", "check", "aurora", "-A", value],
+             ["--account"]),
+            (f"nodes forget {value!r}", ["nodes", "forget", value], ["node"]),
+            (f"diagnose --machine {value!r}", ["diagnose", "--log", LOG, "-m", value],
+             ["machine"]),
+            (f"startup --workload {value!r}", ["startup", "--workload", value], ["workload"]),
+        ]
+    for command in ("status", "nodes", "startup"):
+        cases.append((f"{command} --machine typo", [command, "--machine", "auroa"],
+                      ["unknown machine 'auroa'"]))
+    for words in (["env", "create"], ["env", "check"]):
+        cases.append((f"{' '.join(words)} of a machine typo", [*words, "polars"],
+                      ["unknown machine 'polars'"]))
+        cases.append((f"{' '.join(words)} --host on local", [*words, "local", "--host", "login"],
+                      ["--host 'login'"]))
+    cases += [
+        ("env create --path with a newline", ["env", "create", "aurora", *PROJ, "--path", "/a\nb"],
+         ["--path", "'\\n'"]),
+        ("env create --path relative", ["env", "create", "aurora", *PROJ, "--path", "envs/x"],
+         ["--path 'envs/x'"]),
+        ("rerun on a fresh machine", ["rerun", "1"], ["job 1 not found"]),
+        ("report of a sweep on a fresh machine", ["report", "s1"], ["sweep 1 not found"]),
+        ("plot on a fresh machine", ["plot", "1"], ["job 1 not found"]),
+        ("sweep nodes not a number", ["sweep", "local", "fsdp", "--nodes", "1,x"], ["--nodes"]),
+        ("sweep nodes empty item", ["sweep", "local", "fsdp", "--nodes", "1,,2"], ["--nodes"]),
+        ("sweep set without a value", ["sweep", "local", "fsdp", "--set", "lr="], ["lr"]),
+        ("sweep set of an unknown option", ["sweep", "local", "fsdp", "--set", "nope=1,2"],
+         ["nope"]),
+        ("chain of a huge count", ["submit", "local", "fsdp", "--chain", "100000000000000000000"],
+         ["--chain"]),
+        ("chain of zero", ["submit", "local", "fsdp", "--chain", "0"], ["--chain '0'"]),
+        ("db backup of a directory", ["--db", "/tmp", "db", "backup"], ["/tmp"]),
+        ("db check of a directory", ["--db", "/tmp", "db", "check"], ["/tmp"]),
+    ]
+    return cases
+
+
 CASES = ([(i, ["render", *a], f) for i, a, f in spec_cases()]
          + [(i, ["submit", *a], f) for i, a, f in spec_cases()[::7]]  # the same refusals at submit
+         + [(i, ["sweep", *a], [f[0].split("=")[0].removeprefix("option ")])  # ...and in a grid
+            for i, a, f in spec_cases()[3::7]]
+         + command_cases()
          + parser_cases()
          + [(i, ["render", *a], f) for i, a, f in profile_cases()]
          + FOUND)
