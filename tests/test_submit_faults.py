@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PBS_BIN, cancel_leftovers, write_probe
+from mmm_orch.schedulers import pbs as pbs_scheduler
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Sched:
     timeout_text: str      # what the command says when the request timed out after sending
     unsent_text: str       # what it says when it never reached the scheduler
     profile: str           # the user profile: the real machine with bare command names
+    refused_text: str      # a refusal in the scheduler's own words
 
     def jobs_named(self, name: str) -> dict[str, str]:
         """Ground truth from the scheduler itself: job id -> state, for jobs with this name."""
@@ -52,12 +54,15 @@ SLURM = Sched("slurm", "slurm-faults", "/usr/bin/sbatch",
               "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
               "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
               "(connect failure)",
-              "extends: slurm-local\nname: slurm-faults\n")
+              "extends: slurm-local\nname: slurm-faults\n",
+              "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+              "combination specified")
 PBS = Sched("pbs", "pbs-faults", f"{PBS_BIN}/qsub",
             "qsub: Premature end of message from server",
             "Connection refused\nqsub: cannot connect to server vm (errno=111)",
             "extends: pbs-local\nname: pbs-faults\n"
-            "scheduler: {commands: {submit: qsub, query: qstat, cancel: qdel}}\n")
+            "scheduler: {commands: {submit: qsub, query: qstat, cancel: qdel}}\n",
+            "qsub: Job violates queue and/or server resource limits")
 
 WRAPPER = r"""#!/bin/bash
 # A submit command that calls the real one and then misbehaves as $FAULT says.
@@ -66,6 +71,10 @@ real() { "$REAL" "$@"; }
 case "$FAULT:$count" in
   kill-before:*) kill -9 $PPID; exec sleep 5 ;;
   kill-after:*) out=$(real "$@"); echo "$out"; kill -9 $PPID; exit 0 ;;
+  die-after:*) real "$@" >/dev/null; kill -9 $$ ;;
+  term-after:*) real "$@" >/dev/null; kill -TERM $$ ;;
+  silent-after:*) real "$@" >/dev/null; exit 1 ;;
+  refuse:*) echo "$REFUSED_TEXT" >&2; exit 1 ;;
   timeout-after:*) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
   hang-after:*) real "$@" >/dev/null; exec sleep 600 ;;
   hang-first:1) exec sleep 600 ;;
@@ -110,6 +119,7 @@ def sched(request, isolated, monkeypatch, tmp_path):
     monkeypatch.setenv("REAL_LOOKUP", "/usr/bin/squeue" if s.kind == "slurm" else f"{PBS_BIN}/qselect")
     monkeypatch.setenv("TIMEOUT_TEXT", s.timeout_text)
     monkeypatch.setenv("UNSENT_TEXT", s.unsent_text)
+    monkeypatch.setenv("REFUSED_TEXT", s.refused_text)
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     monkeypatch.setenv("MMM_ORCH_RETRY_DEADLINE", "8")
     write_probe(isolated, "noop", "pass\n")
@@ -165,6 +175,46 @@ def test_killed_after_the_scheduler_took_the_job(sched):
     proc = submit(sched, "killedafter", "kill-after")
     assert proc.returncode == -signal.SIGKILL
     exactly_once(sched, "killedafter", 1)
+
+
+@pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after"])
+def test_a_submit_command_that_dies_after_the_scheduler_took_the_job(sched, fault):
+    """sbatch or qsub ended by a signal (or silent) after the server committed: not a refusal,
+    so the job is looked for by its tag and adopted, never left running without a record."""
+    proc = submit(sched, fault.replace("-", ""), fault)
+    assert proc.returncode == 0, proc.stderr
+    exactly_once(sched, fault.replace("-", ""), 1)
+
+
+def test_a_refusal_in_the_scheduler_s_words_leaves_nothing(sched, isolated):
+    proc = submit(sched, "refused", "refuse")
+    assert proc.returncode == 2 and sched.refused_text in proc.stderr, proc.stderr
+    assert records() == [] and not list((Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch"
+                                         / "jobs").glob("*"))
+    exactly_once(sched, "refused", 0)
+
+
+def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, monkeypatch, tmp_path):
+    """Jobs of the same name from before the submission are not read: the lookup that settles
+    a killed submit asks the scheduler about the jobs created since (PBS: qselect -t c.ge.)."""
+    if sched.kind != "pbs":
+        pytest.skip("squeue lists only the jobs the controller still holds (MinJobAge)")
+    name = "history" + RUN
+    old = [subprocess.run([f"{PBS_BIN}/qsub", "-q", "parked", "-N", name, "-v",
+                           "MMM_ORCH_TAG=another", "--", "/bin/true"], capture_output=True,
+                          text=True, check=True).stdout.strip() for _ in range(40)]
+    subprocess.run([f"{PBS_BIN}/qdel", *old], capture_output=True, check=True)
+    time.sleep(pbs_scheduler.FIND_SLACK_S + 5)  # the history is older than the lookup's window
+    asked = tmp_path / "qstat-ids"
+    qstat = tmp_path / "bin" / "qstat"
+    qstat.write_text(f'#!/bin/bash\necho $# >> {asked}\nexec {PBS_BIN}/qstat "$@"\n')
+    qstat.chmod(0o755)
+    proc = submit(sched, "history", "kill-after")
+    assert proc.returncode == -signal.SIGKILL
+    asked.unlink(missing_ok=True)
+    exactly_once(sched, "history", 1)
+    # qstat -f -F dsv -x ID...: 5 words and the ids; 40 jobs of that name are in the history.
+    assert max(int(n) for n in asked.read_text().split()) <= 5 + 2, asked.read_text()
 
 
 def test_killed_before_the_scheduler_was_asked(sched):

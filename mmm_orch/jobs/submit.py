@@ -226,7 +226,7 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
 
     submission = Submission(script=Path(script_path), workdir=plan.workdir, job_dir=Path(job_dir),
                             log_path=Path(plan.log_path), walltime=plan.walltime, name=plan.name,
-                            tag=tag)
+                            tag=tag, submitted_at=values["submitted_at"])
     try:
         with _signals_as_interrupts():
             native_id = scheduler.submit(submission)
@@ -288,7 +288,8 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
     scheduler = scheduler_for(record.scheduler, record.commands, host)
     found = scheduler.find(Submission(
         script=Path(record.script_path), workdir=record.submit_dir, job_dir=Path(record.job_dir),
-        log_path=Path(record.log_path), walltime=0, name=record.name, tag=record.tag))
+        log_path=Path(record.log_path), walltime=0, name=record.name, tag=record.tag,
+        submitted_at=record.submitted_at))
     if found is None:
         return f"job {record.id}: still submitting (the scheduler could not be asked)"
     if not found and (from_log := job_id_from_log(host, record.log_path)):

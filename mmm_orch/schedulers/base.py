@@ -143,6 +143,7 @@ class Submission:
     walltime: int
     name: str = ""
     tag: str = ""
+    submitted_at: float = 0.0  # when the record was made: a tag lookup need not look earlier
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,12 @@ class CommandScheduler:
                 return self.parse_submit(result.stdout)
             except ValueError as exc:
                 return True, str(exc)
+        # Only the scheduler's own refusal proves it has no job: the command ended by itself,
+        # with its words. Killed by a signal, or silent, it may have been taken already.
+        if result.returncode < 0:
+            return True, f"{argv[0]} was ended by signal {-result.returncode} ({result.message})"
+        if not result.message:
+            return True, f"{argv[0]} exited {result.returncode} without a word"
         text = result.stderr + result.stdout
         if not (self.transient.search(text) or result.returncode in self.transient_codes):
             raise SchedulerError(f"{argv[0]}: {result.message}")

@@ -12,6 +12,10 @@ from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 
+# A job's creation time is the server's clock, its record's the submitter's: allow for skew.
+FIND_SLACK_S = 120
+
+
 class PbsScheduler(CommandScheduler):
     defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel", "select": "qselect"}
     transient = parse.TRANSIENT_ERRORS
@@ -32,10 +36,14 @@ class PbsScheduler(CommandScheduler):
         return [self.cmd["cancel"], job.native_id]
 
     def find(self, submission: Submission) -> list[str] | None:
-        """Jobs with the submission's name (qselect, finished ones included) whose environment
-        carries its tag (`#PBS -v MMM_ORCH_TAG=...`)."""
+        """Jobs with the submission's name created since it was recorded (qselect, finished ones
+        included) whose environment carries its tag (`#PBS -v MMM_ORCH_TAG=...`). The creation
+        time bounds the lookup by the recent jobs of that name, whatever the history's length."""
+        argv = [self.cmd["select"], "-x", "-N", submission.name]
+        if submission.submitted_at:
+            argv += ["-t", f"c.ge.{parse.qselect_time(submission.submitted_at - FIND_SLACK_S)}"]
         try:
-            named = self.runner.run([self.cmd["select"], "-x", "-N", submission.name], timeout=15)
+            named = self.runner.run(argv, timeout=15, env=self.query_env)
             if named.returncode != 0:
                 return None
             ids = named.stdout.split()

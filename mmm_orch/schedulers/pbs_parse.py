@@ -36,6 +36,11 @@ TAG_VARIABLE = "MMM_ORCH_TAG"  # `#PBS -v MMM_ORCH_TAG=...`: the job's submissio
 # qstat prints times in its own time zone: queries run in UTC so that they read the same anywhere.
 QUERY_ENV = {"TZ": "UTC"}
 
+
+def qselect_time(epoch: float) -> str:
+    """A time for `qselect -t`, [[CC]YY]MMDDhhmm[.SS], which it reads in its TZ (QUERY_ENV)."""
+    return time.strftime("%Y%m%d%H%M.%S", time.gmtime(max(epoch, 0)))
+
 _JOB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9][\w.-]*)?$")
 
 
