@@ -8,9 +8,11 @@ prepend more roots (colon-separated), each holding machines/, workloads/, templa
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 KINDS = ("machines", "workloads", "templates")
+MAX_CONFIG_BYTES = 1 << 20  # a profile or spec: the largest packaged one is 15 KiB
 
 
 def packaged_dir(kind: str) -> Path:
@@ -45,3 +47,34 @@ def default_db_path() -> Path:
         return Path(os.environ["MMM_ORCH_DB"])
     state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state_home) / "mmm-orch" / "jobs.db"
+
+
+class NotReadable(ValueError):
+    """A user's file that is not a regular file, or too large to be what it claims."""
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
+          stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device"}
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. Opened without blocking and checked
+    on the open descriptor, so that a FIFO (which would block the reader forever), a directory or
+    a device put there is refused unread: NotReadable; OSError when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
+            raise NotReadable(f"{os.fspath(path)} is {kind}, not a regular file")
+        if info.st_size > limit:
+            raise NotReadable(f"{os.fspath(path)} is {info.st_size} bytes, above the {limit} "
+                              "this file may have")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise NotReadable(f"{os.fspath(path)} is above the {limit} bytes this file may have")
+    return data

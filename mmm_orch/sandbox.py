@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -30,6 +29,8 @@ import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.visitor import NodeTransformer
+
+from mmm_orch.paths import NotReadable, read_regular
 
 RENDER_SECONDS = 5.0
 MAX_OUTPUT = 1 << 20
@@ -83,10 +84,10 @@ class SandboxLoader(jinja2.BaseLoader):
         for directory in self.directories:
             path = os.path.join(directory, *pieces)
             try:
-                info = os.stat(path)
+                mtime = os.stat(path).st_mtime_ns
             except OSError:
                 continue
-            return read_template(path, info), path, _unchanged(path, info.st_mtime_ns)
+            return read_template(path), path, _unchanged(path, mtime)
         raise jinja2.TemplateNotFound(template)
 
 
@@ -99,18 +100,12 @@ def _unchanged(path: str, mtime_ns: int):
     return uptodate
 
 
-def read_template(path: str, info: os.stat_result | None = None) -> str:
+def read_template(path: str) -> str:
     """A template's text; one that is not a regular file or is too large is refused unread."""
-    info = info or os.stat(path)
-    if not stat.S_ISREG(info.st_mode):
-        raise TemplateLimit(f"{path} is not a regular file")
-    if info.st_size > MAX_TEMPLATE:
-        raise TemplateLimit(f"{path} is {info.st_size} bytes, above {MAX_TEMPLATE}")
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_TEMPLATE + 1)
-    if len(data) > MAX_TEMPLATE:
-        raise TemplateLimit(f"{path} is above {MAX_TEMPLATE} bytes")
-    return data.decode("utf-8")
+    try:
+        return read_regular(path, MAX_TEMPLATE).decode("utf-8")
+    except NotReadable as exc:
+        raise TemplateLimit(str(exc)) from None
 
 
 class Sandbox(ImmutableSandboxedEnvironment):

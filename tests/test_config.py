@@ -87,7 +87,7 @@ def test_wrong_type_names_the_key(cli, isolated):
         "name: w\ntrainer: mmm_orch.trainers.fsdp\ndefaults:\n  nodes: many\n")
     result = cli("render", "local", "w")
     assert result.code == 2
-    assert "w.yaml:4: defaults.nodes: Input should be a valid integer" in result.err
+    assert "w.yaml:4: defaults.nodes: Value error, expected a whole number, not a str (got 'many')" in result.err
 
 
 def test_duplicate_keys_are_errors(isolated):

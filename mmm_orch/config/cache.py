@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch import __version__
+from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
 _MODEL_SOURCES = ("common.py", "machine.py", "workload.py", "cache.py")
 
@@ -43,9 +44,9 @@ def _entry_path(kind: str, path: Path) -> Path:
 
 def _file_digest(path: Path) -> str | None:
     try:
-        return _digest(path.read_bytes())
-    except OSError:
-        return None
+        return _digest(read_regular(path, MAX_CONFIG_BYTES))
+    except (OSError, NotReadable):
+        return None  # not cached: loading it says why
 
 
 def get(kind: str, path: Path, cls: type, search_digest: str) -> Any | None:

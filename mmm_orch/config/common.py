@@ -118,5 +118,18 @@ Templated = Annotated[str, Check(after=check_placeholders)]
 # A node's address from its name in the job's node list (filled inside the job, by failover).
 NodeTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("node", "short")))]
 NonEmptyStr = Annotated[str, at.MinLen(1)]
-PositiveInt = Annotated[int, at.Ge(1)]
-NonNegativeInt = Annotated[int, at.Ge(0)]
+
+
+# pydantic would take `true` for 1, `"4"` for 4 and `1` for true: a profile says what it means.
+def _typed(*kinds: type, what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+            raise ValueError(f"expected {what}, not a {type(value).__name__}")
+        return value
+    return check
+
+
+PositiveInt = Annotated[int, Check(before=_typed(int, what="a whole number")), at.Ge(1)]
+NonNegativeInt = Annotated[int, Check(before=_typed(int, what="a whole number")), at.Ge(0)]
+Number = Annotated[float, Check(before=_typed(int, float, what="a number"))]
+Flag = Annotated[bool, Check(before=_typed(bool, what="true or false"))]

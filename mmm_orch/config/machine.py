@@ -7,15 +7,22 @@ facts (and their sources) in machines/*.yaml rather than in code.
 from __future__ import annotations
 
 import re
+
+try:  # the regex parser: re._parser from Python 3.11, sre_parse before
+    from re import _parser as sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse  # type: ignore[no-redef]
 from dataclasses import field
 from typing import Annotated, Literal
 
 from mmm_orch.config.common import (
     Check,
     EnvName,
+    Flag,
     NonEmptyStr,
     NodeTemplated,
     NonNegativeInt,
+    Number,
     PositiveInt,
     ShellValue,
     Templated,
@@ -63,8 +70,8 @@ class NodeShape:
     gpus: NonNegativeInt
     device: Literal["cuda", "rocm", "xpu", "cpu"]
     gpu_model: str = ""
-    gpu_memory_gib: float | None = None
-    memory_gib: float | None = None
+    gpu_memory_gib: Number | None = None
+    memory_gib: Number | None = None
 
     @property
     def usable_cores(self) -> int:
@@ -89,9 +96,9 @@ class Queue:
     max_walltime: Walltime
     tiers: list[Tier] = field(default_factory=list)
     # May be picked when the user gives no --queue (preemptable queues should not be).
-    automatic: bool = True
+    automatic: Flag = True
     # Needs an allocation or request first; never picked automatically.
-    by_request: bool = False
+    by_request: Flag = False
     # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
     directives: list[str] | None = None
     notes: str = ""
@@ -120,7 +127,7 @@ class Preset:
     name: NonEmptyStr
     description: str = ""
     source: str = ""
-    default: bool = False
+    default: Flag = False
     # Applies only within this node-count range (e.g. NCCL_NET=Socket on one node).
     min_nodes: PositiveInt = 1
     max_nodes: PositiveInt | None = None
@@ -137,7 +144,7 @@ class Launcher:
     command: Templated
     args: list[Templated] = field(default_factory=list)
     # mpiexec/srun start "python -m trainer"; torchrun takes "-m trainer" itself.
-    python_prefix: bool = True
+    python_prefix: Flag = True
     # PALS-style per-rank CPU list "list:a-b:c-d:...", one entry per rank on a node.
     cpu_bind: str = ""
     # Runs a command once on every node of the job (staging the job environment); "" runs it
@@ -162,7 +169,7 @@ class Devices:
     visible: list[NonNegativeInt] = field(default_factory=list)
     visible_env: str = "CUDA_VISIBLE_DEVICES"
     # Each rank sees only its own device (srun --gpus-per-task=1): index 0 for every rank.
-    one_per_rank: bool = False
+    one_per_rank: Flag = False
     source: str = ""
 
     def index_for(self, local_rank: int, gpus_per_node: int) -> int:
@@ -195,7 +202,29 @@ def _regex(value: str) -> str:
         re.compile(value)
     except re.error as exc:
         raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    if _backtracks(sre_parse.parse(value)):
+        raise ValueError(f"{value!r} repeats a repetition or an alternation (like (a+)+ or "
+                         "(a|ab)*): on a long log line it backtracks for hours; write it "
+                         "without the nesting")
     return value
+
+
+def _backtracks(items, repeated: bool = False) -> bool:
+    """Whether a parsed regex nests a repetition, or an alternation, inside a repetition of
+    more than one: what makes Python's backtracking matcher exponential."""
+    for op, arg in items:
+        if op in (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT):
+            many = arg[1] > 1
+            if (repeated and many) or _backtracks(arg[2], repeated or many):
+                return True
+        elif op is sre_parse.BRANCH:
+            if (repeated and len(arg[1]) > 1) or any(_backtracks(b, repeated) for b in arg[1]):
+                return True
+        elif op is sre_parse.SUBPATTERN and _backtracks(arg[-1], repeated):
+            return True
+        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT) and _backtracks(arg[1], repeated):
+            return True
+    return False
 
 
 Regex = Annotated[str, Check(after=_regex)]
@@ -216,12 +245,12 @@ class FailureSignature:
     # consequence: what the surviving ranks see when a peer died (gloo "connection closed by
     # peer", a collective timing out): reported only when no cause, specific or catch-all, is
     # in the log, since the peer's own failure is the story.
-    fallout: bool = False
-    catch_all: bool = False
-    consequence: bool = False
+    fallout: Flag = False
+    catch_all: Flag = False
+    consequence: Flag = False
     # node_fault: the named host lost its ranks (killed, unreachable): failover retires it and
     # mmm-orch remembers it for later jobs on the machine.
-    node_fault: bool = False
+    node_fault: Flag = False
 
 
 @config
@@ -246,7 +275,7 @@ class JobEnvironment:
 
 @config
 class Account:
-    required: bool = False
+    required: Flag = False
     default: str = ""
 
 

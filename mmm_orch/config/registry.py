@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,11 @@ def _resolve_extends(kind: str, path: Path, files: dict[str, Path],
 
     doc = load_yaml(path)
     parent = doc.data.get("extends")
-    if not parent:
+    if parent is None or parent == "":
         return doc, doc.data, [path]
+    if not isinstance(parent, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", parent):
+        raise ConfigError(f"{doc.where(('extends',))}: extends {parent!r} is invalid: the name "
+                          f"of one {kind[:-1]}, as `mmm-orch {kind}` lists them")
     if depth > 4:
         raise ConfigError(f"{doc.where(('extends',))}: extends chain is too deep")
     base_path = files.get(parent)

@@ -7,7 +7,7 @@ import re
 from dataclasses import field
 from typing import Any, Literal
 
-from mmm_orch.config.common import EnvName, NonEmptyStr, PositiveInt, Walltime, config
+from mmm_orch.config.common import EnvName, Flag, NonEmptyStr, Number, PositiveInt, Walltime, config
 
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -22,9 +22,9 @@ class Option:
     type: Literal["int", "float", "str", "bool", "choice"]
     default: Any = None
     choices: list[str] = field(default_factory=list)
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
+    ge: Number | None = None
+    gt: Number | None = None
+    le: Number | None = None
     pattern: str = ""
     help: str = ""
 
@@ -95,8 +95,8 @@ class Defaults:
 @config
 class Resources:
     # Refuse machines whose nodes have no accelerator (e.g. an 8B model on a laptop CPU).
-    accelerator: bool = False
-    min_gpu_memory_gib: float | None = None
+    accelerator: Flag = False
+    min_gpu_memory_gib: Number | None = None
 
 
 @config
@@ -104,7 +104,7 @@ class Watchdog:
     """Ends a launch in which no training step completed for too long (a hung collective), so it
     does not burn the whole allocation: the job exits 124 and is recorded `hung`."""
 
-    enabled: bool = True
+    enabled: Flag = True
     first_step_timeout: Walltime = 1800  # launch to first step: imports, init, compile
     step_timeout: Walltime = 900         # between two completed steps
     # Ask the trainers to save and stop this long before the walltime (at most a third of it;

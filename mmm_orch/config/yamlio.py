@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from mmm_orch.errors import ConfigError
+from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
 try:  # libyaml is several times faster when present
     _Loader = yaml.CSafeLoader
@@ -19,6 +20,8 @@ except AttributeError:  # pragma: no cover - depends on the PyYAML build
     _Loader = yaml.SafeLoader
 
 Path_ = tuple[Any, ...]
+MAX_DEPTH = 64
+MAX_NODES = 100_000
 
 
 class YamlDoc(typing.NamedTuple):
@@ -56,18 +59,55 @@ def _index(node: yaml.Node, loc: Path_, lines: dict[Path_, int], path: Path) -> 
             _index(item, loc + (i,), lines, path)
 
 
+def _check_nesting(text: str, path: Path) -> None:
+    """Refuse a document nested deeper than MAX_DEPTH before it is composed: the composer
+    recurses per level (in C with libyaml), and 100,000 nested brackets crash the interpreter.
+    Reading events is iterative."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than "
+                                  f"{MAX_DEPTH} levels; a profile or spec needs a handful")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _check_expansion(node: yaml.Node, path: Path) -> None:
+    """Refuse aliases that expand past MAX_NODES nodes ("billion laughs"): a composed document
+    shares an anchored node, but walking it (the line index, pydantic) visits every use."""
+    sizes: dict[int, int] = {}
+
+    def size(item: yaml.Node) -> int:
+        if id(item) not in sizes:
+            children = (item.value if isinstance(item, yaml.SequenceNode) else
+                        [n for pair in item.value for n in pair]
+                        if isinstance(item, yaml.MappingNode) else [])
+            sizes[id(item)] = min(1 + sum(size(child) for child in children), MAX_NODES + 1)
+        return sizes[id(item)]
+
+    if size(node) > MAX_NODES:
+        raise ConfigError(f"{path}: its aliases expand to more than {MAX_NODES} values; a profile "
+                          "or spec needs a few hundred")
+
+
 def load_yaml(path: Path) -> YamlDoc:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, MAX_CONFIG_BYTES).decode("utf-8")
+    except NotReadable as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     loader = _Loader(text)
     try:
+        _check_nesting(text, path)
         node = loader.get_single_node()
         if node is None:
             raise ConfigError(f"{path}: the file is empty")
+        _check_expansion(node, path)
         lines: dict[Path_, int] = {}
         _index(node, (), lines, path)
         data = loader.construct_document(node)

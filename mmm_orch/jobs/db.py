@@ -193,6 +193,9 @@ def db_path(path: str | None = None) -> Path:
     return Path(path) if path else default_db_path()
 
 
+MAX_BAD_NODE_DAYS = 3650
+
+
 def bad_node_days() -> float:
     """How long a blamed node stays avoided: $MMM_ORCH_BAD_NODE_DAYS, else 7 days."""
     text = os.environ.get("MMM_ORCH_BAD_NODE_DAYS", "7")
@@ -200,8 +203,9 @@ def bad_node_days() -> float:
         days = float(text)
     except ValueError:
         days = -1.0
-    if not days >= 0:
-        raise MmmError(f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number >= 0")
+    if not 0 <= days <= MAX_BAD_NODE_DAYS:  # also nan, inf and 1e308 (a date past year 9999)
+        raise MmmError(f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number from 0 to "
+                       f"{MAX_BAD_NODE_DAYS}")
     return days
 
 

@@ -25,6 +25,9 @@ _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
 _JOB_HOST = re.compile(r"(?:\[mmm-orch\] job_start=\S+ host=|Job started at: \S+ on )(?P<host>\S+)")
 # MPICH Hydra names the host on the line before the exit code of a rank it lost.
 _RUNNING_AT = re.compile(r"RUNNING AT (?P<host>\S+)")
+# Failure signatures read this much of a line: what identifies a failure comes first, and a
+# 100 kB line (a dumped tensor) must not cost a backtracking search its whole length.
+MAX_LINE = 4096
 # After these, what a launcher reports is its own teardown of the other ranks, not a cause.
 TEARDOWN = re.compile(r"srun: (launch/slurm: _step_signal: )?Terminating StepId|"
                       r"YOU CAN IGNORE THE BELOW CLEANUP MESSAGES")
@@ -82,7 +85,7 @@ def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
         if prefix := _HOST_PREFIX.match(line):
             prefix_hosts.add(prefix["host"])
         for signature, pattern in compiled:
-            if match := pattern.search(line):
+            if match := pattern.search(line[:MAX_LINE]):
                 if signature.fallout or (signature.node_fault and torn_down):
                     fallout += 1
                 else:

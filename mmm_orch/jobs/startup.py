@@ -18,21 +18,22 @@ from datetime import datetime
 from typing import Any
 
 _EPOCH_MARKERS = {
-    "job_start": re.compile(r"\[mmm-orch\] job_start=(\d+(?:\.\d+)?)(?: host=(\S+))?"),
-    "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d+(?:\.\d+)?)(?: ranks=(\d+) nodes=(\d+))?"),
-    "first_step": re.compile(r"\[mmm-orch\] first_step=(\d+(?:\.\d+)?)"),
-    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d+(?:\.\d+)?)(?: exit_code=(-?\d+))?"),
-    "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d+(?:\.\d+)?)"),
+    "job_start": re.compile(r"\[mmm-orch\] job_start=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: host=(\S+))?"),
+    "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: ranks=(\d{1,9}) nodes=(\d{1,9}))?"),
+    "first_step": re.compile(r"\[mmm-orch\] first_step=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
+    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: exit_code=(-?\d{1,9}))?"),
+    "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
 }
 # Events that can happen several times in one job: failover attempts, nodes retired, resumes.
 _REPEATED = {
-    "attempt": re.compile(r"\[mmm-orch\] attempt=(\d+/\d+) at=(\d+(?:\.\d+)?) active=(\S+)"),
-    "retired": re.compile(r"\[mmm-orch\] failover: retired (\S+) at=(\d+(?:\.\d+)?)"),
-    "resumed": re.compile(r"\[mmm-orch\] resumed_step=(\d+(?:\.\d+)?) step=(\d+)"),
+    "attempt": re.compile(r"\[mmm-orch\] attempt=(\d{1,9}/\d{1,9}) at=(\d{1,12}(?:\.\d{1,9})?)(?![\d.]) active=(\S+)"),
+    "retired": re.compile(r"\[mmm-orch\] failover: retired (\S+) at=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
+    "resumed": re.compile(r"\[mmm-orch\] resumed_step=(\d{1,12}(?:\.\d{1,9})?)(?![\d.]) step=(\d{1,18})"),
 }
+MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: time.localtime ends there
 _JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
 _STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
-_FILE_LAYOUT = re.compile(r"nhosts(\d+)-ngpu(\d+)")
+_FILE_LAYOUT = re.compile(r"nhosts(\d{1,9})-ngpu(\d{1,9})")
 
 
 @dataclass
@@ -60,8 +61,18 @@ class Markers:
         return round(self.first_step - start, 3)  # logs stamp milliseconds at best
 
 
-def _local_seconds(stamp: datetime) -> float:
-    return (stamp - datetime(1970, 1, 1)).total_seconds()
+def _local_time(text: str, layout: str) -> float | None:
+    """Seconds on the log's own clock; None for a stamp that is no date (2026-13-45)."""
+    try:
+        return (datetime.strptime(text, layout) - datetime(1970, 1, 1)).total_seconds()
+    except ValueError:
+        return None
+
+
+def _epoch(text: str) -> float | None:
+    """A marker's time, or None past what a clock shows (a garbled or forged line)."""
+    value = float(text)
+    return value if value <= MAX_EPOCH else None
 
 
 def parse_markers(text: str) -> Markers:
@@ -70,8 +81,8 @@ def parse_markers(text: str) -> Markers:
     for line in text.splitlines():
         for name, pattern in _EPOCH_MARKERS.items():
             match = pattern.search(line)
-            if match and getattr(found, name) is None:
-                setattr(found, name, float(match[1]))
+            if match and getattr(found, name) is None and _epoch(match[1]) is not None:
+                setattr(found, name, _epoch(match[1]))
                 if name == "job_start" and match[2]:
                     found.host = match[2]
                 if name == "launch_start" and match[2]:
@@ -81,11 +92,12 @@ def parse_markers(text: str) -> Markers:
         if line.startswith("[mmm-orch] "):
             found.repeated.extend(_repeated(line))
         if local.job_start is None and (match := _JOB_STARTED.search(line)):
-            local.job_start = _local_seconds(datetime.strptime(match[1], "%Y-%m-%d-%H%M%S"))
-            local.host = match[2] or ""
+            local.job_start = _local_time(match[1], "%Y-%m-%d-%H%M%S")
+            local.host = (match[2] or "") if local.job_start is not None else ""
         elif local.first_step is None and (match := _STAMPED_STEP.search(line)):
-            fraction = float(f"0.{match[2]}") if match[2] else 0.0
-            local.first_step = _local_seconds(datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + fraction
+            stamp = _local_time(match[1], "%Y-%m-%d %H:%M:%S")
+            if stamp is not None:
+                local.first_step = stamp + (float(f"0.{match[2]}") if match[2] else 0.0)
     if found.job_start is None and found.launch_start is None and found.first_step is None:
         found.job_start, found.first_step = local.job_start, local.first_step
     found.host = found.host or local.host
@@ -93,12 +105,12 @@ def parse_markers(text: str) -> Markers:
 
 
 def _repeated(line: str) -> list[tuple[float, str]]:
-    if match := _REPEATED["attempt"].search(line):
-        return [(float(match[2]), f"attempt {match[1]} on {match[3]}")]
-    if match := _REPEATED["retired"].search(line):
-        return [(float(match[2]), f"retired {match[1]}")]
-    if match := _REPEATED["resumed"].search(line):
-        return [(float(match[1]), f"resumed at step {match[2]}")]
+    if (match := _REPEATED["attempt"].search(line)) and (at := _epoch(match[2])) is not None:
+        return [(at, f"attempt {match[1]} on {match[3]}")]
+    if (match := _REPEATED["retired"].search(line)) and (at := _epoch(match[2])) is not None:
+        return [(at, f"retired {match[1]}")]
+    if (match := _REPEATED["resumed"].search(line)) and (at := _epoch(match[1])) is not None:
+        return [(at, f"resumed at step {match[2]}")]
     return []
 
 
