@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Protocol
 
@@ -47,12 +48,17 @@ class LocalHost(LocalRunner):
         os.chmod(path, mode)
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+        """Up to `limit` bytes from `offset`; None where no regular file is (a FIFO put in a
+        log's place would block the reader forever, a directory has no bytes)."""
         try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                return handle.read(limit)
-        except FileNotFoundError:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            handle.seek(offset)
+            return handle.read(limit)
 
     def size(self, path: str) -> int | None:
         try:

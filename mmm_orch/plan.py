@@ -218,6 +218,31 @@ class Plan:
                 "launch_line": self.launch_line, "run_dir": self.run_dir}
 
 
+_STORED_KINDS = {"str": str, "int": int, "bool": bool, "float": (int, float), "dict": dict,
+                 "tuple": (list, tuple)}
+
+
+def stored_plan(data: dict[str, Any], what: str) -> Plan:
+    """A plan as a record stores it (to_dict), for a rerun: one whose fields are missing or of
+    another type (edited by hand, written by another version) is refused, not half used."""
+    wrong = []
+    for f in dataclasses.fields(Plan):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                wrong.append(f"{f.name} missing")
+            continue
+        value, declared = data[f.name], str(f.type)
+        expected = _STORED_KINDS.get(declared.split("[")[0].split("|")[0].strip())
+        if value is None and "None" in declared or expected is None:
+            continue
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            wrong.append(f"{f.name} is a {type(value).__name__}")
+    if wrong:
+        raise MmmError(f"{what} is damaged ({'; '.join(wrong[:3])}): it was changed by hand or "
+                       "written by another mmm-orch; submit the workload anew")
+    return Plan(**{f.name: data[f.name] for f in dataclasses.fields(Plan) if f.name in data})
+
+
 def _fail(field: str, value: Any, allowed: str) -> MmmError:
     return MmmError(f"{field} {value!r} is invalid: {allowed}")
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 import shlex
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -320,9 +321,12 @@ class SshHost:
         sftp.chmod(path, mode)
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
-        """Up to `limit` bytes from `offset`; None while the file does not exist."""
+        """Up to `limit` bytes from `offset`; None while the file does not exist, and where
+        no regular file is (the server would block on a FIFO)."""
         def read() -> bytes | None:
             try:
+                if not stat.S_ISREG(self._sftp_client().stat(path).st_mode or 0):
+                    return None
                 with self._sftp_client().open(path, "rb") as handle:
                     handle.seek(offset)
                     return handle.read(limit)

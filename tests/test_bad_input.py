@@ -51,8 +51,8 @@ def spec_cases() -> list[tuple[str, list[str], list[str]]]:
 
 def _typed_arguments() -> list[tuple[str, argparse.Action]]:
     """(command words, action) for every argument whose type mmm-orch checks."""
-    checked = {common.count, common.lines, common.job_id, common.seconds, sweep_cmds.sweep_id,
-               sweep_cmds.job_or_sweep}
+    checked = {common.count, common.lines, common.job_id, common.seconds, common.links,
+               sweep_cmds.sweep_id, sweep_cmds.job_or_sweep}
     found = []
 
     def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
@@ -76,8 +76,10 @@ def parser_cases() -> list[tuple[str, list[str], list[str]]]:
         bad = ["x", "", "-1"]
         if action.type is not common.seconds:
             bad.append("1.5")
-        if action.type in (common.count, common.job_id, sweep_cmds.sweep_id):
+        if action.type in (common.count, common.job_id, sweep_cmds.sweep_id, common.links):
             bad.append("0")
+        if action.type is common.links:
+            bad += ["201", "100000000000000000000", "1e3"]
         if action.type in (common.job_id, sweep_cmds.sweep_id, sweep_cmds.job_or_sweep):
             bad += ["99999999999999999999999", "s0", "s-1", "3\n4"]
         if action.type is common.seconds:

@@ -23,7 +23,11 @@ BAD_SWEEPS = [
     (["--nodes", ","], "--nodes ',' is invalid"),
     (["--nodes", "0,2"], "--nodes '0' is invalid"),
     (["--nodes", "1,x"], "--nodes 'x' is invalid"),
-    (["--nodes", "1,1"], "'1' is listed twice"),
+    (["--nodes", "1,1"], "--nodes: '1' and '1' are the same value (1)"),
+    (["--nodes", "1,01"], "--nodes: '1' and '01' are the same value (1)"),
+    (["--nodes", ",".join(map(str, range(1, 1002)))], "--nodes: more than 1000 values"),
+    (["--set", "seed=" + ",".join(map(str, range(40))), "--set", "epochs=" + ",".join(map(str, range(1, 41)))],
+     "40 seed x 40 epochs is 1600 points, more than 1000"),
     (["--nodes", "1,2", "--set", "bogus=1,2"], "sweep point 1 (nodes=1 bogus=1): unknown --set key"),
     (["--nodes", "1,2", "--set", "batch_size=8,0"], "sweep point 2 (nodes=1 batch_size=0)"),
     (["--nodes", "1,2", "--set", "batch_size"], "--set 'batch_size' is invalid"),
@@ -38,6 +42,41 @@ def test_a_bad_sweep_submits_nothing(cli, isolated, args, message):
     result = cli("sweep", "slurm-local", "fsdp", *args)
     assert result.code == 2, result
     assert message in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    assert_nothing_recorded()
+
+
+def _two_spellings(option) -> tuple[str, str] | None:
+    """One value of the option written two ways the trainer cannot tell apart."""
+    if option.type == "bool":
+        return "true", "True"
+    if option.type == "int":
+        low = int(option.ge if option.ge is not None else (option.gt or 0) + 1)
+        return str(low), f"0{low}"
+    if option.type == "float":
+        return "0.5", "5e-1"
+    if option.type == "str" and not option.pattern:
+        return "a", "a"
+    return None
+
+
+def _spelling_cases():
+    from mmm_orch.config import registry
+
+    cases = []
+    for workload in ("fsdp", "llama3_debug", "vit"):
+        for name, option in registry.load_workload(workload).options.items():
+            if (pair := _two_spellings(option)) is not None:
+                cases.append((workload, name, *pair))
+    return cases
+
+
+@pytest.mark.parametrize("workload,name,first,second", _spelling_cases())
+def test_one_value_spelled_two_ways_is_refused(cli, isolated, workload, name, first, second):
+    """The grid would run the same point twice: every option type, compared as the trainer
+    gets the value."""
+    result = cli("sweep", "slurm-local", workload, "--set", f"{name}={first},{second}")
+    assert result.code == 2, result
+    assert f"--set {name}: {first!r} and {second!r} are the same value" in result.err, result.err
     assert_nothing_recorded()
 
 

@@ -47,6 +47,9 @@ def _bounded_int(low: int, high: int | None, what: str) -> Callable[[str], int]:
 count = _bounded_int(1, None, "a whole number")          # nodes, links, ...
 lines = _bounded_int(0, None, "a whole number")          # --tail
 job_id = _bounded_int(1, MAX_JOB_ID, "a job id,")
+# A chain's links are all queued at once: 200 links of a day's walltime is half a year of
+# training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).
+links = _bounded_int(1, 200, "a number of links,")
 
 
 def seconds(text: str) -> float:

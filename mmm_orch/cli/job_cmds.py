@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p.add_argument("--no-env-check", action="store_true",
                    help="skip the check that the job's Python imports this mmm-orch")
-    p.add_argument("--chain", type=common.count, metavar="N",
+    p.add_argument("--chain", type=common.links, metavar="N",
                    help="carry the run across up to N jobs, each waiting for the one before and "
                         "resuming from its checkpoint, until the training is done")
     p.add_argument("-f", "--follow", action="store_true",
@@ -146,12 +146,11 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
     from mmm_orch.jobs.db import db_path
     from mmm_orch.jobs.submit import check_job_python, submit
-    from mmm_orch.plan import Plan
+    from mmm_orch.plan import stored_plan
 
     db = common.jobs_db(args)
     old = common.job(db, args.job)
-    known = {f.name for f in dataclasses.fields(Plan)}
-    plan = Plan(**{k: v for k, v in old.plan.items() if k in known})
+    plan = stored_plan(old.plan, f"job {old.id}'s recorded plan")
     args_ = dict(plan.trainer_args)
     if args.resume:
         from mmm_orch.errors import MmmError

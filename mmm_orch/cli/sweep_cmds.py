@@ -99,7 +99,7 @@ def _selected(args: argparse.Namespace):
     for kind, number in args.targets:
         if kind == "sweep":
             group, jobs = sweeps.sweep_jobs(db, number)
-            points = group["spec"]["points"]
+            points = sweeps.stored_points(group, len(jobs))
             records += [db.get(j.id, events=False) for j in jobs]  # with their plans
             values += [points[j.group_index - 1] if j.group_index else {"nodes": j.nodes} for j in jobs]
             names.append(f"s{number}")
@@ -121,15 +121,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     records, values, default, title = _selected(args)
     jobs = data.collect(records, values)
     rows = table.rows(jobs)
+    out = Path(args.out or default)
+    try:  # before anything is printed: a report that cannot be written is refused whole
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {exc.strerror}") from None
     if args.json:
         print(json.dumps(table.as_dicts(rows), indent=2))
     else:
         sys.stdout.write(table.text(rows))
-    out = Path(args.out or default)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {exc.strerror}") from None
     figures: list[Path] = []
     hint = ""
     if importlib.util.find_spec("matplotlib") is None:
@@ -156,10 +156,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("matplotlib") is None:
         raise MmmError(PLOT_HINT)
     record = common.job(common.jobs_db(args), args.job)
+    out = Path(args.out or f"job-{record.id}.png")
+    if out.is_dir() or not out.name or (out.exists() and not out.is_file()):
+        raise MmmError(f"--out {str(out)!r}: is not a file; name the figure's file, e.g. "
+                       f"job-{record.id}.png")
     from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
 
     job = data.collect([record])[0]
-    out = Path(args.out or f"job-{record.id}.png")
     if not job.steps:
         raise MmmError(f"job {record.id} has no step metrics to plot"
                        + (f" ({record.run_dir}/metrics.jsonl is missing or empty)" if record.run_dir

@@ -638,7 +638,7 @@ class JobDB:
             row = self.conn.execute("SELECT * FROM groups WHERE id = ?", (group_id,)).fetchone()
         if row is None:
             return None
-        return {**dict(row), "spec": json.loads(row["spec"])}
+        return {**dict(row), "spec": stored_json(row["spec"], dict, f"group {group_id}'s spec")}
 
     def apply(self, updates: dict[int, JobStatus], now: float | None = None) -> None:
         """Record what the scheduler said, in one transaction; states only move forward."""
@@ -795,8 +795,26 @@ def _list_columns() -> str:
 
 def _record(row: sqlite3.Row) -> JobRecord:
     data = dict(row)
-    data["commands"] = json.loads(data["commands"])
+    data["commands"] = stored_json(data["commands"], dict, f"job {data['id']}'s scheduler commands")
     if "plan" in data:
-        data["plan"] = json.loads(data["plan"])
-    data["state"] = JobState(data["state"])
+        data["plan"] = stored_json(data["plan"], dict, f"job {data['id']}'s plan")
+    try:
+        data["state"] = JobState(data["state"])
+    except ValueError:
+        raise DatabaseError(f"job {data['id']}'s state {str(data['state'])[:40]!r} is not one "
+                            "mmm-orch writes: the job database was changed by hand; "
+                            "`mmm-orch db check` says more") from None
     return JobRecord(**data)
+
+
+def stored_json(text: Any, kind: type, what: str) -> Any:
+    """A JSON column as written by mmm-orch, or one line saying it was damaged."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        value = None
+    if not isinstance(value, kind):
+        raise DatabaseError(f"{what} in the job database is damaged (not the JSON {kind.__name__} "
+                            "mmm-orch writes): it was changed by hand; `mmm-orch db check` says "
+                            "more")
+    return value

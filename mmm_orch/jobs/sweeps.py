@@ -15,6 +15,9 @@ from mmm_orch.jobs.db import JobDB, JobRecord, open_db
 from mmm_orch.plan import Plan, Request, resolve
 
 _SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
+# Points in one sweep: a scaling study or a search is tens to hundreds of jobs; past this a
+# typo (a stray value list) would submit more jobs than any allocation runs.
+MAX_POINTS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,22 +47,51 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
         if key in found:
             raise MmmError(f"--set {key}: given twice; list all its values in one --set")
         found[key] = _values(f"--set {key}", text, allow_empty_value=True)
+    count = 1
+    for values in found.values():
+        count *= len(values)
+    if count > MAX_POINTS:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in found.items())
+        raise MmmError(f"sweep: {sizes} is {count} points, more than {MAX_POINTS}; split it into "
+                       "smaller sweeps")
     return found
 
 
 def _values(flag: str, text: str, allow_empty_value: bool = False) -> list[str]:
-    values = [v.replace("\\,", ",").strip() for v in _SPLIT.split(text)]
+    values = [v.replace("\\,", ",").strip() for v in _SPLIT.split(text, maxsplit=MAX_POINTS)]
+    if len(values) > MAX_POINTS:
+        raise MmmError(f"{flag}: more than {MAX_POINTS} values; a sweep has at most {MAX_POINTS} "
+                       "points")
     if not text.strip() or (not allow_empty_value and any(v == "" for v in values)):
-        raise MmmError(f"{flag} {text!r} is invalid: a comma-separated list of values, none empty")
-    for value in values:
-        if values.count(value) > 1:
-            raise MmmError(f"{flag} {text!r} is invalid: {value!r} is listed twice")
+        raise MmmError(f"{flag} {text[:200]!r} is invalid: a comma-separated list of values, "
+                       "none empty")
     return values
+
+
+def _check_distinct(swept: dict[str, list[str]], workload: str) -> None:
+    """Two spellings of one value (1 and 01, true and True, 0.1 and 1e-1) would run the same
+    point twice: compared as the values the trainer gets."""
+    from mmm_orch.config.registry import load_workload
+
+    options = load_workload(workload).options
+    for key, values in swept.items():
+        seen: dict[Any, str] = {}
+        for value in values:
+            try:
+                typed = int(value) if key == "nodes" else options[key].coerce(key, value)
+            except (KeyError, ValueError):
+                continue  # planning the point says what is wrong with it
+            if typed in seen:
+                flag = "--nodes" if key == "nodes" else f"--set {key}"
+                raise MmmError(f"{flag}: {seen[typed]!r} and {value!r} are the same value "
+                               f"({typed!r}); list each value once")
+            seen[typed] = value
 
 
 def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
     """Every point planned, in order (nodes outermost); the first that cannot be planned stops
     the sweep with an error naming it."""
+    _check_distinct(swept, request.workload)
     keys = list(swept)
     out = []
     for index, combo in enumerate(itertools.product(*(swept[k] for k in keys)), start=1):
@@ -101,6 +133,16 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
             cancel(db, record)
         raise
     return sweep_id, records
+
+
+def stored_points(group: dict, jobs: int) -> list[dict[str, Any]]:
+    """A sweep's points as submit_sweep stored them: one mapping of values per job."""
+    points = group["spec"].get("points")
+    if not (isinstance(points, list) and len(points) >= jobs
+            and all(isinstance(p, dict) and isinstance(p.get("nodes", 1), int) for p in points)):
+        raise MmmError(f"sweep {group['id']}'s points in the job database are damaged (not the "
+                       "list of values per point mmm-orch writes): it was changed by hand")
+    return points
 
 
 def sweep_jobs(db: JobDB | None, sweep_id: int) -> tuple[dict, list[JobRecord]]:

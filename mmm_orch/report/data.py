@@ -4,6 +4,7 @@ startup markers and, for dist_check, the all-reduce timings it printed."""
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ from mmm_orch.errors import MmmError
 from mmm_orch.jobs.db import JobRecord
 
 DIST_CHECK_JSON = "[dist_check] json "
+MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 
 
 @dataclass
@@ -55,17 +57,26 @@ def _read(host, path: str) -> bytes:
         return b""
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def step_records(text: str) -> list[dict]:
     """The step records of a metrics.jsonl, each step once (the last record of a step wins: a
-    resumed run re-ran it)."""
+    resumed run re-ran it). A line that is not such a record (cut short, foreign, a value that is
+    no finite number) is left out, and so is a field that is not a number."""
     steps: dict[int, dict] = {}
     for line in text.splitlines():
+        if len(line) > MAX_METRICS_LINE:
+            continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(record, dict) and record.get("event") == "step" and isinstance(record.get("step"), int):
-            steps[record["step"]] = record
+        if isinstance(record, dict) and record.get("event") == "step" and \
+                isinstance(record.get("step"), int) and not isinstance(record["step"], bool):
+            steps[record["step"]] = {"event": "step", **{k: v for k, v in record.items()
+                                                          if _number(v)}}
     return [steps[k] for k in sorted(steps)]
 
 
@@ -75,7 +86,10 @@ def allreduce_results(log: str) -> list[dict]:
     for line in log.splitlines():
         if DIST_CHECK_JSON in line:
             try:
-                return list(json.loads(line.split(DIST_CHECK_JSON, 1)[1]).get("allreduce", []))
-            except ValueError:
+                found = json.loads(line.split(DIST_CHECK_JSON, 1)[1]).get("allreduce", [])
+            except (ValueError, AttributeError, RecursionError):
                 return []
+            keys = ("bytes", "latency_us", "busbw_gbps")
+            return [r for r in found if isinstance(r, dict) and all(_number(r.get(k)) for k in keys)] \
+                if isinstance(found, list) else []
     return []
