@@ -67,6 +67,25 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_log(name: str, head: int = 8 << 20) -> str:
+    """A log given with --log: its start (and its last MiB when it is longer), read only from a
+    regular file (a FIFO would block forever)."""
+    import os
+    import stat
+
+    from mmm_orch.hosts import host_for
+    from mmm_orch.jobs.logs import head_and_tail
+
+    try:
+        mode = os.stat(name).st_mode
+    except OSError as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise MmmError(f"--log {name!r}: {why}") from None
+    if not stat.S_ISREG(mode):
+        raise MmmError(f"--log {name!r}: not a regular file (a directory, a FIFO or a device)")
+    return head_and_tail(host_for(""), name, head=head, last=1 << 20) or ""
+
+
 def cmd_startup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -76,10 +95,7 @@ def cmd_startup(args: argparse.Namespace) -> int:
     if args.logs:
         for name in args.logs:
             path = Path(name)
-            if not path.is_file():
-                raise MmmError(f"--log {name!r}: no such file")
-            markers = startup.from_file_name(
-                path.name, startup.parse_markers(path.read_text(errors="replace")))
+            markers = startup.from_file_name(path.name, startup.parse_markers(_read_log(name)))
             rows.append({"log": path.name, "machine": "", "workload": "", "nodes": markers.nodes,
                          "ranks": markers.ranks, "host": markers.host, "start": markers.job_start,
                          "first_step": markers.first_step, "startup_s": markers.startup_s})
@@ -137,10 +153,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         raise MmmError("diagnose: give a job id or --log FILE (not both)")
     if args.log:
         path = Path(args.log)
-        if not path.is_file():
-            raise MmmError(f"--log {args.log!r}: no such file")
         common.check_machine(args.machine, None)
-        text, machine, where, header = path.read_text(errors="replace"), args.machine, str(path), path.name
+        text, machine, where, header = _read_log(args.log, 256 << 20), args.machine, str(path), path.name
     else:
         from mmm_orch.hosts import host_for
         from mmm_orch.jobs import logs
