@@ -37,7 +37,10 @@ MAX_OUTPUT = 1 << 20
 MAX_VALUE = 1 << 20
 MAX_COUNT = jinja2.sandbox.MAX_RANGE
 MAX_TEMPLATE = 256 << 10
-_WIDE_FORMAT = re.compile(r"[%{][^%{}]*?\d{6}")  # a width or precision of a million or more
+# A width or precision of a million or more, written in a format string ('%0999999d', '{:>999999}'),
+# or taken from the values ('%*d', '{:{}}').
+_WIDE_FORMAT = re.compile(r"%[-+ #0]*(\d*\.)?\d{6}|\{[^{}]*:[^{}]*\d{6}")
+_WIDTH_FROM_VALUES = re.compile(r"%[-+ #0]*(\d*\.)?\*|\{[^{}]*:[^{}]*\{")
 
 
 class TemplateLimit(SecurityError):
@@ -64,13 +67,22 @@ def _check_value(value: Any, what: str) -> Any:
     return value
 
 
-def _check_arguments(args: Iterable[Any], what: str) -> None:
+def _check_arguments(args: Iterable[Any], what: str, counts: bool = True) -> None:
+    """Sizes of every argument; with `counts`, integers too (widths, repeats, lengths)."""
     for arg in args:
-        if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > MAX_COUNT:
+        if counts and isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > MAX_COUNT:
             raise TemplateLimit(f"{what}: argument {arg} is above {MAX_COUNT}")
-        if isinstance(arg, str) and _WIDE_FORMAT.search(arg):
-            raise TemplateLimit(f"{what}: a format width of a million or more")
         _check_value(arg, what)
+
+
+def _check_format(text: Any, values: Iterable[Any], what: str) -> None:
+    """A format string and what it formats: the numbers formatted may be any size, unless the
+    string takes a width from them."""
+    values = list(values)
+    if isinstance(text, str):
+        if _WIDE_FORMAT.search(text):
+            raise TemplateLimit(f"{what}: a format width of a million or more")
+        _check_arguments(values, what, counts=bool(_WIDTH_FROM_VALUES.search(text)))
 
 
 class SandboxLoader(jinja2.BaseLoader):
@@ -147,7 +159,10 @@ class Sandbox(ImmutableSandboxedEnvironment):
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             self.deadline.check()
-            _check_arguments([*args[passed + 1:], *kwargs.values()], f"filter {name}")
+            if name == "format" and len(args) > passed:
+                _check_format(args[passed], [*args[passed + 1:], *kwargs.values()], "filter format")
+            else:
+                _check_arguments([*args[passed + 1:], *kwargs.values()], f"filter {name}")
             if name == "replace" and len(args) >= passed + 3:
                 _check_replace(*args[passed:passed + 3])
             return _check_value(function(*args, **kwargs), f"filter {name}")
@@ -161,7 +176,10 @@ class Sandbox(ImmutableSandboxedEnvironment):
         what = f"call of {name}"
         # A bound method's own object: the format string of str.format (which the sandbox wraps).
         owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
-        _check_arguments([*args, *kwargs.values(), owner], what)
+        if name in ("format", "format_map") and isinstance(owner, str):
+            _check_format(owner, [*args, *kwargs.values()], what)
+        else:
+            _check_arguments([*args, *kwargs.values(), owner], what)
         if name == "replace" and len(args) >= 2:
             _check_replace(owner, args[0], args[1])
         return _check_value(super().call(__context, __obj, *args, **kwargs), what)
@@ -179,8 +197,8 @@ class Sandbox(ImmutableSandboxedEnvironment):
             for count, other in ((left, right), (right, left)):
                 if isinstance(count, int) and _size(other) * max(count, 0) > MAX_VALUE:
                     raise TemplateLimit(f"{what} made a value above {MAX_VALUE} items")
-        if operator == "%" and isinstance(left, str) and _WIDE_FORMAT.search(left):
-            raise TemplateLimit(f"{what}: a format width of a million or more")
+        if operator == "%":
+            _check_format(left, right if isinstance(right, (tuple, list)) else [right], what)
         if operator == "+" and _size(left) + _size(right) > MAX_VALUE:
             raise TemplateLimit(f"{what} made a value above {MAX_VALUE} items")
         return _check_value(super().call_binop(context, operator, left, right), what)

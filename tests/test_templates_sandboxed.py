@@ -53,6 +53,10 @@ BOMBS = [
     "{% set n = 100000 %}{{ n ** n ** n }}",
     "{{ '%0999999999d' % 1 }}",
     "{{ '{:>999999999}'.format(1) }}",
+    "{{ '%*d' % (999999999, 1) }}",
+    "{{ '{:{}}'.format(1, 999999999) }}",
+    "{{ '%.9999999f' % 1.5 }}",
+    "{{ '%*d'|format(999999999, 1) }}",
     "{{ ('x' * 100000)|replace('x', 'x' * 100000) }}",
     "{{ ('x' * 100000).replace('x', 'x' * 100000) }}",
     "{% macro grow(s) %}{{ grow(s ~ s) }}{% endmacro %}{{ grow('x') }}",
@@ -133,10 +137,11 @@ def test_the_packaged_templates_render_as_before(cli):
 def test_a_bounded_template_may_loop_and_join(cli, place):
     write, extra = place
     write("{% for i in range(3) %}{{ i ~ '-' }}{% endfor %}{{ [plan.nodes, plan.workload]|join(',') }}"
-          "{{ ('ab' * 3)|replace('a', 'x') }}{{ '%05d' % 7 }}")
+          "{{ ('ab' * 3)|replace('a', 'x') }}{{ '%05d' % 7 }} {{ '{}s'.format(604800) }} "
+          "{{ '%d'|format(86400 * 7) }} {{ '%d %s' % (1234567, 'id 1234567') }}")
     result = cli(*COMMANDS["render"], *extra)
     assert result.code == 0, result.err
-    assert result.out == "0-1-2-1,fsdpxbxbxb00007"
+    assert result.out == "0-1-2-1,fsdpxbxbxb00007 604800s 604800 1234567 id 1234567"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
