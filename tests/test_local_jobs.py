@@ -180,17 +180,23 @@ def test_rejected_plan_leaves_no_database_and_no_directory(cli, isolated):
 
 
 def test_a_failing_scheduler_leaves_no_record_and_no_directory(cli, isolated, tmp_path):
-    # A Slurm profile whose sbatch refuses every job (exit 1), then one whose sbatch is missing
-    # here and that names no login host to reach it through.
+    # A Slurm profile whose sbatch refuses every job in sbatch's words (a silent exit 1 is no
+    # refusal: the job may have been taken), then one whose sbatch is missing here and that
+    # names no login host to reach it through.
     machines = isolated / ".mmm-orch" / "machines"
     machines.mkdir(parents=True)
+    refuses = tmp_path / "refuses"
+    refuses.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid "
+                       "account or account/partition combination specified' >&2\nexit 1\n")
+    refuses.chmod(0o755)
     (machines / "refuses.yaml").write_text(
-        "extends: slurm-local\nname: refuses\nscheduler: {commands: {submit: \"false\"}}\n")
+        f"extends: slurm-local\nname: refuses\nscheduler: {{commands: {{submit: {refuses}}}}}\n")
     (machines / "nosbatch.yaml").write_text(
         "extends: slurm-local\nname: nosbatch\n"
         "scheduler: {commands: {submit: /nonexistent/sbatch}}\n")
     result = cli("submit", "refuses", "dist_check")
-    assert result.code == 2 and result.err.startswith("mmm-orch: error: false:"), result.err
+    assert result.code == 2, result.err
+    assert result.err.startswith(f"mmm-orch: error: {refuses}: sbatch: error: "), result.err
     assert_nothing_recorded()
     result = cli("submit", "nosbatch", "dist_check")
     assert result.code == 2 and "/nonexistent/sbatch is not on PATH here" in result.err

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PBS_BIN, cancel_leftovers, write_probe
-from mmm_orch.schedulers import pbs as pbs_scheduler
+from mmm_orch.schedulers.base import FIND_SLACK_S
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,11 @@ case "$FAULT:$count" in
   die-after:*) real "$@" >/dev/null; kill -9 $$ ;;
   term-after:*) real "$@" >/dev/null; kill -TERM $$ ;;
   silent-after:*) real "$@" >/dev/null; exit 1 ;;
+  shell-killed-after:*) real "$@" >/dev/null; echo "bash: line 1: $$ Killed $REAL" >&2; exit 137 ;;
+  words-then-killed-after:*) real "$@" >/dev/null; echo "$REFUSED_TEXT" >&2; kill -9 $$ ;;
   refuse:*) echo "$REFUSED_TEXT" >&2; exit 1 ;;
+  refused-retry:1) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
+  refused-retry:*) echo "$REFUSED_TEXT" >&2; exit 1 ;;
   timeout-after:*) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
   hang-after:*) real "$@" >/dev/null; exec sleep 600 ;;
   hang-first:1) exec sleep 600 ;;
@@ -85,10 +89,12 @@ case "$FAULT:$count" in
 esac
 """
 # The first lookup after the ambiguous failure sees nothing (a slow scheduler), so the job is
-# submitted again: the duplicate must then be found and cancelled.
+# submitted again: the duplicate must then be found and cancelled, or the retry's refusal must not
+# be taken for proof. `forgotten`: the controller no longer lists the job (Slurm's MinJobAge).
 BLIND_LOOKUP = r"""#!/bin/bash
 count=$(( $(cat "$STATE/lookups" 2>/dev/null || echo 0) + 1 )); echo $count > "$STATE/lookups"
-[[ $FAULT == duplicate && $count -eq 1 ]] && exit 0
+[[ ($FAULT == duplicate || $FAULT == refused-retry) && $count -eq 1 ]] && exit 0
+[[ $FAULT == forgotten ]] && exit 0
 exec "$REAL_LOOKUP" "$@"
 """
 
@@ -177,10 +183,13 @@ def test_killed_after_the_scheduler_took_the_job(sched):
     exactly_once(sched, "killedafter", 1)
 
 
-@pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after"])
+@pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after",
+                                   "shell-killed-after", "words-then-killed-after"])
 def test_a_submit_command_that_dies_after_the_scheduler_took_the_job(sched, fault):
     """sbatch or qsub ended by a signal (or silent) after the server committed: not a refusal,
-    so the job is looked for by its tag and adopted, never left running without a record."""
+    so the job is looked for by its tag and adopted, never left running without a record. A
+    shell (the login node's, over SSH) reports the signal as 128+N with its own words; a
+    refusal's words from a command that was then killed prove nothing either."""
     proc = submit(sched, fault.replace("-", ""), fault)
     assert proc.returncode == 0, proc.stderr
     exactly_once(sched, fault.replace("-", ""), 1)
@@ -194,17 +203,30 @@ def test_a_refusal_in_the_scheduler_s_words_leaves_nothing(sched, isolated):
     exactly_once(sched, "refused", 0)
 
 
-def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, monkeypatch, tmp_path):
-    """Jobs of the same name from before the submission are not read: the lookup that settles
-    a killed submit asks the scheduler about the jobs created since (PBS: qselect -t c.ge.)."""
+HISTORY = 40  # finished jobs of one name: the old lookup read every one of them
+
+
+def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, tmp_path):
+    """Jobs of the same name from before the submission are not read: the one `status` after a
+    killed submit settles its record in a few seconds, asking qstat about the jobs created since
+    the record only (PBS: qselect -t c.ge.), not about the name's whole history."""
     if sched.kind != "pbs":
-        pytest.skip("squeue lists only the jobs the controller still holds (MinJobAge)")
+        pytest.skip("squeue reads the controller's jobs, sacct the record's time window: "
+                    "test_a_job_the_controller_forgot_is_found_in_accounting")
     name = "history" + RUN
     old = [subprocess.run([f"{PBS_BIN}/qsub", "-q", "parked", "-N", name, "-v",
                            "MMM_ORCH_TAG=another", "--", "/bin/true"], capture_output=True,
-                          text=True, check=True).stdout.strip() for _ in range(40)]
+                          text=True, check=True).stdout.strip() for _ in range(HISTORY)]
+    made = time.monotonic()
     subprocess.run([f"{PBS_BIN}/qdel", *old], capture_output=True, check=True)
-    time.sleep(pbs_scheduler.FIND_SLACK_S + 5)  # the history is older than the lookup's window
+
+    def named() -> list[str]:  # qselect: qstat of many ids takes up to a minute on this server
+        return subprocess.run([f"{PBS_BIN}/qselect", "-x", "-N", name], capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    assert sorted(named()) == sorted(old)  # all of it in the server's history
+    # The history is older than the lookup's window (the record's time less the clock skew).
+    time.sleep(max(0.0, made + FIND_SLACK_S + 3 - time.monotonic()))
     asked = tmp_path / "qstat-ids"
     qstat = tmp_path / "bin" / "qstat"
     qstat.write_text(f'#!/bin/bash\necho $# >> {asked}\nexec {PBS_BIN}/qstat "$@"\n')
@@ -212,9 +234,43 @@ def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, monkeypatch, tm
     proc = submit(sched, "history", "kill-after")
     assert proc.returncode == -signal.SIGKILL
     asked.unlink(missing_ok=True)
-    exactly_once(sched, "history", 1)
-    # qstat -f -F dsv -x ID...: 5 words and the ids; 40 jobs of that name are in the history.
-    assert max(int(n) for n in asked.read_text().split()) <= 5 + 2, asked.read_text()
+    rows = records()  # one status
+    job = [i for i in named() if i not in old]
+    assert len(job) == 1 and [r["native_id"] for r in rows] == job, (rows, job)
+    # qstat -f -F dsv -x ID...: 5 words and the ids (the lookup's, then status's query).
+    assert max(int(n) for n in asked.read_text().split()) <= 5 + 1, asked.read_text()
+
+
+def test_a_job_the_controller_forgot_is_found_in_accounting(sched, monkeypatch):
+    """A killed submit's job that ended before `status` ran: once the Slurm controller forgets
+    it (MinJobAge; here squeue shows nothing), sacct over the record's time window still has it
+    with its tag, so the record is settled, never removed."""
+    if sched.kind != "slurm":
+        pytest.skip("PBS keeps finished jobs in its history (qselect -x)")
+    proc = submit(sched, "forgotten", "kill-after")
+    assert proc.returncode == -signal.SIGKILL
+    (job,) = sched.jobs_named("forgotten")
+    subprocess.run(["scancel", job], check=True)
+    # Accounting lists an ended job by name and time a few seconds after its end (long before
+    # the controller forgets it): wait for that, as the controller's MinJobAge would.
+    deadline = time.monotonic() + 60
+    while f"{job}|mmm-orch:" not in subprocess.run(
+            ["sacct", "-X", "-n", "-P", "--name", "forgotten" + RUN, "-S", "now-1hour", "-o",
+             "JobID,Comment"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, "the ended job never reached accounting"
+        time.sleep(1)
+    monkeypatch.setenv("FAULT", "forgotten")
+    assert [r["native_id"] for r in records()] == [job]  # one status settles it
+    assert [(r["native_id"], r["state"]) for r in records()] == [(job, "cancelled")]
+
+
+def test_a_refused_retry_after_an_ambiguous_attempt_keeps_the_record(sched):
+    """The first attempt went through but said it timed out, the lookup did not show the job yet,
+    and the retry was refused (a limit that counts the first job, say): that refusal proves
+    nothing about the first attempt, so the record stays and `status` settles it."""
+    proc = submit(sched, "refusedretry", "refused-retry")
+    assert proc.returncode == 3 and sched.refused_text in proc.stderr, proc.stderr
+    exactly_once(sched, "refusedretry", 1)
 
 
 def test_killed_before_the_scheduler_was_asked(sched):

@@ -6,8 +6,9 @@ any instant:
 2. The job directory and script are written, then the record, in state `submitting`, with the
    tag the scheduler will show (Slurm comment, PBS variable) and who is submitting.
 3. The scheduler is asked (schedulers/base.py: an ambiguous failure is resolved by looking for
-   the tag before any retry). Refused or never sent: record and directory are removed. Accepted:
-   the record gets its native id.
+   the tag before any retry). Refused in the scheduler's own words, or never sent: record and
+   directory are removed. Accepted: the record gets its native id. Anything else (the submit
+   command killed, timed out, cut off) leaves the record `submitting`.
 
 A process killed during 3 leaves a `submitting` record; the next `status` finds the job by its
 tag (or by the id the job wrote at its start into its log), or removes the record once the
@@ -35,8 +36,8 @@ from mmm_orch.hosts import Host, host_for
 from mmm_orch.jobs.db import RECORD_FILE, JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
-from mmm_orch.schedulers.base import (JobRef, Retry, SchedulerError, Submission,
-                                      SubmissionUnconfirmed, Unreachable, scheduler_for)
+from mmm_orch.schedulers.base import (JobRef, Retry, Submission, SubmissionRefused, Unreachable,
+                                      scheduler_for)
 
 
 def git_commit(directory: str) -> str | None:
@@ -230,10 +231,10 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     try:
         with _signals_as_interrupts():
             native_id = scheduler.submit(submission)
-    except (SchedulerError, Unreachable):
-        undo()  # the scheduler does not have the job: nothing is left behind
+    except (SubmissionRefused, Unreachable):
+        undo()  # proof that the scheduler does not have the job: nothing is left behind
         raise
-    except SubmissionUnconfirmed as exc:
+    except MmmError as exc:  # it may have the job: `status` settles the record by its tag
         db.note(job_id, f"submission unconfirmed: {exc}")
         raise
     except BaseException:

@@ -21,6 +21,11 @@ class SchedulerError(MmmError):
     """The scheduler refused (bad partition, over a limit, ...): its own message, exit code 2."""
 
 
+class SubmissionRefused(SchedulerError):
+    """The scheduler's own refusal of a submission, or a submit command that is not there: the
+    one proof that it has no job, so the only error after which a record may be removed."""
+
+
 class SchedulerUnavailable(MmmError):
     """The scheduler could not be reached within the retry budget."""
 
@@ -132,6 +137,11 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
         f"{argv[0]} failed {attempt} time(s) in {time.monotonic() - start:.0f}s: {last}")
 
 
+# A job's submit time is the scheduler's clock, its record's the submitter's: a tag lookup that
+# starts at the record's time allows for this much skew.
+FIND_SLACK_S = 120
+
+
 @dataclass(frozen=True)
 class Submission:
     """What a scheduler needs to submit one rendered script, and to find it again by its tag."""
@@ -160,14 +170,18 @@ class CommandScheduler:
     retried and `query_env` set for its queries.
 
     `transient` errors are worth another try; of those, `unsent` ones prove that the request
-    never reached the scheduler (connection refused). Every other transient failure, and a
-    timeout, is ambiguous: the scheduler may have taken the job, so submit looks for the job's
-    tag before it tries again."""
+    never reached the scheduler (connection refused). A refusal is the submit command's
+    `refusal_codes` exit status with its `refusal` words on stderr. Anything else (a timeout, a
+    dropped connection, a command killed by a signal, silent, or with another status) is
+    ambiguous: the scheduler may have taken the job, so submit looks for the job's tag before it
+    tries again."""
 
     defaults: dict[str, str] = {}
     transient: re.Pattern[str]
     unsent: re.Pattern[str]
     transient_codes: frozenset[int] = frozenset()
+    refusal: re.Pattern[str]
+    refusal_codes: frozenset[int]
     query_env: dict[str, str] = {}
 
     def __init__(self, commands: dict[str, str], runner: Runner):
@@ -200,8 +214,8 @@ class CommandScheduler:
         raise NotImplementedError
 
     def submit(self, submission: Submission) -> str:
-        """Submit exactly once: the native id, or SchedulerError (refused: nothing submitted),
-        Unreachable (never sent: nothing submitted), SubmissionUnconfirmed (it may have been)."""
+        """Submit exactly once: the native id, or SubmissionRefused / Unreachable (nothing
+        submitted), or any other error (the scheduler may have the job)."""
         retry = Retry.from_env("submit")
         start, delay = time.monotonic(), retry.first_delay
         argv = self.submit_argv(submission)
@@ -215,7 +229,16 @@ class CommandScheduler:
                 native_id = found[0]
                 break
             if found is not None:
-                outcome = self._submit_once(argv, submission, max(1.0, min(retry.timeout, left)))
+                try:
+                    outcome = self._submit_once(argv, submission,
+                                                max(1.0, min(retry.timeout, left)))
+                except SubmissionRefused as exc:
+                    if not maybe_sent:
+                        raise
+                    # The refusal answers this attempt only (a limit may count the first job).
+                    raise SubmissionUnconfirmed(
+                        f"{exc}; an earlier attempt may have reached the scheduler: `mmm-orch "
+                        "status` will find the job by its tag") from None
                 if isinstance(outcome, str):
                     native_id = outcome
                     break
@@ -240,13 +263,14 @@ class CommandScheduler:
     def _submit_once(self, argv: list[str], submission: Submission,
                      timeout: float) -> str | tuple[bool, str]:
         """The native id, or (whether the request may have reached the scheduler, why not);
-        raises SchedulerError when the scheduler refused the job."""
+        raises SubmissionRefused when the scheduler refused the job."""
         try:
             result = self.runner.run(argv, cwd=submission.workdir, timeout=timeout)
         except subprocess.TimeoutExpired:
             return True, f"no answer within {timeout:.0f}s"
         except FileNotFoundError:
-            raise SchedulerError(f"{argv[0]}: command not found (is this the machine's login node?)")
+            raise SubmissionRefused(
+                f"{argv[0]}: command not found (is this the machine's login node?)")
         except Unreachable as exc:
             return False, str(exc)
         except SchedulerUnavailable as exc:  # the connection dropped while the command ran
@@ -256,23 +280,27 @@ class CommandScheduler:
                 return self.parse_submit(result.stdout)
             except ValueError as exc:
                 return True, str(exc)
-        # Only the scheduler's own refusal proves it has no job: the command ended by itself,
-        # with its words. Killed by a signal, or silent, it may have been taken already.
-        if result.returncode < 0:
-            return True, f"{argv[0]} was ended by signal {-result.returncode} ({result.message})"
-        if not result.message:
-            return True, f"{argv[0]} exited {result.returncode} without a word"
         text = result.stderr + result.stdout
-        if not (self.transient.search(text) or result.returncode in self.transient_codes):
-            raise SchedulerError(f"{argv[0]}: {result.message}")
-        return not self.unsent.search(text), result.message
+        if self.transient.search(text) or result.returncode in self.transient_codes:
+            return not self.unsent.search(text), result.message
+        # Only the scheduler's own refusal proves it has no job: the command ended by itself with
+        # its refusal status and words. Killed by a signal (a negative status here, 128+N through
+        # a shell), silent, or with another status, it may have been taken already.
+        if result.returncode in self.refusal_codes and self.refusal.search(result.stderr):
+            raise SubmissionRefused(f"{argv[0]}: {result.message}")
+        return True, (f"{argv[0]} ended with status {result.returncode} and no refusal "
+                      f"({result.message or 'no message'})")
 
     def _drop_duplicates(self, submission: Submission, keep: str) -> None:
         """After an ambiguous attempt, a retry may have made a second copy: cancel any other job
         with this tag, so that one submit is one job."""
         for native_id in self.find(submission) or []:
             if native_id != keep:
-                self.cancel(JobRef(native_id, submission.job_dir))
+                try:
+                    self.cancel(JobRef(native_id, submission.job_dir))
+                except MmmError as exc:  # job `keep` exists: never let this read as a refusal
+                    raise SchedulerError(f"job {keep} was submitted, but its copy {native_id} "
+                                         f"could not be cancelled: {exc}") from None
 
 
 class Scheduler(Protocol):

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import psutil
 
-from mmm_orch.schedulers.base import JobRef, SchedulerError, Submission
+from mmm_orch.schedulers.base import JobRef, SchedulerError, Submission, SubmissionRefused
 from mmm_orch.schedulers.local_run import GRACE_S, RESULT, SUPERVISOR
 from mmm_orch.schedulers.states import JobState, JobStatus
 
@@ -33,9 +33,9 @@ class LocalScheduler:
         deadline = time.monotonic() + 30
         while not (found := self.find(submission)):
             if proc.poll() is not None and not self.find(submission):
-                raise SchedulerError(f"the local supervisor exited ({proc.returncode}) before "
-                                     f"starting the job; see {submission.log_path}")
-            if time.monotonic() > deadline:
+                raise SubmissionRefused(f"the local supervisor exited ({proc.returncode}) "
+                                        f"before starting the job; see {submission.log_path}")
+            if time.monotonic() > deadline:  # it may still start the job: the record stays
                 raise SchedulerError("the local supervisor did not start within 30 s")
             time.sleep(0.01)
         return found[0]

@@ -7,13 +7,9 @@ from typing import Sequence
 
 from mmm_orch.errors import MmmError
 from mmm_orch.schedulers import pbs_parse as parse
-from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
+from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, SchedulerError,
                                       SchedulerUnavailable, Submission, check_directive_path)
 from mmm_orch.schedulers.states import JobState, JobStatus
-
-
-# A job's creation time is the server's clock, its record's the submitter's: allow for skew.
-FIND_SLACK_S = 120
 
 
 class PbsScheduler(CommandScheduler):
@@ -21,6 +17,8 @@ class PbsScheduler(CommandScheduler):
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES
+    refusal = parse.REFUSAL
+    refusal_codes = parse.REFUSAL_CODES
     query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:

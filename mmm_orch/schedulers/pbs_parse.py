@@ -32,6 +32,11 @@ TRANSIENT_ERRORS = re.compile(
 TRANSIENT_EXIT_CODES = frozenset({162, 171, 183})
 # Of those, the ones that prove qsub never reached the server.
 UNSENT_ERRORS = re.compile(r"cannot connect to (host|server)|Connection refused", re.I)
+# qsub's refusal: the server's message after "qsub: ", and pbs_errno's low byte as the status
+# (153, 170, 188, ...: 128 and more too). "Error (N) submitting job" is what qsub says with no
+# message from the server (a connection dropped after the commit among others): not a refusal.
+REFUSAL = re.compile(r"^qsub: (?!Error \(\d+\) submitting job)", re.M)
+REFUSAL_CODES = frozenset(range(1, 256))
 TAG_VARIABLE = "MMM_ORCH_TAG"  # `#PBS -v MMM_ORCH_TAG=...`: the job's submission tag
 # qstat prints times in its own time zone: queries run in UTC so that they read the same anywhere.
 QUERY_ENV = {"TZ": "UTC"}

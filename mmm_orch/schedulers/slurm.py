@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import time
 from typing import Sequence
 
 from mmm_orch.schedulers import slurm_parse as parse
-from mmm_orch.schedulers.base import (CommandScheduler, JobRef, SchedulerError,
-                                      SchedulerUnavailable, Submission, check_directive_path)
+from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, CommandResult, JobRef,
+                                      SchedulerError, SchedulerUnavailable, Submission,
+                                      check_directive_path)
 from mmm_orch.schedulers.states import JobState, JobStatus
 from mmm_orch.errors import MmmError
 
@@ -19,6 +21,8 @@ class SlurmScheduler(CommandScheduler):
                 "control": "scontrol"}
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
+    refusal = parse.REFUSAL
+    refusal_codes = parse.REFUSAL_CODES
     query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:
@@ -28,17 +32,36 @@ class SlurmScheduler(CommandScheduler):
         return parse.parse_sbatch(stdout)
 
     def find(self, submission: Submission) -> list[str] | None:
-        """The jobs of this user with the submission's name whose comment is its tag (squeue
-        lists pending, running and recently ended jobs)."""
-        argv = [self.cmd["query"], "--me", "--noheader", "--states=all",
-                f"--name={submission.name}", "--format=%i|%k"]
+        """The jobs with the submission's name whose comment is its tag: squeue (this user's
+        pending, running and recently ended jobs), then, when it shows none, sacct from the
+        record's time on (a job that ended before the controller's MinJobAge forgot it). Each
+        reads a bounded set, the controller's jobs or that time window, never the whole
+        accounting history."""
+        comment = parse.tag_comment(submission.tag)
+        live = self._look([self.cmd["query"], "--me", "--noheader", "--states=all",
+                           f"--name={submission.name}", "--format=%i|%k"])
+        if live is None or live.returncode != 0:
+            return None
+        found = parse.ids_with_comment(live.stdout, comment)
+        if found or not self.cmd.get("accounting") or not submission.submitted_at:
+            return found
+        since = time.strftime("%Y-%m-%dT%H:%M:%S",
+                              time.gmtime(submission.submitted_at - FIND_SLACK_S))
+        ended = self._look([self.cmd["accounting"], "--noheader", "--parsable2", "--allocations",
+                            f"--name={submission.name}", f"--starttime={since}",
+                            "--format=JobID,Comment"], {"TZ": "UTC"})
+        if ended is None:
+            return None
+        if ended.returncode != 0:
+            return [] if parse.ACCOUNTING_DISABLED.search(ended.message) else None
+        return parse.ids_with_comment(ended.stdout, comment)
+
+    def _look(self, argv: list[str], env: dict[str, str] | None = None) -> CommandResult | None:
+        """One try of a lookup (submit's loop does the retrying); None: no answer."""
         try:
-            result = self.runner.run(argv, timeout=15)
+            return self.runner.run(argv, timeout=15, env=env)
         except (subprocess.TimeoutExpired, SchedulerUnavailable):
             return None
-        if result.returncode != 0:
-            return None
-        return parse.ids_with_comment(result.stdout, parse.tag_comment(submission.tag))
 
     @staticmethod
     def directive_path(path: str) -> str:

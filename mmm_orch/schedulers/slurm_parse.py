@@ -35,6 +35,10 @@ TRANSIENT_ERRORS = re.compile(
 UNSENT_ERRORS = re.compile(
     r"Unable to contact slurm controller \(connect failure\)|Connection refused|"
     r"Resource temporarily unavailable", re.I)
+# sbatch's refusal: its error words, and status 1 (SLURM_EXIT_ERROR, when a site sets another,
+# only makes a refusal look ambiguous: the record then waits for `status`).
+REFUSAL = re.compile(r"^sbatch: (error|fatal): ", re.M)
+REFUSAL_CODES = frozenset({1})
 # The job carries its submission tag as its comment (`#SBATCH --comment=...`).
 TAG_PREFIX = "mmm-orch:"
 
