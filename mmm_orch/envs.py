@@ -143,8 +143,8 @@ base=$(command -v python3) || {{ echo "no python3 after the setup lines" >&2; ex
 if [ -x "$env_dir/bin/python" ]; then
     echo "MMM_ORCH_STEP kept the virtual environment $env_dir"
 else
-    mkdir -p "$(dirname "$env_dir")"
-    python3 -m venv --system-site-packages "$env_dir"
+    mkdir -p -- "$(dirname -- "$env_dir")"
+    python3 -m venv --system-site-packages -- "$env_dir"
     echo "MMM_ORCH_STEP created $env_dir on top of $base"
 fi
 # A base that is itself a virtual environment: its packages are not the system's, so they are

@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -201,10 +202,13 @@ def report(args: argparse.Namespace, state: dict) -> None:
 
 
 def node_arg(args: argparse.Namespace, active: list[str]) -> str:
-    """The launcher's words for "only these nodes": a node list, or a host file it reads."""
+    """The launcher's words for "only these nodes": a node list, or a host file it reads. Both are
+    shell words of the launch line: the job directory may hold a space, a node name is the
+    scheduler's but still only data."""
     hostfile = args.dir / "active-hosts.txt"
     hostfile.write_text("".join(f"{node}\n" for node in active))
-    return args.node_arg.format(nodelist=",".join(active), hostfile=hostfile)
+    return args.node_arg.format(nodelist=shlex.quote(",".join(active)),
+                                hostfile=shlex.quote(str(hostfile)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmm_orch import __version__
-from mmm_orch.config.common import ENV_NAME
+from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload
@@ -218,31 +218,6 @@ class Plan:
                 "launch_line": self.launch_line, "run_dir": self.run_dir}
 
 
-_STORED_KINDS = {"str": str, "int": int, "bool": bool, "float": (int, float), "dict": dict,
-                 "tuple": (list, tuple)}
-
-
-def stored_plan(data: dict[str, Any], what: str) -> Plan:
-    """A plan as a record stores it (to_dict), for a rerun: one whose fields are missing or of
-    another type (edited by hand, written by another version) is refused, not half used."""
-    wrong = []
-    for f in dataclasses.fields(Plan):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                wrong.append(f"{f.name} missing")
-            continue
-        value, declared = data[f.name], str(f.type)
-        expected = _STORED_KINDS.get(declared.split("[")[0].split("|")[0].strip())
-        if value is None and "None" in declared or expected is None:
-            continue
-        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
-            wrong.append(f"{f.name} is a {type(value).__name__}")
-    if wrong:
-        raise MmmError(f"{what} is damaged ({'; '.join(wrong[:3])}): it was changed by hand or "
-                       "written by another mmm-orch; submit the workload anew")
-    return Plan(**{f.name: data[f.name] for f in dataclasses.fields(Plan) if f.name in data})
-
-
 def _fail(field: str, value: Any, allowed: str) -> MmmError:
     return MmmError(f"{field} {value!r} is invalid: {allowed}")
 
@@ -375,7 +350,7 @@ def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: i
     user = []
     for key, value in _pairs(request.envs, "--env"):
         check_text(f"--env {key}", value)
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):  # match() would pass a name ending in a newline
             raise _fail("--env", key, "names are letters, digits and _, not starting with a digit")
         if looks_secret(key):
             raise MmmError(
@@ -385,6 +360,66 @@ def _env_groups(machine: Machine, workload: Workload, request: Request, nodes: i
     if user:
         groups.append(EnvGroup(name="user --env", set=tuple(user)))
     return groups
+
+
+def _check_script_text(machine: Machine, workload: Workload) -> None:
+    """Profile and spec fields the script carries outside the setup lines (comments, directives,
+    shell names, double-quoted values). A user's own YAML is data: a line break in a comment or a
+    directive would start a shell line of its own, a name must be a name."""
+    where = f"machine {machine.name}"
+    texts = [("machine name", machine.name), ("workload name", workload.name),  # names first
+             (f"{where}: python", machine.python),
+             (f"{where}: launcher.cpu_bind", machine.launcher.cpu_bind),
+             (f"{where}: facility", machine.facility),
+             (f"{where}: scheduler.queue_directive", machine.scheduler.queue_directive),
+             (f"{where}: scheduler.exclude_directive", machine.scheduler.exclude_directive),
+             (f"{where}: devices.source", machine.devices.source),
+             (f"{where}: rendezvous.source", machine.rendezvous.source)]
+    texts += [(f"{where}: directive", d) for d in machine.directives]
+    texts += [(f"{where}: scheduler.failover_directives", d)
+              for d in machine.scheduler.failover_directives]
+    for queue in machine.queues:
+        texts.append((f"{where}: queue name", queue.name))
+        texts += [(f"{where}: queue {queue.name} tier name", t.name) for t in queue.tiers]
+        texts += [(f"{where}: queue {queue.name} directive", d) for d in queue.directives or ()]
+    for preset in machine.presets:
+        texts += [(f"{where}: preset name", preset.name),
+                  (f"{where}: preset {preset.name} description", preset.description),
+                  (f"{where}: preset {preset.name} source", preset.source)]
+        texts += [(f"{where}: preset {preset.name} {var} source", spec.source)
+                  for var, spec in preset.set.items() if not isinstance(spec, str)]
+    for field_name, text in texts:
+        check_text(field_name, text)
+    scheduler = machine.scheduler
+    templates = [(f"{where}: scheduler.queue_directive", scheduler.queue_directive, "queue"),
+                 (f"{where}: scheduler.exclude_directive", scheduler.exclude_directive, "nodes")]
+    templates += [(f"{where}: queue {q.name} directive", d, "queue")
+                  for q in machine.queues for d in q.directives or ()]
+    for field_name, template, placeholder in templates:
+        try:
+            check_placeholders(template, (placeholder,))
+        except ValueError as exc:
+            raise MmmError(f"{field_name}: {exc}") from None
+    names = [(f"{where}: scheduler.submit_dir_var", machine.scheduler.submit_dir_var),
+             (f"{where}: devices.visible_env", machine.devices.visible_env)]
+    for preset in machine.presets:
+        names += [(f"{where}: preset {preset.name} variable", n)
+                  for n in (*preset.set, *preset.unset)]
+    names += [(f"workload {workload.name}: env variable", n) for n in workload.env]
+    names += [(f"workload {workload.name}: machines.{m}.env variable", n)
+              for m, override in workload.machines.items() for n in override.env]
+    for field_name, name in names:
+        if name and not ENV_NAME.fullmatch(name):
+            raise _fail(field_name, name, "an environment variable name: letters, digits and _, "
+                        "not starting with a digit")
+    # Written in double quotes so that $VARS expand, as a profile's preset values are.
+    envs = [(f"workload {workload.name}: env {k}", v) for k, v in workload.env.items()]
+    envs += [(f"workload {workload.name}: machines.{m}.env {k}", v)
+             for m, override in workload.machines.items() for k, v in override.env.items()]
+    for field_name, value in envs:
+        if '"' in check_text(field_name, value) or "`" in value:
+            raise _fail(field_name, value, "a workload's env value may not contain \" or ` "
+                        "(it is written in double quotes, where $VARS expand)")
 
 
 def _workdir(given: str | None) -> str:
@@ -407,7 +442,11 @@ def environment_word(machine: Machine, account: str | None) -> str:
     from mmm_orch import envs
 
     if entry := envs.remembered(machine.name):
-        return shlex.quote(entry["path"])
+        path = entry["path"]
+        if not isinstance(path, str) or not os.path.isabs(check_text("environment path", path)):
+            raise MmmError(f"{envs.config_file()}: the environment of {machine.name} {path!r} is "
+                           f"invalid: an absolute path; run `mmm-orch env create {machine.name}`")
+        return shlex.quote(path)
     if machine.environment is None:
         return ""
     # The word is double-quoted so that $USER expands: the account must be a plain word (env
@@ -415,6 +454,10 @@ def environment_word(machine: Machine, account: str | None) -> str:
     if account and not _SAFE_WORD.match(account):
         raise _fail("--account", account, "use letters, digits, '_', '.', '+', '-'")
     template = machine.environment.path
+    try:
+        check_placeholders(template, ("account", "account_lower"))
+    except ValueError as exc:
+        raise MmmError(f"machine {machine.name}: environment.path: {exc}") from None
     if ("{account" in template) and not account:
         raise MmmError(f"--account is needed on {machine.name}: the job environment lives under "
                        f"the project ({template})")
@@ -426,6 +469,7 @@ def resolve(request: Request) -> Plan:
     """The plan for `request`, or MmmError naming the field, the value and what is allowed."""
     machine = load_machine(request.machine)
     workload = load_workload(request.workload)
+    _check_script_text(machine, workload)
     override = workload.machines.get(machine.name)
 
     nodes = request.nodes
@@ -504,9 +548,11 @@ def resolve(request: Request) -> Plan:
     gpus = machine.node.gpus
     cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core // ranks_per_node)
     python = sys.executable if machine.python == "auto" else machine.python
+    # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
+    cpu_bind = machine.launcher.cpu_bind
     fields = {"nodes": nodes, "ranks": ranks, "ranks_per_node": ranks_per_node,
               "gpus_per_node": gpus, "cpus_per_rank": cpus_per_rank,
-              "cpu_bind": machine.launcher.cpu_bind, "python": shlex.quote(python)}
+              "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "", "python": shlex.quote(python)}
     launcher = [machine.launcher.command.format(**fields)]
     launcher += [arg.format(**fields) for arg in machine.launcher.args]
 

@@ -13,6 +13,7 @@ import base64
 import getpass
 import hashlib
 import os
+import re
 import shlex
 import socket
 import stat
@@ -25,6 +26,7 @@ from typing import Sequence
 
 import paramiko
 
+from mmm_orch.config.common import ENV_NAME
 from mmm_orch.errors import MmmError
 from mmm_orch.schedulers.base import CommandResult, SchedulerUnavailable
 
@@ -50,6 +52,23 @@ class Endpoint:
     @property
     def known_hosts_name(self) -> str:
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+# What a user and a host name may be: ~/.ssh/config puts them into shell commands (`Match exec`
+# with %h, %r, %u, which paramiko runs through a shell), so shell syntax is refused, as OpenSSH 9.6
+# does; a leading '-' would read as an option.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_target(target: str) -> str:
+    """`[user@]host[:port]` of plain names, or SshError naming it and what is allowed."""
+    user, at, rest = target.rpartition("@")
+    host, colon, port = rest.partition(":")
+    if not (_NAME.fullmatch(host) and (not at or _NAME.fullmatch(user))
+            and (not colon or port.isdigit())):
+        raise SshError(f"login host {target!r} is invalid: [user@]host[:port], user and host of "
+                       "letters, digits, '_', '.', '-' (not starting with '-')")
+    return target
 
 
 def resolve(target: str) -> Endpoint:
@@ -99,16 +118,16 @@ def check_host_key(endpoint: Endpoint, key: paramiko.PKey, known: dict[str, para
     files = ", ".join(p for p in endpoint.known_hosts if not p.startswith("/etc/")) or "known_hosts"
     if not known:
         port = f"-p {endpoint.port} " if endpoint.port != 22 else ""
+        host = shlex.quote(endpoint.hostname)  # ~/.ssh/config's HostName, in a command to paste
         raise SshError(
             f"host key of {name} is not known ({offered}); refusing to connect. Check that "
             f"fingerprint against the one the facility publishes, then trust it with "
-            f"`ssh {port}{endpoint.hostname}` (answer yes) or `ssh-keyscan {port}{endpoint.hostname}"
-            f" >> ~/.ssh/known_hosts`")
+            f"`ssh {port}{host}` (answer yes) or `ssh-keyscan {port}{host} >> ~/.ssh/known_hosts`")
     if known.get(key.get_name()) != key:
         raise SshError(
             f"host key of {name} has CHANGED ({offered} is not the key in {files}); refusing to "
             f"connect. This may be an attack, or the host was reinstalled: ask the facility, "
-            f"then remove the old entry with `ssh-keygen -R '{name}'` and connect again")
+            f"then remove the old entry with `ssh-keygen -R {shlex.quote(name)}` and connect again")
 
 
 def _prompt_handler(title: str, instructions: str, prompts: list[tuple[str, bool]]) -> list[str]:
@@ -221,7 +240,7 @@ class SshHost:
     """A login node reached over SSH. Connects on first use; `close()` at the end of the command."""
 
     def __init__(self, target: str, connect_timeout: float = 20):
-        self.target = target
+        self.target = check_target(target)
         self.endpoint = resolve(target)
         self.connect_timeout = connect_timeout
         self._transport: paramiko.Transport | None = None
@@ -262,11 +281,13 @@ class SshHost:
         word is quoted, so nothing in it is interpreted by the remote shell."""
         command = shlex.join(argv)
         for name, value in (env or {}).items():
-            if not name.isidentifier():
+            if not ENV_NAME.fullmatch(name):  # else the remote bash runs it as a command
                 raise ValueError(f"environment variable name {name!r}")
             command = f"{name}={shlex.quote(value)} {command}"
         if cwd:
             command = f"cd {shlex.quote(cwd)} && {command}"
+        if "\0" in command:  # the remote shell would cut the line there, as exec does here
+            raise ValueError(f"a NUL byte in the command line of {argv[0]}")
         try:
             return self._exec(argv, command, timeout)
         except (EOFError, paramiko.SSHException, ConnectionError) as exc:

@@ -164,6 +164,25 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+def finished_local_sweep(root: Path) -> tuple[dict[str, str], dict[int, dict]]:
+    """A real two-job sweep of the fsdp trainer on the local executor, with its own state, cache
+    and config under `root`, run to its end: its environment and its status rows by job id."""
+    env = {"XDG_STATE_HOME": str(root / "state"), "HOME": str(root / "home"),
+           "XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
+    proc = run_cli("sweep", "local", "fsdp", "--set", "train_samples=256,512", "--set",
+                   "epochs=1", env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 600
+    while True:
+        rows = json.loads(run_cli("status", "--all", "--json", env=env, cwd=root).stdout)
+        if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(2)
+    assert all(r["state"] == "completed" for r in rows), rows
+    return env, {r["id"]: r for r in rows}
+
+
 def bash_n(script: str, tmp_path: Path) -> None:
     path = tmp_path / "check.sh"
     path.write_text(script)

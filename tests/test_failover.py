@@ -265,3 +265,21 @@ def test_a_failure_of_the_loop_itself_ends_the_job_with_its_own_message(tmp_path
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == INTERNAL_ERROR_EXIT, proc
     assert proc.stdout.startswith("[mmm-orch] failover: internal error, the job ends: "), proc.stdout
+
+
+def test_the_node_words_reach_the_launcher_as_single_words(tmp_path):
+    """The host file lies in the job's directory, which may hold a space or shell syntax: the
+    launcher gets it, and the node list, as one word each, and nothing in them runs."""
+    job_dir = tmp_path / "run $(touch pwned) `touch pwned2`; x"
+    job_dir.mkdir()
+    (job_dir / "nodes.txt").write_text("n1\nn2\n")
+    show = f"{sys.executable} -c 'import json, sys; print(\"ARGS\", json.dumps(sys.argv[1:]))'"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmm_orch.failover", "--dir", str(job_dir), "--machine", "pbs-local",
+         "--active", "2", "--node-arg=-f {hostfile} --nodelist={nodelist}",
+         "--first-step-timeout", "60", "--step-timeout", "60", "--", f"{show} @NODES@"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("ARGS "))
+    assert json.loads(line[5:]) == ["-f", str(job_dir / "active-hosts.txt"), "--nodelist=n1,n2"]
+    assert (job_dir / "active-hosts.txt").read_text() == "n1\nn2\n"
+    assert not list(tmp_path.rglob("pwned*")), proc.stdout

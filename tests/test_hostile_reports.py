@@ -10,12 +10,11 @@ import json
 import os
 import shutil
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, run_cli
+from conftest import finished_local_sweep, run_cli
 
 pytestmark = pytest.mark.xdist_group("hostile-reports")
 
@@ -23,20 +22,8 @@ pytestmark = pytest.mark.xdist_group("hostile-reports")
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("reports")
-    env = {"XDG_STATE_HOME": str(root / "state"), "HOME": str(root / "home"),
-           "XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
-    proc = run_cli("sweep", "local", "fsdp", "--set", "train_samples=256,512", "--set",
-                   "epochs=1", env=env, cwd=root)
-    assert proc.returncode == 0, proc.stderr
-    deadline = time.monotonic() + 600
-    while True:
-        rows = json.loads(run_cli("status", "--all", "--json", env=env, cwd=root).stdout)
-        if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows):
-            break
-        assert time.monotonic() < deadline, rows
-        time.sleep(2)
-    assert all(r["state"] == "completed" for r in rows), rows
-    return root, env, {r["id"]: r for r in rows}
+    env, rows = finished_local_sweep(root)
+    return root, env, rows
 
 
 def cli(sweep, *args: str, timeout: float = 60):

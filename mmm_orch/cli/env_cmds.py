@@ -39,6 +39,7 @@ def _where(args: argparse.Namespace):
     from mmm_orch.plan import check_text, environment_word
 
     machine = load_machine(args.machine)
+    check_text(f"machine {machine.name}: python", machine.python)  # a word of the check's bash
     target = login_target(machine.name, machine.scheduler.kind,
                           dataclasses.asdict(machine.scheduler.commands), machine.login_hosts,
                           args.host)

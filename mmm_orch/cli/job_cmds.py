@@ -146,7 +146,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
     from mmm_orch.jobs.db import db_path
     from mmm_orch.jobs.submit import check_job_python, submit
-    from mmm_orch.plan import stored_plan
+    from mmm_orch.plan_store import stored_plan
 
     db = common.jobs_db(args)
     old = common.job(db, args.job)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -99,9 +101,8 @@ def _selected(args: argparse.Namespace):
     for kind, number in args.targets:
         if kind == "sweep":
             group, jobs = sweeps.sweep_jobs(db, number)
-            points = sweeps.stored_points(group, len(jobs))
+            values += sweeps.stored_points(group, jobs)
             records += [db.get(j.id, events=False) for j in jobs]  # with their plans
-            values += [points[j.group_index - 1] if j.group_index else {"nodes": j.nodes} for j in jobs]
             names.append(f"s{number}")
         else:
             record = common.job(db, number)
@@ -114,6 +115,31 @@ def _selected(args: argparse.Namespace):
     return records, values, default[:100], title
 
 
+def _report_dir(out: Path) -> None:
+    """`report --out` names a directory (made when missing) that the figures and report.html go
+    into: a file, a FIFO or a place that takes no files is refused before anything is written or
+    printed, and a directory made for it is removed again."""
+    import tempfile
+
+    from mmm_orch.errors import MmmError
+
+    if out.exists() and not out.is_dir():
+        what = "a file" if out.is_file() else "a FIFO, socket or device"
+        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {what} is there (report "
+                       "writes a directory of figures and report.html; name a new or empty one)")
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()  # it takes files: a read-only place says so here
+    except OSError as exc:
+        for directory in created:  # innermost first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        doing = "write into" if out.is_dir() else "make"
+        raise MmmError(f"--out {str(out)!r}: cannot {doing} the directory: "
+                       f"{exc.strerror or exc}") from None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from mmm_orch.errors import MmmError
     from mmm_orch.report import data, html, table
@@ -122,30 +148,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     jobs = data.collect(records, values)
     rows = table.rows(jobs)
     out = Path(args.out or default)
-    try:  # before anything is printed: a report that cannot be written is refused whole
-        out.mkdir(parents=True, exist_ok=True)
+    _report_dir(out)
+    figures: list[Path] = []
+    hint = PLOT_HINT if importlib.util.find_spec("matplotlib") is None else ""
+    try:  # the files first: a report that cannot be written prints no table
+        if not hint:
+            from mmm_orch.report import figures as draw
+
+            figures = draw.report_figures(rows, jobs, out)
+        page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
     except OSError as exc:
-        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {exc.strerror}") from None
+        raise MmmError(f"--out {str(out)!r}: cannot write the figures: {exc.strerror}") from None
+    common.write_file(str(out / "report.html"), page)
     if args.json:
         print(json.dumps(table.as_dicts(rows), indent=2))
     else:
         sys.stdout.write(table.text(rows))
-    figures: list[Path] = []
-    hint = ""
-    if importlib.util.find_spec("matplotlib") is None:
-        hint = PLOT_HINT
-    else:
-        from mmm_orch.report import figures as draw
-
-        figures = draw.report_figures(rows, jobs, out)
-    page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
-    common.write_file(str(out / "report.html"), page)
     where = sys.stderr if args.json else sys.stdout
     for path in figures:
         print(f"figure: {path}", file=where)
     print(f"report: {out / 'report.html'}", file=where)
     if hint:
         print(f"mmm-orch: {hint}", file=sys.stderr)
+    if note := data.notes(jobs):
+        print(note, file=sys.stderr)
     return 0
 
 
@@ -157,19 +183,32 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise MmmError(PLOT_HINT)
     record = common.job(common.jobs_db(args), args.job)
     out = Path(args.out or f"job-{record.id}.png")
+    # plot writes one PNG file (report writes a directory): --out names that file.
     if out.is_dir() or not out.name or (out.exists() and not out.is_file()):
-        raise MmmError(f"--out {str(out)!r}: is not a file; name the figure's file, e.g. "
+        raise MmmError(f"--out {str(out)!r}: is not a file; plot writes one PNG file: name it, "
+                       f"e.g. job-{record.id}.png")
+    if out.suffix.lower() != ".png":
+        raise MmmError(f"--out {str(out)!r}: plot writes a PNG: name a file ending .png, e.g. "
                        f"job-{record.id}.png")
-    from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
-
+    if not out.parent.is_dir():
+        raise MmmError(f"--out {str(out)!r}: no directory {str(out.parent)!r} to write it in")
     job = data.collect([record])[0]
     if not job.steps:
         raise MmmError(f"job {record.id} has no step metrics to plot"
-                       + (f" ({record.run_dir}/metrics.jsonl is missing or empty)" if record.run_dir
-                          else f" (workload {record.workload} writes none)"))
+                       + (f" ({job.left_out})" if job.left_out
+                          else f" ({record.run_dir}/metrics.jsonl is missing or empty)"
+                          if record.run_dir else f" (workload {record.workload} writes none)"))
+    from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
+
+    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")  # a failed write leaves no half PNG
     try:
-        figures.job_curves(job, out)
+        figures.job_curves(job, tmp)
+        tmp.replace(out)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise MmmError(f"--out {str(out)!r}: cannot write: {exc.strerror}") from None
     print(f"figure: {out}")
+    if note := data.notes([job]):
+        print(note, file=sys.stderr)
     return 0

@@ -125,9 +125,14 @@ def load_yaml(path: Path) -> YamlDoc:
 
 
 def format_loc(loc: Path_) -> str:
+    """`presets[0].set.NAME`; a key with a line break or other control character is shown as
+    [repr]: an error is one line whatever the file's keys hold."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int) or not str(part).isprintable():
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else str(part)
     return out
 
 

@@ -91,11 +91,12 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
 def read_state(group: dict[str, Any]) -> dict[str, Any] | None:
     """The chain's state as its jobs left it (chain.json), or None where it cannot be read."""
     spec = group["spec"]
-    try:
+    try:  # at most read_from's MiB: the jobs write a few hundred bytes
         text = host_for(spec["remote"]).read_from(posixpath.join(spec["dir"], CHAIN_FILE), 0)
-        return json.loads(text) if text else None
-    except (ValueError, MmmError, OSError):
-        return None
+        state = json.loads(text) if text else None
+    except (ValueError, RecursionError, MmmError, OSError, TypeError, KeyError):
+        return None  # TypeError, KeyError: a spec edited by hand (no dir, no remote)
+    return state if isinstance(state, dict) else None
 
 
 def chain_of(db: JobDB, record: JobRecord) -> dict[str, Any] | None:
@@ -110,9 +111,11 @@ def summary(group: dict[str, Any], links: list[JobRecord]) -> dict[str, Any]:
     from mmm_orch.schedulers.states import JobState
 
     state = read_state(group) or {}
-    progress = state.get("progress", {})
-    steps = [v for p in progress.values() for v in (p.get("end_step"), p.get("start_step"))
-             if v is not None]
+    progress = state.get("progress")
+    # chain.json is written by the jobs: what is not as they write it is left out, not a crash.
+    steps = [v for p in (progress.values() if isinstance(progress, dict) else ())
+             if isinstance(p, dict) for v in (p.get("end_step"), p.get("start_step"))
+             if type(v) is int]
     done = sum(1 for link in links if link.terminal)
     current = next((link for link in links if not link.terminal), links[-1])
     status = state.get("status", "running")
@@ -126,12 +129,12 @@ def summary(group: dict[str, Any], links: list[JobRecord]) -> dict[str, Any]:
         overall = JobState.FAILED
     else:
         overall = JobState.PENDING
-    note = f"links {done}/{group['spec']['links']}"
+    note = f"links {done}/{group['spec'].get('links', '?')}"
     if steps:
         note += f", step {max(steps)}"
         if group["spec"].get("steps"):
             note += f"/{group['spec']['steps']}"
     if state.get("reason"):
-        note += f": {state['reason']}"
+        note += f": {str(state['reason'])[:200]}"
     return {"state": overall, "current": current, "note": note,
             "elapsed": sum(link.elapsed() or 0 for link in links) or None}

@@ -18,6 +18,9 @@ _SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
 # Points in one sweep: a scaling study or a search is tens to hundreds of jobs; past this a
 # typo (a stray value list) would submit more jobs than any allocation runs.
 MAX_POINTS = 1000
+# One swept value: the longest a path option can be (PATH_MAX); a longer one is a pasted blob.
+MAX_VALUE = 4096
+_NODES = re.compile(r"[0-9]{1,7}")  # ASCII digits: int() also reads '١'; no machine has 10^7 nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +41,9 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
     if nodes is not None:
         found["nodes"] = _values("--nodes", nodes)
         for value in found["nodes"]:
-            if not value.isdigit() or int(value) < 1:
-                raise MmmError(f"--nodes {value!r} is invalid: node counts are whole numbers >= 1")
+            if not _NODES.fullmatch(value) or int(value) < 1:
+                raise MmmError(f"--nodes {value[:40]!r} is invalid: node counts are whole numbers "
+                               "1-9999999")
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -65,6 +69,10 @@ def _values(flag: str, text: str, allow_empty_value: bool = False) -> list[str]:
     if not text.strip() or (not allow_empty_value and any(v == "" for v in values)):
         raise MmmError(f"{flag} {text[:200]!r} is invalid: a comma-separated list of values, "
                        "none empty")
+    longest = max(values, key=len)
+    if len(longest) > MAX_VALUE:
+        raise MmmError(f"{flag} {longest[:40]!r}...: a value of {len(longest)} characters; values "
+                       f"are at most {MAX_VALUE}")
     return values
 
 
@@ -135,14 +143,26 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
     return sweep_id, records
 
 
-def stored_points(group: dict, jobs: int) -> list[dict[str, Any]]:
-    """A sweep's points as submit_sweep stored them: one mapping of values per job."""
+def _stored_point(point: Any) -> bool:
+    """A point as submit_sweep writes it: a node count and the swept values as typed."""
+    return (isinstance(point, dict) and all(isinstance(v, str) and len(v) <= MAX_VALUE
+                                            for k, v in point.items() if k != "nodes")
+            and type(point.get("nodes")) is int and point["nodes"] >= 1)
+
+
+def stored_points(group: dict, jobs: list[JobRecord]) -> list[dict[str, Any]]:
+    """The values of each job's point, as submit_sweep stored them: anything else (edited by
+    hand) is refused, not shown as some other point's values."""
     points = group["spec"].get("points")
-    if not (isinstance(points, list) and len(points) >= jobs
-            and all(isinstance(p, dict) and isinstance(p.get("nodes", 1), int) for p in points)):
+    if not (isinstance(points, list) and len(points) <= MAX_POINTS
+            and all(_stored_point(p) for p in points)):
         raise MmmError(f"sweep {group['id']}'s points in the job database are damaged (not the "
                        "list of values per point mmm-orch writes): it was changed by hand")
-    return points
+    for job in jobs:
+        if not (isinstance(job.group_index, int) and 1 <= job.group_index <= len(points)):
+            raise MmmError(f"job {job.id} of sweep {group['id']} is damaged in the job database: "
+                           f"point {job.group_index} of {len(points)} (changed by hand)")
+    return [points[job.group_index - 1] for job in jobs]
 
 
 def sweep_jobs(db: JobDB | None, sweep_id: int) -> tuple[dict, list[JobRecord]]:
@@ -151,7 +171,9 @@ def sweep_jobs(db: JobDB | None, sweep_id: int) -> tuple[dict, list[JobRecord]]:
     if group is None or group["kind"] != "sweep":
         raise MmmError(f"sweep {sweep_id} not found" + (f" in {db.path}" if db is not None else
                                                           "; no jobs recorded yet"))
-    jobs = sorted(db.list(group_id=sweep_id), key=lambda r: r.group_index or 0)
+    # An index edited by hand (text, none) sorts first; stored_points names it.
+    jobs = sorted(db.list(group_id=sweep_id),
+                  key=lambda r: r.group_index if type(r.group_index) is int else -1)
     return group, jobs
 
 

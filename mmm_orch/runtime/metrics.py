@@ -45,23 +45,30 @@ def parse_line(line: str) -> dict[str, str]:
 def _drop_after(path: Path, step: int) -> None:
     """Forget the records of steps after the checkpoint a run resumes from: a launch that died
     past its last checkpoint ran them, and the resumed launch runs them again. The file then holds
-    every step once, as the run that went on computed it."""
-    if not path.exists():
+    every step once, as the run that went on computed it. Lines are kept as bytes, unread: one
+    that is not a record (cut short by the crash, not UTF-8) stays as it was for the reports to
+    skip, and a resume never fails on it."""
+    if not path.is_file():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if _step_of(line) <= step]
     partial = path.with_suffix(".jsonl.partial")
-    partial.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    with open(path, "rb") as old, open(partial, "wb") as new:
+        for line in old:
+            if _step_of(line) <= step:
+                new.write(line if line.endswith(b"\n") else line + b"\n")
     partial.replace(path)  # atomic: a crash here leaves the old file or the new one
 
 
-def _step_of(line: str) -> int:
-    """The step a step or checkpoint record is about; 0 for any other (or an unreadable) line."""
+def _step_of(line: bytes) -> int:
+    """The step a step or checkpoint record is about; 0 for any other (or an unreadable) line.
+    A record is a few hundred bytes: a longer line is not parsed."""
+    if len(line) > 1 << 16:
+        return 0
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return 0
-    if record.get("event") in ("step", "checkpoint") and isinstance(record.get("step"), int):
+    if isinstance(record, dict) and record.get("event") in ("step", "checkpoint") \
+            and type(record.get("step")) is int:
         return record["step"]
     return 0
 
