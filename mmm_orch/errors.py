@@ -1,4 +1,5 @@
-"""Errors the CLI reports as one line on stderr with exit code 2."""
+"""Errors the CLI reports as one line on stderr: exit code 2 (the user can fix it), 3 (a
+scheduler could not be reached; try again)."""
 
 
 class MmmError(Exception):
@@ -9,3 +10,28 @@ class MmmError(Exception):
 
 class ConfigError(MmmError):
     """A machine profile, workload spec or template that cannot be used as written."""
+
+
+class SchedulerError(MmmError):
+    """The scheduler refused (bad partition, over a limit, ...): its own message, exit code 2."""
+
+
+class SubmissionRefused(SchedulerError):
+    """The scheduler's own refusal of a submission, or a submit command that is not there: the
+    one proof that it has no job, so the only error after which a record may be removed."""
+
+
+class SchedulerUnavailable(MmmError):
+    """The scheduler could not be reached within the retry budget."""
+
+    exit_code = 3
+
+
+class Unreachable(SchedulerUnavailable):
+    """The command never left this computer (no connection to the login node or the
+    scheduler): nothing can have been submitted."""
+
+
+class SubmissionUnconfirmed(SchedulerUnavailable):
+    """The scheduler may have taken the job, and could not be asked whether it did before the
+    retry budget ran out: the record stays `submitting` until `status` finds out."""

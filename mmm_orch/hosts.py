@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Protocol
 
-from mmm_orch.schedulers.base import LocalRunner, Runner
+from mmm_orch.transport import LocalRunner, Runner
 
 
 class Host(Runner, Protocol):

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmm_orch import __version__
-from mmm_orch.config.common import ENV_NAME, check_placeholders
+from mmm_orch.config.common import ENV_NAME, NODE_NAME, check_placeholders
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload
 from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import LOG_FILE, MODULES, NODES_TOKEN
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
 _JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
-NODES_TOKEN = "@NODES@"  # mmm_orch.failover.NODES_TOKEN (not imported: the CLI stays light)
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
 LAYOUT_OPTIONS = ("tp", "pp")
 # Scripts, logs and the job database are readable: secrets never go into them. A name is
@@ -122,7 +122,7 @@ class Plan:
     env: tuple[EnvGroup, ...]
     launcher: tuple[str, ...]
     # Where the launch runs: `hosts` by default; with spare nodes, the failover loop puts
-    # `on_nodes` for the active nodes in place of NODES_TOKEN (mmm_orch.failover).
+    # `on_nodes` for the active nodes in place of NODES_TOKEN (injob/failover.py).
     hosts: str
     on_nodes: str
     spare_nodes: int
@@ -182,7 +182,7 @@ class Plan:
 
     @property
     def failover(self) -> bool:
-        """The launch runs under mmm_orch.failover (it has spare nodes to swap in)."""
+        """The launch runs under mmm_orch.injob.failover (it has spare nodes to swap in)."""
         return self.spare_nodes > 0
 
     @property
@@ -210,7 +210,7 @@ class Plan:
         if "run_name" in self.trainer_options and not args.get("run_name"):
             args["run_name"] = f"{self.name}-{tag}"
         return dataclasses.replace(
-            self, log_path=f"{job_dir}/job.log", log_directive=log_directive, job_dir=job_dir,
+            self, log_path=f"{job_dir}/{LOG_FILE}", log_directive=log_directive, job_dir=job_dir,
             tag=tag, workdir=workdir or self.workdir, trainer_args=args)
 
     def to_dict(self) -> dict[str, Any]:
@@ -511,7 +511,6 @@ def resolve(request: Request) -> Plan:
         raise _fail("--spare-nodes", spare, f"{nodes} + {spare} nodes: {machine.name} has at "
                     f"most {machine.max_nodes}")
     allocated = nodes + spare
-    from mmm_orch.jobs.db import NODE_NAME
 
     for node in request.avoid_nodes:  # from the database; they reach directives
         if not NODE_NAME.match(node):
@@ -566,9 +565,9 @@ def resolve(request: Request) -> Plan:
         device_env.append(EnvEntry(name="MMM_DEVICE_PER_RANK", value="1"))
     if machine.rendezvous.master_addr:
         device_env.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
-    if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds (rendezvous.py)
-        device_env.append(EnvEntry(name="MASTER_PORT",
-                                   value=f"$({shlex.quote(python)} -m mmm_orch.rendezvous)"))
+    if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds
+        device_env.append(EnvEntry(name="MASTER_PORT", value=f"$({shlex.quote(python)} -m "
+                                                             f"{MODULES['rendezvous']})"))
     elif machine.rendezvous.master_port:
         device_env.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
 

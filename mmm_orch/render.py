@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from mmm_orch.errors import ConfigError
+from mmm_orch.injob import protocol
 from mmm_orch.paths import search_dirs
 from mmm_orch.plan import Plan
 
@@ -63,7 +64,7 @@ def render(plan: Plan, template: str | None = None) -> str:
     else:
         env, name = _environment(None), f"{plan.scheduler}.sh.j2"
     try:
-        return env.render_bounded(env.get_template(name), plan=plan)
+        return env.render_bounded(env.get_template(name), plan=plan, job=protocol.FOR_TEMPLATES)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"template {template or name}: not UTF-8 text (byte {exc.start}: "
                           f"{exc.object[exc.start:exc.start + 1]!r})") from None

@@ -28,7 +28,8 @@ import paramiko
 
 from mmm_orch.config.common import ENV_NAME
 from mmm_orch.errors import MmmError
-from mmm_orch.schedulers.base import CommandResult, SchedulerUnavailable
+from mmm_orch.errors import SchedulerUnavailable
+from mmm_orch.transport import CommandResult
 
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmm_orch.config.registry import load_machine
-from mmm_orch.jobs.diagnose import diagnose, generic_signatures
+from mmm_orch.config.failures import common_failures, machine_failures
+from mmm_orch.injob.diagnose import diagnose
 from test_local_jobs import wait_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "failures"
@@ -62,7 +62,7 @@ def test_lost_node_is_the_first_failure_and_names_that_node(cli):
      "home:eagle"),
 ])
 def test_each_documented_signature(machine, line, name, fix):
-    signatures = load_machine(machine).failures + generic_signatures()
+    signatures = machine_failures(machine)
     text = f"step=1 loss=3.0\n{line}\nx4102c5s3b0n0: rank 1 died from signal 15\n"
     first = diagnose(text, signatures).first
     assert first is not None and first.signature.name == name and fix in first.signature.fix
@@ -71,7 +71,7 @@ def test_each_documented_signature(machine, line, name, fix):
 
 def test_a_plain_exception_is_reported_only_when_nothing_specific_matched():
     text = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad shape\n"
-    result = diagnose(text, generic_signatures())
+    result = diagnose(text, common_failures())
     assert result.first.signature.name == "python-exception" and result.first.line_number == 3
 
 

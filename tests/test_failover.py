@@ -19,7 +19,7 @@ import pytest
 
 from conftest import wait_state, write_probe, write_spec
 from faults import signal_node, trainer_pids
-from mmm_orch.failover import INTERNAL_ERROR_EXIT
+from mmm_orch.injob.protocol import EXIT_INTERNAL_ERROR
 from mmm_orch.runtime.metrics import parse_line
 
 # 300 steps of about 0.1 s on 4 CPU ranks, a checkpoint every 10: time to fail in the middle.
@@ -259,11 +259,11 @@ def test_a_failure_of_the_loop_itself_ends_the_job_with_its_own_message(tmp_path
     if damage == "unreadable signatures":
         (tmp_path / "failures.json").write_text("{not json")
     proc = subprocess.run(
-        [sys.executable, "-m", "mmm_orch.failover", "--dir", str(tmp_path), "--machine", "slurm-local",
+        [sys.executable, "-m", "mmm_orch.injob.failover", "--dir", str(tmp_path), "--machine", "slurm-local",
          "--active", "2", "--node-arg=--nodelist={nodelist}", "--first-step-timeout", "60",
          "--step-timeout", "60", "--", "echo @NODES@"],
         capture_output=True, text=True, timeout=60)
-    assert proc.returncode == INTERNAL_ERROR_EXIT, proc
+    assert proc.returncode == EXIT_INTERNAL_ERROR, proc
     assert proc.stdout.startswith("[mmm-orch] failover: internal error, the job ends: "), proc.stdout
 
 
@@ -275,7 +275,7 @@ def test_the_node_words_reach_the_launcher_as_single_words(tmp_path):
     (job_dir / "nodes.txt").write_text("n1\nn2\n")
     show = f"{sys.executable} -c 'import json, sys; print(\"ARGS\", json.dumps(sys.argv[1:]))'"
     proc = subprocess.run(
-        [sys.executable, "-m", "mmm_orch.failover", "--dir", str(job_dir), "--machine", "pbs-local",
+        [sys.executable, "-m", "mmm_orch.injob.failover", "--dir", str(job_dir), "--machine", "pbs-local",
          "--active", "2", "--node-arg=-f {hostfile} --nodelist={nodelist}",
          "--first-step-timeout", "60", "--step-timeout", "60", "--", f"{show} @NODES@"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path)

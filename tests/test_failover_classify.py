@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from mmm_orch import watchdog
-from mmm_orch.config.registry import load_machine
-from mmm_orch.failover import classify
-from mmm_orch.jobs.diagnose import generic_signatures
+from mmm_orch.config.failures import machine_failures
+from mmm_orch.injob import watchdog
+from mmm_orch.injob.failover import classify
 
 ACTIVE = ["x4102c5s3b0n0", "x4305c1s6b0n0", "x4411c0s2b0n0"]
 
@@ -22,7 +21,7 @@ def attempt(lines: list[str], code: int, machine: str = "aurora", walltime_end: 
             step_timeout: float = 60):
     script = "".join(f"echo {shlex.quote(line)}; " for line in lines) + f"exit {code}"
     launch = watchdog.run(script, first_step_timeout=60, step_timeout=step_timeout, grace=2)
-    signatures = load_machine(machine).failures + generic_signatures()
+    signatures = machine_failures(machine)
     return classify(launch, signatures, ACTIVE, walltime_end, margin=30)
 
 
@@ -76,7 +75,7 @@ def test_a_hang_ignores_the_kills_its_own_stop_caused():
     launch_line = ("echo 'step=1 loss=1.0'; trap 'echo \"srun: error: n2: tasks 2-3: Killed\"; "
                    "exit 143' TERM; sleep 30 & wait")
     launch = watchdog.run(launch_line, first_step_timeout=60, step_timeout=2, grace=5)
-    signatures = load_machine("slurm-local").failures + generic_signatures()
+    signatures = machine_failures("slurm-local")
     verdict = classify(launch, signatures, ["n1", "n2"], None, margin=30)
     assert launch.hung
     assert (verdict.kind, verdict.nodes, verdict.retry) == ("hang", (), True)

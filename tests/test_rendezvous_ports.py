@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import TERMINAL, wait_state
-from mmm_orch import rendezvous
+from mmm_orch.injob import protocol, rendezvous
 
-WATCHDOG = [sys.executable, "-m", "mmm_orch.watchdog", "--first-step-timeout", "30",
+WATCHDOG = [sys.executable, "-m", "mmm_orch.injob.watchdog", "--first-step-timeout", "30",
             "--step-timeout", "30", "--grace", "2", "--"]
 # What a rank does at its start: bind MASTER_PORT as the rendezvous store would, then step.
 BIND_THEN_STEP = (f"{sys.executable} -c \"import os, socket; s = socket.socket(); "
@@ -49,7 +49,7 @@ def test_a_free_port_is_one_this_host_can_bind():
 def test_a_port_in_use_before_the_first_step_is_relaunched_on_a_fresh_one(held_port, tmp_path):
     proc = watch(BIND_THEN_STEP, held_port, tmp_path)
     assert proc.returncode == 0, proc.stdout
-    assert f"{rendezvous.RELAUNCH_MARKER} port {held_port} was in use before the first step; " \
+    assert f"{protocol.RENDEZVOUS} port {held_port} was in use before the first step; " \
            "relaunching on port" in proc.stdout
     used = int(proc.stdout.rsplit("port=", 1)[1])
     assert used != held_port
@@ -58,7 +58,7 @@ def test_a_port_in_use_before_the_first_step_is_relaunched_on_a_fresh_one(held_p
 def test_a_port_in_use_after_the_first_step_is_the_code_s_failure(held_port, tmp_path):
     command = f"echo step=1; {BIND_THEN_STEP}"
     proc = watch(command, held_port, tmp_path)
-    assert proc.returncode == 1 and rendezvous.RELAUNCH_MARKER not in proc.stdout
+    assert proc.returncode == 1 and protocol.RENDEZVOUS not in proc.stdout
 
 
 def test_relaunches_are_bounded(tmp_path):
@@ -70,13 +70,13 @@ def test_relaunches_are_bounded(tmp_path):
 def test_failover_relaunches_a_refused_rendezvous_without_retiring_a_node(held_port, tmp_path):
     (tmp_path / "nodes.txt").write_text("n1\nn2\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "mmm_orch.failover", "--dir", str(tmp_path), "--machine",
+        [sys.executable, "-m", "mmm_orch.injob.failover", "--dir", str(tmp_path), "--machine",
          "slurm-local", "--active", "1", "--node-arg=--nodelist={nodelist}",
          "--first-step-timeout", "30", "--step-timeout", "30", "--", BIND_THEN_STEP],
         capture_output=True, text=True, timeout=120,
         env={"PATH": "/usr/bin:/bin", "MASTER_PORT": str(held_port)})
     assert proc.returncode == 0, proc.stdout
-    assert rendezvous.RELAUNCH_MARKER in proc.stdout and "retired" not in proc.stdout
+    assert protocol.RENDEZVOUS in proc.stdout and "retired" not in proc.stdout
     state = json.loads((tmp_path / "failover.json").read_text())
     assert state["attempt"] == 1 and state["retired"] == [] and state["spares"] == ["n2"]
 
@@ -84,7 +84,7 @@ def test_failover_relaunches_a_refused_rendezvous_without_retiring_a_node(held_p
 @pytest.mark.parametrize("machine", ["slurm-local", "pbs-local"])
 def test_the_test_profiles_ask_the_host_for_a_port(cli, machine):
     script = cli("render", machine, "dist_check", "-N", "2").out
-    assert '-m mmm_orch.rendezvous)"' in script and "JOBID" not in script.split("MASTER_PORT=")[1]
+    assert '-m mmm_orch.injob.rendezvous)"' in script and "JOBID" not in script.split("MASTER_PORT=")[1]
 
 
 @pytest.mark.parametrize("kind,extra", [("slurm", []), ("pbs", []), ("slurm", ["--spare-nodes", "1"])],
@@ -103,5 +103,5 @@ def test_a_job_whose_port_is_taken_completes_on_another(request, cli, isolated, 
     log = cli("logs", str(job)).out
     assert row["state"] == "completed" and row["exit_code"] == 0, log[-3000:]
     assert "EADDRINUSE" in log or "ddress already in use" in log, log[-3000:]
-    assert f"{rendezvous.RELAUNCH_MARKER} port {held_port} was in use" in log
+    assert f"{protocol.RENDEZVOUS} port {held_port} was in use" in log
     assert "retired" not in log

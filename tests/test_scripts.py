@@ -40,7 +40,7 @@ def launch_line(script: str) -> str:
     lines = script.splitlines()
     line = next(x for x in lines[lines.index("set +e") + 1:]
                 if not x.startswith("#") and not x.startswith("trap "))
-    if " -m mmm_orch.watchdog " in line:
+    if " -m mmm_orch.injob.watchdog " in line:
         return shlex.split(line)[-1]
     return line
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-WATCHDOG = [sys.executable, "-m", "mmm_orch.watchdog"]
+WATCHDOG = [sys.executable, "-m", "mmm_orch.injob.watchdog"]
 
 
 def run(command: str, first: float = 5, step: float = 5, **kwargs) -> subprocess.CompletedProcess:

@@ -33,7 +33,7 @@ def build_parser() -> ArgParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from mmm_orch.schedulers.base import Retry
+        from mmm_orch.transport import Retry
 
         Retry.from_env("submit")  # a bad MMM_ORCH_RETRY_DEADLINE is refused before anything runs
         return args.func(args)

@@ -146,8 +146,8 @@ def cmd_startup(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mmm_orch.config.registry import load_machine
-    from mmm_orch.jobs import diagnose
+    from mmm_orch.config.failures import common_failures, machine_failures
+    from mmm_orch.injob import diagnose
 
     if (args.job is None) == (args.log is None):
         raise MmmError("diagnose: give a job id or --log FILE (not both)")
@@ -173,7 +173,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         machine, where = record.machine, record.log_path
         header = (f"job {record.id}: {record.workload} on {record.machine}, {record.state.value}, "
                   f"exit {exit_text(record)}")
-    signatures = (load_machine(machine).failures if machine else []) + diagnose.generic_signatures()
+    signatures = machine_failures(machine) if machine else common_failures()
     result = diagnose.diagnose(text, signatures)
     blamed = (not args.log and result.first is not None and result.first.signature.node_fault
               and bool(result.first.host))

@@ -108,9 +108,10 @@ def dry_run(plan, args: argparse.Namespace) -> int:
     if not args.chain:
         common.print_script(render(plan, args.template))
         return 0
+    from mmm_orch.injob.protocol import CHAIN_FILE
     from mmm_orch.jobs.chains import link_plans
 
-    first, *rest = link_plans(plan, args.chain, "<chain dir>/chain.json",
+    first, *rest = link_plans(plan, args.chain, f"<chain dir>/{CHAIN_FILE}",
                               plan.trainer_args.get("run_name") or f"{plan.name}-<tag>", plan.workdir)
     common.print_script(render(first, args.template))
     if rest:

@@ -192,11 +192,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
                        f"job-{record.id}.png")
     if not out.parent.is_dir():
         raise MmmError(f"--out {str(out)!r}: no directory {str(out.parent)!r} to write it in")
+    from mmm_orch.injob.protocol import METRICS_FILE
+
     job = data.collect([record])[0]
     if not job.steps:
         raise MmmError(f"job {record.id} has no step metrics to plot"
                        + (f" ({job.left_out})" if job.left_out
-                          else f" ({record.run_dir}/metrics.jsonl is missing or empty)"
+                          else f" ({record.run_dir}/{METRICS_FILE} is missing or empty)"
                           if record.run_dir else f" (workload {record.workload} writes none)"))
     from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
 

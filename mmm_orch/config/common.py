@@ -17,6 +17,8 @@ import annotated_types as at
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A node's name: host names, and PBS vnode names (`host[3]`).
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 
 
 def config(cls):

@@ -1,6 +1,6 @@
 """Chains: one training run carried across walltimes by up to N jobs, link k+1 waiting on link k
 through the scheduler's own dependency (`afterany`) and resuming from the run's latest checkpoint.
-The decisions (go on, finished, no progress) are made inside the jobs by mmm_orch.chain, so a
+The decisions (go on, finished, no progress) are made inside the jobs by mmm_orch.injob.chain, so a
 chain keeps going with the submitting laptop closed; this module submits the links and reads the
 chain's state back for `status`."""
 
@@ -14,12 +14,13 @@ from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
+from mmm_orch.injob import protocol
+from mmm_orch.injob.protocol import CHAIN_FILE
 from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.jobs.submit import cancel, new_tag, submit
 from mmm_orch.plan import Plan
-from mmm_orch.schedulers.base import scheduler_for
+from mmm_orch.schedulers import scheduler_for
 
-CHAIN_FILE = "chain.json"
 
 
 def check(plan: Plan, links: int) -> None:
@@ -76,7 +77,7 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
             link = dataclasses.replace(link, depends_on=records[-1].native_id if records else "")
             record = submit(link, db_file, template, remote,
                             links={"group_id": chain_id, "group_index": link.chain_link})
-            host.write_file(posixpath.join(chain_dir, f"link-{link.chain_link}.id"),
+            host.write_file(posixpath.join(chain_dir, protocol.link_id_file(link.chain_link)),
                             record.native_id, 0o600)
             records.append(record)
     except BaseException:

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import sqlite3
 import stat
 import struct
@@ -32,7 +31,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from mmm_orch.config.common import NODE_NAME
 from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
 SCHEMA_VERSION = 4  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes
@@ -44,10 +45,7 @@ MARK_SUFFIX = ".last-id"  # beside the database: the highest job id it ever reco
 ALLOWED = ("--db and $MMM_ORCH_DB must name an mmm-orch job database, or a path where none exists "
            "yet (the first `mmm-orch submit` creates it there)")
 BACKUP_EVERY = 600.0
-RECORD_FILE = "record.json"
 CANCEL_SENT = "cancel sent by mmm-orch"  # the reason of the event that records a cancel request
-# What bad_nodes keeps: host names, and PBS vnode names (`host[3]`).
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.jobs.db import (SQLITE_HEADER, JobDB, backup_path, check_file, describe,
                               earlier_records, held_jobs, identify, job_records, jobs_root_for,
                               read_mark, recorded_job_dirs, write_mark)
@@ -151,7 +152,7 @@ def check(db_file: Path) -> list[str]:
     missing = recorded - known
     if missing:
         healthy = False
-        lines.append(f"{len(missing)} job directories have a record.json but no database record")
+        lines.append(f"{len(missing)} job directories have a {RECORD_FILE} but no database record")
     lines.insert(0, f"{db_file}: " + ("healthy" if healthy else
                                       "NEEDS RECOVERY: run `mmm-orch db recover`"))
     return lines
@@ -162,7 +163,7 @@ def recover(db_file: Path) -> tuple[Path | None, Report]:
     report = gather(db_file, read_db=_accept(db_file)[0] == "mmm-orch")
     if not report.rows:
         raise MmmError(f"nothing to recover for {db_file}: no readable database rows, no backup "
-                       f"and no record.json in {jobs_root_for(db_file)}")
+                       f"and no {RECORD_FILE} in {jobs_root_for(db_file)}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     fresh = db_file.with_name(f".{db_file.name}.recovering-{stamp}")
     new = JobDB(fresh)

@@ -1,9 +1,9 @@
 """Startup timing from job logs: when the job started, when the launch began, when the first
 training step completed, when the launch ended.
 
-Our scripts and trainers print epoch-second markers (`[mmm-orch] job_start=`, `launch_start=`,
-`first_step=`, `launch_end=`; with failover also `attempt=`, `failover: retired` and
-`resumed_step=`). Logs that mmm-orch did not write are read the way the startup-time
+Our scripts and trainers print epoch-second markers (injob/protocol.py: `job_start=`,
+`launch_start=`, `first_step=`, `launch_end=`; with failover also `attempt=`, `failover: retired`
+and `resumed_step=`). Logs that mmm-orch did not write are read the way the startup-time
 study did (seeds/002): `Job started at: 2023-11-02-183323 on HOST` and the first timestamped line
 with `step=` (DeepSpeed's `[2023-11-02 18:34:13,122] ... step=0, ...`). Both of those are in
 the node's local time, so their difference is right even without a time zone.
@@ -17,19 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-_EPOCH_MARKERS = {
-    "job_start": re.compile(r"\[mmm-orch\] job_start=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: host=(\S+))?"),
-    "launch_start": re.compile(r"\[mmm-orch\] launch_start=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: ranks=(\d{1,9}) nodes=(\d{1,9}))?"),
-    "first_step": re.compile(r"\[mmm-orch\] first_step=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
-    "launch_end": re.compile(r"\[mmm-orch\] launch_end=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])(?: exit_code=(-?\d{1,9}))?"),
-    "walltime_stop": re.compile(r"\[mmm-orch\] walltime_stop=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
-}
-# Events that can happen several times in one job: failover attempts, nodes retired, resumes.
-_REPEATED = {
-    "attempt": re.compile(r"\[mmm-orch\] attempt=(\d{1,9}/\d{1,9}) at=(\d{1,12}(?:\.\d{1,9})?)(?![\d.]) active=(\S+)"),
-    "retired": re.compile(r"\[mmm-orch\] failover: retired (\S+) at=(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"),
-    "resumed": re.compile(r"\[mmm-orch\] resumed_step=(\d{1,12}(?:\.\d{1,9})?)(?![\d.]) step=(\d{1,18})"),
-}
+from mmm_orch.injob import protocol
+
+# The markers the timeline is made of (the staging markers are there for a reader of the log).
+_TIMED = {name: protocol.ONCE[name] for name in
+          ("job_start", "launch_start", "first_step", "launch_end", "walltime_stop")}
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: time.localtime ends there
 _JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
 _STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
@@ -79,7 +71,7 @@ def parse_markers(text: str) -> Markers:
     found = Markers()
     local = Markers()  # from the seed-style lines, used where our markers are absent
     for line in text.splitlines():
-        for name, pattern in _EPOCH_MARKERS.items():
+        for name, pattern in _TIMED.items():
             match = pattern.search(line)
             if match and getattr(found, name) is None and _epoch(match[1]) is not None:
                 setattr(found, name, _epoch(match[1]))
@@ -89,7 +81,7 @@ def parse_markers(text: str) -> Markers:
                     found.ranks, found.nodes = int(match[2]), int(match[3])
                 if name == "launch_end" and match[2]:
                     found.launch_exit = int(match[2])
-        if line.startswith("[mmm-orch] "):
+        if line.startswith(protocol.PREFIX):
             found.repeated.extend(_repeated(line))
         if local.job_start is None and (match := _JOB_STARTED.search(line)):
             local.job_start = _local_time(match[1], "%Y-%m-%d-%H%M%S")
@@ -105,11 +97,11 @@ def parse_markers(text: str) -> Markers:
 
 
 def _repeated(line: str) -> list[tuple[float, str]]:
-    if (match := _REPEATED["attempt"].search(line)) and (at := _epoch(match[2])) is not None:
+    if (match := protocol.REPEATED["attempt"].search(line)) and (at := _epoch(match[2])) is not None:
         return [(at, f"attempt {match[1]} on {match[3]}")]
-    if (match := _REPEATED["retired"].search(line)) and (at := _epoch(match[2])) is not None:
+    if (match := protocol.REPEATED["retired"].search(line)) and (at := _epoch(match[2])) is not None:
         return [(at, f"retired {match[1]}")]
-    if (match := _REPEATED["resumed"].search(line)) and (at := _epoch(match[1])) is not None:
+    if (match := protocol.REPEATED["resumed"].search(line)) and (at := _epoch(match[1])) is not None:
         return [(at, f"resumed at step {match[2]}")]
     return []
 

@@ -31,13 +31,16 @@ from typing import Any, Iterator
 
 import psutil
 
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable
 from mmm_orch.hosts import Host, host_for
-from mmm_orch.jobs.db import RECORD_FILE, JobDB, JobRecord, jobs_root_for, open_db
+from mmm_orch.injob import protocol
+from mmm_orch.injob.protocol import RECORD_FILE
+from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
-from mmm_orch.schedulers.base import (JobRef, Retry, Submission, SubmissionRefused, Unreachable,
-                                      scheduler_for)
+from mmm_orch.schedulers import scheduler_for
+from mmm_orch.schedulers.base import JobRef, Submission
+from mmm_orch.transport import Retry
 
 
 def git_commit(directory: str) -> str | None:
@@ -141,18 +144,6 @@ def _signals_as_interrupts() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def failure_signatures(plan: Plan) -> str:
-    """The machine's and the common failure signatures, as JSON the job can read without
-    pydantic (mmm_orch.failover)."""
-    import dataclasses
-
-    from mmm_orch.config.registry import load_machine
-    from mmm_orch.jobs.diagnose import generic_signatures
-
-    signatures = load_machine(plan.machine).failures + generic_signatures()
-    return json.dumps([dataclasses.asdict(s) for s in signatures])
-
-
 def write_record(directory: Path, values: dict[str, Any]) -> None:
     """The job's own copy of its record (what `mmm-orch db recover` rebuilds from)."""
     tmp = directory / (RECORD_FILE + ".tmp")
@@ -173,7 +164,7 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
            links: dict[str, Any] | None = None) -> JobRecord:
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun)."""
-    render(plan.placed("/job-dir", "tag", "/job-dir/job.log"), template)  # template errors first
+    render(plan.placed("/job-dir", "tag", f"/job-dir/{protocol.LOG_FILE}"), template)  # template errors first
     Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
@@ -182,7 +173,7 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     leaf = f"{tag}-{plan.machine}-{plan.workload}"
     local_dir = jobs_root_for(db_file) / leaf
     job_dir = posixpath.join(home, plan.remote_jobs_dir, leaf) if remote else str(local_dir)
-    log_directive = scheduler.directive_path(posixpath.join(job_dir, "job.log"))
+    log_directive = scheduler.directive_path(posixpath.join(job_dir, protocol.LOG_FILE))
     _check_workdir(host, plan)
     db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
     assert db is not None
@@ -214,7 +205,10 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
             log_path=plan.log_path, submitted_at=time.time(), tag=tag, submitter=submitter(),
             run_dir=plan.run_dir, spares=plan.spare_nodes, **(links or {}))
         if plan.failover:  # what the failover loop inside the job classifies failures with
-            host.write_file(posixpath.join(job_dir, "failures.json"), failure_signatures(plan), 0o600)
+            from mmm_orch.config.failures import signatures_json
+
+            host.write_file(posixpath.join(job_dir, protocol.FAILURES_FILE),
+                            signatures_json(plan.machine), 0o600)
         with _signals_as_interrupts():
             job_id = db.insert(**values)
             write_record(local_dir, {"id": job_id, **values})
@@ -264,12 +258,11 @@ def forget(db: JobDB, record: JobRecord) -> None:
 
 
 def job_id_from_log(host: Host, log_path: str) -> str | None:
-    """The scheduler's id the job wrote at its start (`[mmm-orch] job_start=... job=ID`)."""
+    """The scheduler's id the job wrote at its start (protocol.JOB_START ... job=ID)."""
     head = host.read_from(log_path, 0, 8192)
     for line in (head or b"").decode(errors="replace").splitlines():
-        if "[mmm-orch] job_start=" in line and " job=" in line:
-            value = line.split(" job=", 1)[1].split()[0]
-            return value if value and value != "local" else None
+        if match := protocol.JOB_ID.search(line):
+            return match[1] if match[1] != "local" else None
     return None
 
 

@@ -6,19 +6,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
+from mmm_orch.injob import protocol
 from mmm_orch.jobs.db import JobDB, JobRecord
 from mmm_orch.jobs.logs import tail
 from mmm_orch.jobs.startup import parse_markers
-from mmm_orch.schedulers.base import JobRef, scheduler_for
+from mmm_orch.schedulers import scheduler_for
+from mmm_orch.schedulers.base import JobRef
 from mmm_orch.schedulers.states import JobState, JobStatus
-from mmm_orch.watchdog import CHECKPOINTED_EXIT, CHECKPOINTED_MARKER, HUNG_EXIT, HUNG_MARKER
 
 
 @dataclass
@@ -73,11 +73,6 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
 
 
 # What the job itself wrote at its end overrides a scheduler's plain "completed" or "failed".
-STOPPED_MARKER = "[mmm-orch] job script: stopped by SIGTERM"
-CHAIN_MARKER = "[mmm-orch] chain:"
-_SAVED = re.compile(r"^\[checkpoint\] step=(\d+) ")
-
-
 def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
                       cancel_sent: bool) -> JobStatus:
     """Read the end of the log of a job that ended: a job the watchdog ended is `hung` (its
@@ -93,20 +88,20 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     raw, _ = tail(host, record.log_path, 60)
     text = raw.decode(errors="replace")
     lines = text.splitlines()
-    saved = next((m[1] for line in reversed(lines) if (m := _SAVED.match(line))), None)
+    saved = next((m[1] for line in reversed(lines) if (m := protocol.SAVED.match(line))), None)
     for line in reversed(lines):
         if status.state is JobState.TIMEOUT:
             break
-        if HUNG_MARKER in line and status.exit_code == HUNG_EXIT:
-            reason = line.split(HUNG_MARKER, 1)[1].split("; stopping")[0].strip()
+        if protocol.HUNG in line and status.exit_code == protocol.EXIT_HUNG:
+            reason = line.split(protocol.HUNG, 1)[1].split("; stopping")[0].strip()
             return dataclasses.replace(status, state=JobState.HUNG, reason=reason)
-        if CHECKPOINTED_MARKER in line and status.exit_code == CHECKPOINTED_EXIT:
+        if protocol.CHECKPOINTED in line and status.exit_code == protocol.EXIT_CHECKPOINTED:
             return dataclasses.replace(status, state=JobState.TIMEOUT,
                                        reason=f"resumable at step {saved} (saved before the walltime)")
-        if CHAIN_MARKER in line and " skipped: " in line:
+        if protocol.CHAIN in line and protocol.CHAIN_SKIPPED in line:
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
-                                       reason=line.split(CHAIN_MARKER, 1)[1].strip())
-        if STOPPED_MARKER in line:
+                                       reason=line.split(protocol.CHAIN, 1)[1].strip())
+        if line.startswith(protocol.STOPPED):
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                        reason=status.reason or "stopped by SIGTERM")
     if status.state is JobState.TIMEOUT:
@@ -125,7 +120,7 @@ def _failover(db: JobDB, status: JobStatus, record: JobRecord, host: Host) -> Jo
     and spare nodes, the nodes it retired (remembered as bad on its machine at once, so that
     the next submission there avoids them) and, once it ended, why its last attempt stopped."""
     try:
-        state = json.loads(host.read_from(posixpath.join(record.job_dir, "failover.json"), 0) or b"")
+        state = json.loads(host.read_from(posixpath.join(record.job_dir, protocol.FAILOVER_FILE), 0) or b"")
     except (ValueError, MmmError, OSError):
         return status
     retired = state.get("retired", [])

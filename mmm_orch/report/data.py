@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
 from mmm_orch.jobs.db import JobRecord
 
-DIST_CHECK_JSON = "[dist_check] json "
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 # A step record is ~250 bytes: 64 MiB or 500,000 lines is a quarter million steps and more, read
 # in a few seconds. Past either a report reads no further (its note says so): time and memory stay
@@ -58,7 +58,7 @@ def collect(records: list[JobRecord], values: list[dict[str, Any]] | None = None
         data.startup_s = parse_markers(log).startup_s
         data.allreduce = allreduce_results(log)
         if record.run_dir:
-            path = posixpath.join(record.run_dir, "metrics.jsonl")
+            path = posixpath.join(record.run_dir, METRICS_FILE)
             reader = StepReader()
             cut = reader.read(host, path)
             data.steps = reader.steps()

@@ -19,11 +19,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
 from mmm_orch.runtime import stop
-
-# The exit code of a run that saved a checkpoint because it was told to stop (the walltime is
-# near, or the job was signalled) before its last step: EX_TEMPFAIL, "try again later".
-EXIT_CHECKPOINTED = 75
 
 
 class Checkpointer:
@@ -75,7 +72,7 @@ class Checkpointer:
         if self.due(step) or stop:
             path = self.save(step, model, optimizer, train_state)
             # save_s: the watchdog keeps its pre-walltime margin at least twice the last save.
-            logger.event("checkpoint", step=step, path=str(path), save_s=self.last_save_s,
+            logger.event(CHECKPOINT_EVENT, step=step, path=str(path), save_s=self.last_save_s,
                          reason="signal" if stop else "every")
         self.stopped = stop
         return stop

@@ -4,8 +4,8 @@ The line format is stable so that logs can be parsed (mmm-orch timeline/startup,
     step=12 loss=2.314159 dt=0.1234 dtf=0.0410 dtb=0.0790 tokens_per_s=16600.2 mfu=41.20 mem_gib=12.31
 Throughput (`tokens_per_s`, `samples_per_s`) is per device, as torchtitan reports it: the job's is
 that times the ranks; `mmm-orch report` compares sizes with it.
-The first step a launch completes also prints a marker with the wall-clock time, for startup
-analysis (`resumed_step` when the launch continues a run from its checkpoint):
+The first step a launch completes also prints a marker (injob/protocol.py) with the wall-clock
+time, for startup analysis (`resumed_step` when the launch continues a run from its checkpoint):
     [mmm-orch] first_step=1732212345.123 step=1 at=2026-11-22 01:32:25
     [mmm-orch] resumed_step=1732215945.456 step=151 at=2026-11-22 02:32:25
 """
@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from mmm_orch.injob import protocol
 
 
 def say(line: str) -> None:
@@ -67,7 +69,7 @@ def _step_of(line: bytes) -> int:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return 0
-    if isinstance(record, dict) and record.get("event") in ("step", "checkpoint") \
+    if isinstance(record, dict) and record.get("event") in ("step", protocol.CHECKPOINT_EVENT) \
             and type(record.get("step")) is int:
         return record["step"]
     return 0
@@ -84,7 +86,7 @@ class MetricLogger:
         self._file = None
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
-            path = run_dir / "metrics.jsonl"
+            path = run_dir / protocol.METRICS_FILE
             if self.resumed:
                 _drop_after(path, resumed_from)
             self._file = open(path, "a" if self.resumed else "w", encoding="utf-8")
@@ -102,8 +104,8 @@ class MetricLogger:
         if not self.announced:
             self.announced = True
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-            marker = "resumed_step" if self.resumed else "first_step"
-            say(f"[mmm-orch] {marker}={now:.3f} step={step} at={stamp}")
+            marker = protocol.RESUMED_STEP if self.resumed else protocol.FIRST_STEP
+            say(f"{marker}{now:.3f} step={step} at={stamp}")
         say(format_line({"step": step, **fields}))
         self._write({"event": "step", "time": now, "step": step, **fields})
 

@@ -1,140 +1,22 @@
-"""What every scheduler module shares: running its commands (argument lists, never a shell
-string) with bounded retries, the submission protocol that never loses or duplicates a job, the
-errors they raise, and the job handles its verbs take."""
+"""What every scheduler module shares: the submission protocol that never loses or duplicates a
+job, and the job handles its verbs take. Commands run through mmm_orch.transport (argument lists,
+never a shell string, with bounded retries); scheduler_for (schedulers/__init__.py) picks the
+module."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import (MmmError, SchedulerError, SchedulerUnavailable, SubmissionRefused,
+                             SubmissionUnconfirmed, Unreachable)
 from mmm_orch.schedulers.states import JobStatus
-
-
-class SchedulerError(MmmError):
-    """The scheduler refused (bad partition, over a limit, ...): its own message, exit code 2."""
-
-
-class SubmissionRefused(SchedulerError):
-    """The scheduler's own refusal of a submission, or a submit command that is not there: the
-    one proof that it has no job, so the only error after which a record may be removed."""
-
-
-class SchedulerUnavailable(MmmError):
-    """The scheduler could not be reached within the retry budget."""
-
-    exit_code = 3
-
-
-class Unreachable(SchedulerUnavailable):
-    """The command never left this computer (no connection to the login node or the
-    scheduler): nothing can have been submitted."""
-
-
-class SubmissionUnconfirmed(SchedulerUnavailable):
-    """The scheduler may have taken the job, and could not be asked whether it did before the
-    retry budget ran out: the record stays `submitting` until `status` finds out."""
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def message(self) -> str:
-        """The command's own words: stderr, else stdout, as one line."""
-        text = (self.stderr.strip() or self.stdout.strip()).replace("\n", " | ")
-        return text[:500]
-
-
-class Runner(Protocol):
-    """Runs a scheduler command here or on a login node (the SSH runner has the same shape);
-    `env` adds variables for that command only."""
-
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
-            env: dict[str, str] | None = None) -> CommandResult:
-        ...
-
-
-class LocalRunner:
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
-            env: dict[str, str] | None = None) -> CommandResult:
-        proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **env} if env else None)
-        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Bounded exponential backoff; `deadline` caps the time spent on all attempts together."""
-
-    attempts: int = 5
-    first_delay: float = 1.0
-    max_delay: float = 8.0
-    deadline: float = 60.0
-    timeout: float = 30.0  # one command
-
-    @classmethod
-    def from_env(cls, purpose: str) -> Retry:
-        """Defaults per purpose; MMM_ORCH_RETRY_DEADLINE shortens or lengthens the budget."""
-        base = cls() if purpose == "submit" else cls(attempts=3, deadline=12.0, timeout=15.0)
-        text = os.environ.get("MMM_ORCH_RETRY_DEADLINE")
-        if text:
-            try:
-                deadline = float(text)
-            except ValueError:
-                deadline = math.nan
-            if not (math.isfinite(deadline) and deadline > 0):
-                raise MmmError(f"MMM_ORCH_RETRY_DEADLINE {text!r} is invalid: seconds, a number "
-                               "greater than 0 (e.g. 60)")
-            # Leave room for a second attempt within the budget.
-            base = replace(base, deadline=deadline, timeout=min(base.timeout, deadline / 2))
-        return base
-
-
-def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str], retry: Retry,
-                *, cwd: str | None = None, transient_codes: frozenset[int] = frozenset(),
-                env: dict[str, str] | None = None) -> CommandResult:
-    """Run until the command answers with something other than a transient failure.
-
-    For commands that are safe to repeat (queries, cancels). Returns the result whatever its exit
-    code (the caller knows which codes mean what); raises SchedulerUnavailable when every attempt
-    within the budget timed out or was transient.
-    """
-    start = time.monotonic()
-    delay = retry.first_delay
-    last = ""
-    for attempt in range(1, retry.attempts + 1):
-        remaining = retry.deadline - (time.monotonic() - start)
-        try:
-            result = runner.run(argv, cwd=cwd, timeout=max(1.0, min(retry.timeout, remaining)),
-                                env=env)
-        except subprocess.TimeoutExpired:
-            last = f"no answer within {retry.timeout:g}s"
-        except FileNotFoundError:
-            raise SchedulerError(f"{argv[0]}: command not found (is this the machine's login node?)")
-        else:
-            if result.returncode == 0 or not (
-                    transient.search(result.stderr) or transient.search(result.stdout)
-                    or result.returncode in transient_codes):
-                return result
-            last = result.message
-        if attempt == retry.attempts or time.monotonic() - start + delay > retry.deadline:
-            break
-        time.sleep(delay)
-        delay = min(delay * 2, retry.max_delay)
-    raise SchedulerUnavailable(
-        f"{argv[0]} failed {attempt} time(s) in {time.monotonic() - start:.0f}s: {last}")
+from mmm_orch.transport import CommandResult, Retry, Runner, run_command
 
 
 # A job's submit time is the scheduler's clock, its record's the submitter's: a tag lookup that
@@ -311,24 +193,6 @@ class Scheduler(Protocol):
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]: ...
     def cancel(self, job: JobRef) -> None: ...
     def directive_path(self, path: str) -> str: ...
-
-
-def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = None) -> Scheduler:
-    """The scheduler module for a profile's `scheduler.kind`, with the profile's command names."""
-    runner = runner or LocalRunner()
-    if kind == "slurm":
-        from mmm_orch.schedulers.slurm import SlurmScheduler
-
-        return SlurmScheduler(commands, runner)
-    if kind == "pbs":
-        from mmm_orch.schedulers.pbs import PbsScheduler
-
-        return PbsScheduler(commands, runner)
-    if kind == "local":
-        from mmm_orch.schedulers.local import LocalScheduler
-
-        return LocalScheduler()
-    raise MmmError(f"scheduler kind {kind!r} is not supported: expected slurm, pbs or local")
 
 
 def check_directive_path(path: str, scheduler: str) -> None:

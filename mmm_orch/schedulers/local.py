@@ -13,8 +13,10 @@ from typing import Sequence
 
 import psutil
 
-from mmm_orch.schedulers.base import JobRef, SchedulerError, Submission, SubmissionRefused
-from mmm_orch.schedulers.local_run import GRACE_S, RESULT, SUPERVISOR
+from mmm_orch.errors import SchedulerError, SubmissionRefused
+from mmm_orch.schedulers.base import JobRef, Submission
+from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
+from mmm_orch.schedulers.local_run import GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 class LocalScheduler:
@@ -54,7 +56,7 @@ class LocalScheduler:
     def _status(self, job: JobRef) -> JobStatus:
         supervisor = _supervisor_info(job)
         started = supervisor["create_time"] if supervisor else None  # no queue: it starts at once
-        result_file = job.job_dir / RESULT
+        result_file = job.job_dir / RESULT_FILE
         if result_file.exists():
             result = json.loads(result_file.read_text())
             if result["cancelled"]:
@@ -89,18 +91,18 @@ class LocalScheduler:
                 leftover.kill()
             except psutil.NoSuchProcess:
                 pass
-        if not (job.job_dir / RESULT).exists():
-            tmp = job.job_dir / (RESULT + ".tmp")
+        if not (job.job_dir / RESULT_FILE).exists():
+            tmp = job.job_dir / (RESULT_FILE + ".tmp")
             tmp.write_text(json.dumps({"exit_code": None, "signal": signal.SIGKILL,
                                        "cancelled": True, "timed_out": False,
                                        "ended_at": time.time()}))
-            os.replace(tmp, job.job_dir / RESULT)
+            os.replace(tmp, job.job_dir / RESULT_FILE)
 
 
 def _supervisor_info(job: JobRef) -> dict | None:
     """What submit recorded of the supervisor: its pid and start time."""
     try:
-        return json.loads((job.job_dir / SUPERVISOR).read_text())
+        return json.loads((job.job_dir / SUPERVISOR_FILE).read_text())
     except (OSError, ValueError):
         return None
 

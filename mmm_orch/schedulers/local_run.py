@@ -23,9 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from mmm_orch.injob.protocol import PREFIX, RESULT_FILE, SUPERVISOR_FILE
+
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
-RESULT = "result.json"
-SUPERVISOR = "supervisor.json"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -67,7 +67,7 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
         psutil.wait_procs(tree, timeout=0.2)  # also reaps them
         if time.monotonic() > deadline:
             left = me.children(recursive=True)
-            print(f"[mmm-orch] {len(left)} process(es) still running {grace:.0f}s after SIGTERM: "
+            print(f"{PREFIX} {len(left)} process(es) still running {grace:.0f}s after SIGTERM: "
                   "SIGKILL", flush=True)
             psutil.wait_procs(signal_all(signal.SIGKILL), timeout=5)
             break
@@ -76,7 +76,7 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
 
 def supervise(job_dir: Path, script: str, walltime: float) -> int:
     me = psutil.Process()
-    _write_json(job_dir / SUPERVISOR, {"pid": me.pid, "create_time": me.create_time()})
+    _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time()})
     _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
     proc = subprocess.Popen([script], start_new_session=True, stdin=subprocess.DEVNULL)
@@ -93,20 +93,20 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
             left = deadline - time.monotonic()
             if left <= 0:
                 outcome["timed_out"] = True
-                print(f"[mmm-orch] walltime of {walltime:.0f}s exceeded: stopping the job", flush=True)
+                print(f"{PREFIX} walltime of {walltime:.0f}s exceeded: stopping the job", flush=True)
                 break
             try:
                 proc.wait(min(left, 1.0))
             except subprocess.TimeoutExpired:
                 pass
     except InterruptedError:
-        print("[mmm-orch] cancelled: stopping the job", flush=True)
+        print(f"{PREFIX} cancelled: stopping the job", flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if proc.poll() is None or psutil.Process().children(recursive=True):
         stop_job(proc, GRACE_S)
     code = proc.returncode
-    _write_json(job_dir / RESULT, {"exit_code": code if code >= 0 else None,
+    _write_json(job_dir / RESULT_FILE, {"exit_code": code if code >= 0 else None,
                                    "signal": -code if code < 0 else None,
                                    **outcome, "ended_at": time.time()})
     return 0

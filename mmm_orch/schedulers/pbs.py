@@ -7,8 +7,9 @@ from typing import Sequence
 
 from mmm_orch.errors import MmmError
 from mmm_orch.schedulers import pbs_parse as parse
-from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, SchedulerError,
-                                      SchedulerUnavailable, Submission, check_directive_path)
+from mmm_orch.errors import SchedulerError, SchedulerUnavailable
+from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
+                                      check_directive_path)
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 

@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 # PBS job_state letters (PBS Professional Reference Guide, "Job States").
@@ -70,8 +71,7 @@ def same_job(a: str, b: str) -> bool:
 # traps SIGTERM: Exit_status alone reads that as success.
 SUBSTATE_TERMINATED = "91"  # deleted (qdel), running or not
 # A qdel can also race the job's own end and leave substate 92 (seen on the live server): mmm-orch
-# job scripts then exit 128 + SIGTERM, which says the same.
-STOPPED_BY_TERM = 143
+# job scripts then exit protocol.EXIT_STOPPED_BY_TERM, which says the same.
 
 
 def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
@@ -85,7 +85,7 @@ def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
     if str(job.get("substate", "")) == SUBSTATE_TERMINATED or status is None:
         return JobState.CANCELLED, None, None  # deleted, running or before it ever ran
     status = int(status)
-    if status == STOPPED_BY_TERM:
+    if status == EXIT_STOPPED_BY_TERM:
         return JobState.CANCELLED, None, None
     if status == 0:
         return JobState.COMPLETED, 0, None

@@ -9,9 +9,10 @@ import time
 from typing import Sequence
 
 from mmm_orch.schedulers import slurm_parse as parse
-from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, CommandResult, JobRef,
-                                      SchedulerError, SchedulerUnavailable, Submission,
+from mmm_orch.errors import SchedulerError, SchedulerUnavailable
+from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
                                       check_directive_path)
+from mmm_orch.transport import CommandResult
 from mmm_orch.schedulers.states import JobState, JobStatus
 from mmm_orch.errors import MmmError
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mmm_orch.injob.protocol import DIST_CHECK_JSON
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.metrics import say
 from mmm_orch.runtime.options import parse
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "PASS" if all_ok else "FAIL"
         say(f"[dist_check] {verdict} world={rt.world_size} nodes={','.join(nodes)} "
               f"backend={rt.device.backend}")
-        say("[dist_check] json " + json.dumps({"pass": all_ok, "ranks": ranks,
+        say(DIST_CHECK_JSON + json.dumps({"pass": all_ok, "ranks": ranks,
                                                   "allreduce": results}))
     runtime_dist.teardown()
     return 0 if all_ok else 1

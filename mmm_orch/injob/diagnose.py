@@ -5,24 +5,22 @@ The first real failure is the earliest line matching a specific signature; else 
 catch-all (any Python exception); else the earliest consequence (a peer gone, a collective timed
 out: what survivors report when another rank died first). Fallout lines (ranks killed because
 another rank failed) never count.
+
+Runs inside jobs too (failover), in the job's Python: the standard library only. A signature is
+a config.machine.FailureSignature or a plain object with its fields (failures.json).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mmm_orch.paths import search_dirs
-
-if TYPE_CHECKING:  # the matching runs inside jobs too (failover), where no pydantic may be
-    from mmm_orch.config.machine import FailureSignature
+from mmm_orch.injob import protocol
 
 # Who a line is about: `x4512c5s2b0n0: rank 6 ...` (PALS), `n1: task 3: ...` (srun), `[rank0]:`.
 _HOST_PREFIX = re.compile(r"^(?P<host>[A-Za-z][\w.-]*\d[\w.-]*): ")
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
-_JOB_HOST = re.compile(r"(?:\[mmm-orch\] job_start=\S+ host=|Job started at: \S+ on )(?P<host>\S+)")
 # MPICH Hydra names the host on the line before the exit code of a rank it lost.
 _RUNNING_AT = re.compile(r"RUNNING AT (?P<host>\S+)")
 # Failure signatures read this much of a line: what identifies a failure comes first, and a
@@ -35,7 +33,7 @@ TEARDOWN = re.compile(r"srun: (launch/slurm: _step_signal: )?Terminating StepId|
 
 @dataclass
 class Finding:
-    signature: FailureSignature
+    signature: Any
     line_number: int
     line: str
     host: str = ""
@@ -59,16 +57,7 @@ class Diagnosis:
                 "fallout_lines": self.fallout}
 
 
-def generic_signatures() -> list[FailureSignature]:
-    from mmm_orch.config.machine import FailureCatalog
-    from mmm_orch.config.yamlio import load_yaml, validate
-
-    path = next(d / "common" / "failures.yaml" for d in search_dirs("machines")
-                if (d / "common" / "failures.yaml").is_file())
-    return validate(FailureCatalog, load_yaml(Path(path))).failures
-
-
-def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
+def diagnose(text: str, signatures: list[Any]) -> Diagnosis:
     compiled = [(s, re.compile(s.pattern)) for s in signatures]
     findings: list[Finding] = []  # every non-fallout match, one per line, in log order
     fallout = 0
@@ -78,7 +67,7 @@ def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
     torn_down = False
     for number, line in enumerate(text.splitlines(), start=1):
         torn_down = torn_down or bool(TEARDOWN.search(line))
-        if not job_host and (match := _JOB_HOST.search(line)):
+        if not job_host and (match := protocol.JOB_HOST.search(line)):
             job_host = match["host"]
         if match := _RUNNING_AT.search(line):
             running_at = match["host"]
@@ -108,7 +97,7 @@ def diagnose(text: str, signatures: list[FailureSignature]) -> Diagnosis:
     return Diagnosis(first=chosen, later=later, fallout=fallout)
 
 
-def _finding(signature: FailureSignature, match: re.Match, number: int, line: str) -> Finding:
+def _finding(signature: Any, match: re.Match, number: int, line: str) -> Finding:
     host = match.groupdict().get("host") or ""
     if not host and (prefix := _HOST_PREFIX.match(line)):
         host = prefix["host"]

@@ -2,7 +2,7 @@
 did, the launch starts again without that node, on a spare, from the last checkpoint, in the same
 job (no new wait in the queue).
 
-    python -m mmm_orch.failover --dir JOB_DIR --machine MACHINE --active 2 \\
+    python -m mmm_orch.injob.failover --dir JOB_DIR --machine MACHINE --active 2 \\
         --node-arg '--nodelist={nodelist}' [--avoid n7] [--attempts 3] \\
         --resume-args '--resume --allow-fresh' [watchdog options] -- 'srun @NODES@ ... python -m ...'
 
@@ -43,19 +43,17 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmm_orch import rendezvous, watchdog
-from mmm_orch.jobs.diagnose import TEARDOWN, diagnose
+from mmm_orch.injob import protocol, rendezvous, watchdog
+from mmm_orch.injob.diagnose import TEARDOWN, diagnose
+from mmm_orch.injob.protocol import NODES_TOKEN
 
-NODES_TOKEN = "@NODES@"
-INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE
-ATTEMPT_MARKER = "[mmm-orch] attempt"
-RETIRED_MARKER = "[mmm-orch] failover: retired"
 _STOPS = (signal.SIGTERM, signal.SIGINT)  # from the scheduler: qdel, scancel, the walltime
 _KILLED = re.compile(r"\b(Killed|KILLED BY SIGNAL: 9|EXIT CODE: (9|137)|signal 9)\b")
 # A relaunch waits up to this long for the ranks of the attempt before to let go of the run
@@ -72,23 +70,20 @@ class Verdict:
     retry: bool = False
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
 def load_signatures(job_dir: Path, machine: str) -> list:
     """The failure signatures written beside the job at submission, as plain objects; without
-    that file (a script from `mmm-orch render`), the machine's profile and the common ones."""
-    path = job_dir / "failures.json"
-    if not path.exists():
-        from mmm_orch.config.registry import load_machine
-        from mmm_orch.jobs.diagnose import generic_signatures
-
-        return load_machine(machine).failures + generic_signatures()
+    that file (a script from `mmm-orch render`), the machine's profile and the common ones, read
+    in a process of their own: loading profiles takes pydantic, which the job's Python may lack."""
+    path = job_dir / protocol.FAILURES_FILE
+    if path.exists():
+        text = path.read_text()
+    else:
+        text = subprocess.run([sys.executable, "-m", "mmm_orch.config.failures", machine],
+                              capture_output=True, text=True, check=True, timeout=300).stdout
     defaults = {"fallout": False, "catch_all": False, "consequence": False, "node_fault": False,
                 "meaning": "", "fix": "", "source": ""}
     return [types.SimpleNamespace(**{**defaults, **entry})
-            for entry in json.loads(path.read_text())]
+            for entry in json.loads(text)]
 
 
 def classify(launch: watchdog.Launch, signatures: list, active: list[str],
@@ -99,7 +94,7 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
     if stops:
         return Verdict("stopped", f"the scheduler stopped the job ({stops[0]}: cancelled, or "
                        f"the walltime)")
-    if launch.checkpointed or launch.code == watchdog.CHECKPOINTED_EXIT:
+    if launch.checkpointed or launch.code == protocol.EXIT_CHECKPOINTED:
         return Verdict("checkpointed", "saved a checkpoint before the walltime")
     if walltime_end is not None and walltime_end - time.time() <= max(margin, 30):
         return Verdict("walltime", f"the walltime is spent (exit {launch.code})")
@@ -107,7 +102,7 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
     # The launcher's report of the first rank it lost comes before its own teardown of the rest,
     # and before the ranks the watchdog's stop of a hang killed.
     cut = next((i for i, line in enumerate(lines)
-                if TEARDOWN.search(line) or line.startswith(watchdog.HUNG_MARKER)), len(lines) - 1)
+                if TEARDOWN.search(line) or line.startswith(protocol.HUNG)), len(lines) - 1)
     cause = lines[:cut + 1]
     first = diagnose("\n".join(cause), signatures).first
     # Logs and node lists may name a node differently (x1.hsn.cm... and x1.hostmgmt...).
@@ -128,7 +123,7 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
 
 def run(args: argparse.Namespace) -> int:
     signatures = load_signatures(args.dir, args.machine)
-    allocated = [n for n in (args.dir / "nodes.txt").read_text().split() if n]
+    allocated = [n for n in (args.dir / protocol.NODES_FILE).read_text().split() if n]
     if len(allocated) < args.active:
         raise ValueError(f"the job has {len(allocated)} nodes, fewer than the {args.active} to "
                          f"launch on: {allocated}")
@@ -137,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
     ordered = [n for n in allocated if n not in avoid] + [n for n in allocated if n in avoid]
     active, spares = ordered[:args.active], ordered[args.active:]
     if avoid & set(active):
-        say(f"[mmm-orch] failover: launching on known-bad nodes, no others left: "
-            f"{','.join(sorted(avoid & set(active)))}")
+        protocol.say(protocol.FAILOVER, " launching on known-bad nodes, no others left: "
+                     f"{','.join(sorted(avoid & set(active)))}")
     attempts = args.attempts or len(spares) + 1
     retired: list[dict] = []
     stop_signal = signal.Signals[f"SIG{args.stop_signal}"]
@@ -152,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
         if attempt > 1:
             line = f"{line} {args.resume_args}".rstrip()
             os.environ["MMM_RUN_LOCK_WAIT"] = str(RELAUNCH_LOCK_WAIT_S)
-        say(f"{ATTEMPT_MARKER}={attempt}/{attempts} at={time.time():.3f} "
-            f"active={','.join(active)} spares={','.join(spares) or 'none'}")
+        protocol.say(protocol.ATTEMPT, f"={attempt}/{attempts} at={time.time():.3f} "
+                     f"active={','.join(active)} spares={','.join(spares) or 'none'}")
         state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,
                  "retired": retired}
         report(args, state)
@@ -161,9 +156,9 @@ def run(args: argparse.Namespace) -> int:
                               args.walltime_end, args.margin, stop_signal)
         verdict = classify(launch, signatures, active, args.walltime_end, args.margin)
         code = launch.code if launch.code is not None else 1
-        head = f"{ATTEMPT_MARKER} {attempt}/{attempts}: {verdict.kind}: {verdict.reason}"
+        head = f" {attempt}/{attempts}: {verdict.kind}: {verdict.reason}"  # after ATTEMPT
         if not verdict.retry:
-            say(head)
+            protocol.say(protocol.ATTEMPT, head)
             report(args, {**state, "verdict": verdict.kind, "reason": verdict.reason})
             return code
         out = list(verdict.nodes)
@@ -175,16 +170,17 @@ def run(args: argparse.Namespace) -> int:
         # is rotated out only when there is a next attempt to make on a spare.
         for node in ([] if stopping and blind else out):
             evidence = f"{'blind rotation: ' if blind else ''}{verdict.reason}"
-            say(f"{RETIRED_MARKER} {node} at={time.time():.3f} ({evidence})")
+            protocol.say(protocol.RETIRED, f" {node} at={time.time():.3f} ({evidence})")
             retired.append({"node": node, "evidence": evidence, "blind": blind,
                             "attempt": attempt})
         if stopping:
             why = "no spare node left" if len(spares) < len(out) else "attempts used up"
-            say(f"{head}; {why}: stopping")
+            protocol.say(protocol.ATTEMPT, f"{head}; {why}: stopping")
             report(args, {**state, "verdict": verdict.kind, "reason": f"{verdict.reason}; {why}"})
             return code or 1
         active = [spares.pop(0) if n in out else n for n in active]
-        say(f"{head}; relaunching on {','.join(active)} from the last checkpoint")
+        protocol.say(protocol.ATTEMPT, f"{head}; relaunching on {','.join(active)} from the last "
+                     "checkpoint")
     raise AssertionError("unreachable: the last attempt always returns")
 
 
@@ -195,7 +191,7 @@ def short(node: str) -> str:
 def report(args: argparse.Namespace, state: dict) -> None:
     """failover.json beside the job: where the failover stands, for `mmm-orch status` (and the
     nodes to remember as bad)."""
-    path = args.dir / "failover.json"
+    path = args.dir / protocol.FAILOVER_FILE
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(path)
@@ -205,18 +201,19 @@ def node_arg(args: argparse.Namespace, active: list[str]) -> str:
     """The launcher's words for "only these nodes": a node list, or a host file it reads. Both are
     shell words of the launch line: the job directory may hold a space, a node name is the
     scheduler's but still only data."""
-    hostfile = args.dir / "active-hosts.txt"
+    hostfile = args.dir / protocol.ACTIVE_HOSTS_FILE
     hostfile.write_text("".join(f"{node}\n" for node in active))
     return args.node_arg.format(nodelist=shlex.quote(",".join(active)),
                                 hostfile=shlex.quote(str(hostfile)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmm_orch.failover",
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.injob.failover",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True,
-                        help="the job's directory: nodes.txt, failures.json; failover.json goes there")
-    parser.add_argument("--machine", required=True, help="whose failure signatures, without failures.json")
+                        help=f"the job's directory: {protocol.NODES_FILE}, "
+                        f"{protocol.FAILURES_FILE}; {protocol.FAILOVER_FILE} goes there")
+    parser.add_argument("--machine", required=True, help=f"whose failure signatures, without {protocol.FAILURES_FILE}")
     parser.add_argument("--active", type=int, required=True, help="nodes a launch runs on")
     parser.add_argument("--host-addr", default="{node}",
                         help="a node's address from its name ({node}, {short}): MASTER_ADDR")
@@ -237,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except Exception as exc:  # noqa: BLE001 - the loop meant to recover must not fail silently
-        say(f"[mmm-orch] failover: internal error, the job ends: {type(exc).__name__}: {exc}")
-        return INTERNAL_ERROR_EXIT
+        protocol.say(protocol.FAILOVER, f" internal error, the job ends: {type(exc).__name__}: {exc}")
+        return protocol.EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":

@@ -4,12 +4,12 @@ so that it needs no process of ours outside them (the laptop may be closed).
 mmm-orch writes the chain's state file (chain.json, in the chain's directory beside the jobs:
 how many links, the run directory, the cancel command), then submits every link at once, link
 k+1 depending on link k through the scheduler (`afterany`), writing each link's id beside it
-(link-K.id: written once, so nothing races the jobs' own updates). Each link's script runs
+(protocol.link_id_file: written once, so nothing races the jobs' own updates). Each link's script runs
 
-    python -m mmm_orch.chain begin --chain FILE --link K     before its launch
-    python -m mmm_orch.chain end --chain FILE --link K --exit-code RC    after it
+    python -m mmm_orch.injob.chain begin --chain FILE --link K     before its launch
+    python -m mmm_orch.injob.chain end --chain FILE --link K --exit-code RC    after it
 
-`begin` skips the link (exit 10) when the chain has ended, and ends the chain when the link
+`begin` skips the link (exit protocol.EXIT_CHAIN_SKIP) when the chain has ended, and ends the chain when the link
 before made no progress (its checkpoint is no newer than the step it started from: a run that
 crashes at start must not burn a week of allocation). `end` ends the chain when the training
 finished (the trainer exited 0 at its last step) or when this link made no progress, and then
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-SKIP_EXIT = 10  # begin: the chain has ended, do not run this link
-MARKER = "[mmm-orch] chain:"
+from mmm_orch.injob import protocol
+
 
 
 @contextlib.contextmanager
@@ -54,15 +54,16 @@ def latest_step(run_dir: str) -> int | None:
 
 
 def say(text: str) -> None:
-    print(f"{MARKER} {text}", flush=True)
+    protocol.say(protocol.CHAIN, f" {text}")
 
 
 def link_ids(path: Path) -> dict[int, str]:
     """The scheduler ids of the links submitted so far (link-K.id beside chain.json)."""
     ids = {}
-    for file in path.parent.glob("link-*.id"):
-        with contextlib.suppress(ValueError, OSError):
-            ids[int(file.stem.removeprefix("link-"))] = file.read_text().strip()
+    for file in path.parent.iterdir():
+        if match := protocol.LINK_ID.fullmatch(file.name):
+            with contextlib.suppress(OSError):
+                ids[int(match[1])] = file.read_text().strip()
     return ids
 
 
@@ -80,8 +81,8 @@ def begin(path: Path, link: int) -> int:
     with locked(path) as state:
         total = state["links"]
         if state["status"] != "running":
-            say(f"link {link}/{total} skipped: the chain {state['status']} ({state['reason']})")
-            return SKIP_EXIT
+            say(f"link {link}/{total}{protocol.CHAIN_SKIPPED}the chain {state['status']} ({state['reason']})")
+            return protocol.EXIT_CHAIN_SKIP
         step = latest_step(state["run_dir"])
         before = state["progress"].get(str(link - 1))
         if before is not None and "end_step" not in before and (step or 0) <= before["start_step"]:
@@ -90,7 +91,7 @@ def begin(path: Path, link: int) -> int:
             _stop(path, state, "stopped", f"link {link - 1} made no progress (it started at step "
                                     f"{before['start_step']}; the newest checkpoint is "
                                     f"{'step %d' % step if step is not None else 'none'})", link - 1)
-            return SKIP_EXIT
+            return protocol.EXIT_CHAIN_SKIP
         state["progress"][str(link)] = {"start_step": step or 0, "started": time.time()}
         say(f"link {link}/{total} starts at step {step or 0}")
     return 0
@@ -120,7 +121,7 @@ def end(path: Path, link: int, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmm_orch.chain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.injob.chain", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["begin", "end"])
     parser.add_argument("--chain", type=Path, required=True, metavar="FILE")
     parser.add_argument("--link", type=int, required=True)

@@ -3,7 +3,7 @@
 A fixed port per job (20000 + job id, + 1 per failover attempt) collides on a shared node: one
 job's second attempt takes the next job's port, and two schedulers' job N take the same one
 (Perlmutter's shared QOS shares nodes too). So a profile may say `master_port: auto`: the job
-script asks this host for a port nobody holds (`python -m mmm_orch.rendezvous`), each relaunch
+script asks this host for a port nobody holds (`python -m mmm_orch.injob.rendezvous`), each relaunch
 gets a fresh one, and a rendezvous that could still not bind (another process took the port in
 between) is a launch fault: relaunched on a fresh port, never blamed on the code or a node.
 
@@ -18,7 +18,6 @@ import socket
 # torch's TCPStore ("... name: EADDRINUSE, message: address already in use") and any other
 # listener that reports errno 98.
 PORT_IN_USE = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
-RELAUNCH_MARKER = "[mmm-orch] rendezvous:"
 TRIES = 3  # launches on fresh ports before a refused bind is left to stand
 
 

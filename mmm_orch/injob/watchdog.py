@@ -1,7 +1,7 @@
 """The launch's guard: run it, pass its output through, end it when it hangs, and stop it in time
 to checkpoint before the walltime.
 
-    python -m mmm_orch.watchdog --first-step-timeout 1800 --step-timeout 900 \\
+    python -m mmm_orch.injob.watchdog --first-step-timeout 1800 --step-timeout 900 \\
         [--walltime-end EPOCH --margin 120 --stop-signal USR1] -- 'srun ... python -m ...'
 
 Hang: progress is a `step=N` field on an output line (what the trainers print on rank 0). With
@@ -33,18 +33,12 @@ import subprocess
 import sys
 import time
 
-from mmm_orch import rendezvous
-from mmm_orch.procgroup import signal_group, stop_group
+from mmm_orch.injob import protocol, rendezvous
+from mmm_orch.injob.procgroup import signal_group, stop_group
 
-STEP = re.compile(rb"(?:^|[\s,\]])step=(\d+)")
-SAVED = re.compile(rb"^\[checkpoint\] step=(\d+) .*save_s=([0-9.eE+-]+)")
 # srun's report of how tasks ended (Slurm src/srun/launch.c, _task_finish): "n1: task 0: Exited
 # with exit code 3", "n2: task 1: Killed", "n1: task 1: Terminated", "...: Out Of Memory".
 TASK_ENDED = re.compile(rb"^srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code (\d+))?")
-HUNG_EXIT = 124
-HUNG_MARKER = "[mmm-orch] hung:"
-CHECKPOINTED_EXIT = 75  # the trainers' EXIT_CHECKPOINTED: saved, not finished
-CHECKPOINTED_MARKER = "[mmm-orch] checkpointed before the walltime:"
 # After the launch exits, how long processes it left behind may keep its output open before
 # they are ended: a stray child must not hold the allocation until the walltime.
 LINGER = 5.0
@@ -82,9 +76,9 @@ class Launch:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         for line in lines:
             self.lines.append(line.decode(errors="replace"))
-            if match := STEP.search(line):
+            if match := protocol.STEP_BYTES.search(line):
                 self.last_step, self.last_progress = int(match[1]), time.monotonic()
-            if match := SAVED.search(line):
+            if match := protocol.SAVED_BYTES.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
             if self.last_step is None and rendezvous.PORT_IN_USE.search(line.decode(errors="replace")):
@@ -92,10 +86,6 @@ class Launch:
             if not self.task_reported and (match := TASK_ENDED.search(line)):
                 self.task_reported = True
                 self.first_rank_exit = int(match[1]) if match[1] else None  # None: killed
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
@@ -113,8 +103,9 @@ def run_bound(command: str, *args, **kwargs) -> Launch:
         if not launch.rendezvous_refused or tries == rendezvous.TRIES:
             return launch
         port = rendezvous.free_port()
-        say(f"{rendezvous.RELAUNCH_MARKER} port {os.environ.get('MASTER_PORT', '?')} was in use "
-            f"before the first step; relaunching on port {port} ({tries}/{rendezvous.TRIES - 1})")
+        protocol.say(protocol.RENDEZVOUS, f" port {os.environ.get('MASTER_PORT', '?')} was in use "
+                     f"before the first step; relaunching on port {port} "
+                     f"({tries}/{rendezvous.TRIES - 1})")
         os.environ["MASTER_PORT"] = str(port)
     raise AssertionError("unreachable: the last try always returns")
 
@@ -147,12 +138,13 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
         saved_since = launch.saved_step is not None and launch.saved_step != stop_sent_after
         launch.code = code
         if stop_sent_after is not None and saved_since:
-            say(f"{CHECKPOINTED_MARKER} step={launch.saved_step}; continue with --resume "
-                f"(exit {CHECKPOINTED_EXIT}; the launch returned {code})")
-            launch.code, launch.checkpointed = CHECKPOINTED_EXIT, True
+            protocol.say(protocol.CHECKPOINTED, f" step={launch.saved_step}; continue with "
+                         f"--resume (exit {protocol.EXIT_CHECKPOINTED}; the launch returned {code})")
+            launch.code, launch.checkpointed = protocol.EXIT_CHECKPOINTED, True
         elif code > 128 and launch.first_rank_exit and not launch.received and stop_sent_after is None:
-            say(f"[mmm-orch] watchdog: a rank exited with code {launch.first_rank_exit} first; the "
-                f"launch returned {code} after ending the others: exit {launch.first_rank_exit}")
+            protocol.say(protocol.WATCHDOG, f" a rank exited with code {launch.first_rank_exit} "
+                         f"first; the launch returned {code} after ending the others: exit "
+                         f"{launch.first_rank_exit}")
             launch.code = launch.first_rank_exit
         launch.stopped_for_walltime = stop_sent_after is not None
         return launch
@@ -172,15 +164,16 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
         if exited_at is None and process.poll() is not None:
             exited_at = now
         if relaunchable and exited_at is None and launch.port_in_use and launch.last_step is None:
-            say(f"{rendezvous.RELAUNCH_MARKER} a rank could not bind port "
-                f"{os.environ.get('MASTER_PORT', '?')}; stopping the launch")
+            protocol.say(protocol.RENDEZVOUS, f" a rank could not bind port "
+                         f"{os.environ.get('MASTER_PORT', '?')}; stopping the launch")
             stop_group(process, grace)
             launch.code = process.returncode or 1
             return launch
         if exited_at is not None:
             if now - exited_at > LINGER:
-                say(f"[mmm-orch] watchdog: the launch exited ({process.returncode}) but processes "
-                    f"it started still hold its output after {LINGER:.0f}s; ending them")
+                protocol.say(protocol.WATCHDOG, f" the launch exited ({process.returncode}) but "
+                             f"processes it started still hold its output after {LINGER:.0f}s; "
+                             "ending them")
                 signal_group(process.pid, signal.SIGKILL)
                 return finish(process.returncode)
             continue
@@ -190,9 +183,10 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
             if left <= needed:
                 why = (f"2 x the longest save, {launch.longest_save:.1f}s"
                        if needed > margin else "the workload's margin")
-                say(f"[mmm-orch] walltime_stop={time.time():.3f} walltime in {max(left, 0):.0f}s: "
-                    f"asking the trainers to save a checkpoint and stop (margin {needed:.0f}s: "
-                    f"{why}; step {launch.last_step if launch.last_step is not None else 'none'})")
+                step = launch.last_step if launch.last_step is not None else "none"
+                protocol.say(protocol.WALLTIME_STOP, f"{time.time():.3f} walltime in "
+                             f"{max(left, 0):.0f}s: asking the trainers to save a checkpoint and "
+                             f"stop (margin {needed:.0f}s: {why}; step {step})")
                 stop_sent_after = launch.saved_step if launch.saved_step is not None else -1
                 signal_group(process.pid, stop_signal)
         limit, since = ((step_timeout, launch.last_progress) if launch.last_step is not None
@@ -200,10 +194,10 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
         if stop_sent_after is None and now - since > limit:
             what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
                     if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
-            verdict = (f"{HUNG_MARKER} {what}; last_step="
+            verdict = (f"{protocol.HUNG} {what}; last_step="
                        f"{launch.last_step if launch.last_step is not None else 'none'}; "
                        f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)")
-            say(verdict)
+            print(verdict, flush=True)
             launch.lines.append(verdict)  # what follows is the launcher's answer to this stop
             stop_group(process, grace)
             for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
@@ -211,12 +205,12 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
                 out.write(chunk)
                 out.flush()
                 launch.feed(chunk + b"\n")
-            launch.code, launch.hung = HUNG_EXIT, True
+            launch.code, launch.hung = protocol.EXIT_HUNG, True
             return launch
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmm_orch.watchdog", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mmm_orch.injob.watchdog", description=__doc__.split("\n\n")[0])
     parser.add_argument("--first-step-timeout", type=float, required=True, metavar="SECONDS")
     parser.add_argument("--step-timeout", type=float, required=True, metavar="SECONDS")
     parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",

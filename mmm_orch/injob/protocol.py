@@ -1,0 +1,127 @@
+"""What a job tells mmm-orch: the marker lines of its log, its exit codes and the files it leaves
+in its job directory. This module is the only definition of each. The job's writers (the
+templates, the watchdog, failover, the chain, the trainers' runtime) and mmm-orch's readers
+(status, the startup timeline, reports) all use these names, and the templates get them as
+`job.marker`, `job.exit`, `job.file` and `job.module`, so what a job prints and how it is read
+cannot drift apart.
+
+Standard library only, importing nothing of mmm-orch: it runs inside jobs, in the job's Python.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+
+PREFIX = "[mmm-orch]"
+
+# -- exit codes ---------------------------------------------------------------------------------
+EXIT_CHAIN_SKIP = 10        # chain begin: the chain has ended, this link does not run
+EXIT_INTERNAL_ERROR = 70    # EX_SOFTWARE: failover's own loop failed, the job ends
+EXIT_CHECKPOINTED = 75      # EX_TEMPFAIL: the trainers saved before the walltime; resume
+EXIT_HUNG = 124             # timeout(1)'s code: the watchdog ended a launch that made no progress
+EXIT_STOPPED_BY_TERM = 143  # 128 + SIGTERM: cancelled or deleted, whatever the launch returned
+
+# -- files in the job's directory ----------------------------------------------------------------
+LOG_FILE = "job.log"                # the job's stdout and stderr
+RECORD_FILE = "record.json"         # the job's record, written at submission (db recover reads it)
+NODES_FILE = "nodes.txt"            # the allocation's nodes, in order (failover)
+FAILURES_FILE = "failures.json"     # the machine's failure signatures (failover)
+FAILOVER_FILE = "failover.json"     # where failover stands: attempt, active, spares, retired
+ACTIVE_HOSTS_FILE = "active-hosts.txt"  # the host file of the active nodes (launchers that read one)
+CHAIN_FILE = "chain.json"           # a chain's state, in the chain's directory
+LINK_ID = re.compile(r"link-(\d+)\.id")  # beside it: a link's scheduler id, written once
+METRICS_FILE = "metrics.jsonl"      # the trainers' step records, in the run directory
+RESULT_FILE = "result.json"         # the local executor: how the job ended
+SUPERVISOR_FILE = "supervisor.json"  # the local executor: the supervising process
+
+# The launch line's stand-in for "the active nodes": failover puts the launcher's words there.
+NODES_TOKEN = "@NODES@"
+
+# -- in-job programs (`python -m ...` lines of the job script) ----------------------------------
+MODULES = MappingProxyType({
+    "watchdog": "mmm_orch.injob.watchdog",
+    "failover": "mmm_orch.injob.failover",
+    "chain": "mmm_orch.injob.chain",
+    "rendezvous": "mmm_orch.injob.rendezvous",
+})
+
+# -- markers: the start of a line a job prints ---------------------------------------------------
+JOB_START = f"{PREFIX} job_start="                # =EPOCH host=HOST job=ID   (the script)
+STAGE_START = f"{PREFIX} stage_start="            # =EPOCH                     (the script)
+STAGE_END = f"{PREFIX} stage_end="                # =EPOCH                     (the script)
+LAUNCH = f"{PREFIX} launch: "                     # the launch line            (the script)
+LAUNCH_START = f"{PREFIX} launch_start="          # =EPOCH ranks=R nodes=N     (the script)
+LAUNCH_END = f"{PREFIX} launch_end="              # =EPOCH exit_code=RC        (the script)
+SIGTERM_RECEIVED = f"{PREFIX} job script: SIGTERM received"  # waiting for the launch (the script)
+STOPPED = f"{PREFIX} job script: stopped by SIGTERM"  # : exit 143          (the script)
+FIRST_STEP = f"{PREFIX} first_step="              # =EPOCH step=S at=DATE      (the trainers)
+RESUMED_STEP = f"{PREFIX} resumed_step="          # =EPOCH step=S at=DATE      (the trainers)
+WALLTIME_STOP = f"{PREFIX} walltime_stop="        # =EPOCH walltime in Ns: ... (the watchdog)
+HUNG = f"{PREFIX} hung:"                          # what; last_step=...        (the watchdog)
+CHECKPOINTED = f"{PREFIX} checkpointed before the walltime:"  # step=S ...     (the watchdog)
+WATCHDOG = f"{PREFIX} watchdog:"                  # what the watchdog saw      (the watchdog)
+RENDEZVOUS = f"{PREFIX} rendezvous:"              # a port was taken: relaunch (the watchdog)
+ATTEMPT = f"{PREFIX} attempt"                     # =K/N at=EPOCH active=...; " K/N: verdict"
+RETIRED = f"{PREFIX} failover: retired"           # NODE at=EPOCH (evidence)   (failover)
+FAILOVER = f"{PREFIX} failover:"                  # other failover news        (failover)
+CHAIN = f"{PREFIX} chain:"                        # link K/N ...               (the chain)
+CHAIN_SKIPPED = " skipped: "                      # in a CHAIN line: this link did not run
+# The trainers' lines: a checkpoint saved (runtime/metrics.py prints an event as `[name] ` and its
+# fields, step first), and dist_check's summary.
+CHECKPOINT_EVENT = "checkpoint"
+CHECKPOINT_SAVED = f"[{CHECKPOINT_EVENT}] step="  # S path=... save_s=SECONDS
+DIST_CHECK_JSON = "[dist_check] json "            # {"pass": ..., "allreduce": [...]}
+
+# What the templates write, by the names they use (`job.marker.launch_start`).
+_TEMPLATE_MARKERS = {"job_start": JOB_START, "stage_start": STAGE_START, "stage_end": STAGE_END,
+                     "launch": LAUNCH, "launch_start": LAUNCH_START, "launch_end": LAUNCH_END,
+                     "sigterm_received": SIGTERM_RECEIVED, "stopped": STOPPED}
+FOR_TEMPLATES = MappingProxyType({
+    "marker": MappingProxyType(_TEMPLATE_MARKERS),
+    "exit": MappingProxyType({"chain_skip": EXIT_CHAIN_SKIP, "stopped": EXIT_STOPPED_BY_TERM,
+                              "hung": EXIT_HUNG, "checkpointed": EXIT_CHECKPOINTED}),
+    "file": MappingProxyType({"nodes": NODES_FILE}),
+    "module": MODULES,
+})
+
+# -- readers --------------------------------------------------------------------------------------
+# An epoch time as the markers print it; longer numbers are a garbled or forged line.
+_EPOCH = r"(\d{1,12}(?:\.\d{1,9})?)(?![\d.])"
+
+
+def _after(marker: str, rest: str = "", flags: int = 0) -> re.Pattern[str]:
+    return re.compile(re.escape(marker) + rest, flags)
+
+
+# Events a job has once: (epoch, then what else the line says).
+ONCE = MappingProxyType({
+    "job_start": _after(JOB_START, _EPOCH + r"(?: host=(\S+))?"),
+    "launch_start": _after(LAUNCH_START, _EPOCH + r"(?: ranks=(\d{1,9}) nodes=(\d{1,9}))?"),
+    "first_step": _after(FIRST_STEP, _EPOCH),
+    "launch_end": _after(LAUNCH_END, _EPOCH + r"(?: exit_code=(-?\d{1,9}))?"),
+    "walltime_stop": _after(WALLTIME_STOP, _EPOCH),
+    "stage_start": _after(STAGE_START, _EPOCH),
+    "stage_end": _after(STAGE_END, _EPOCH),
+})
+# Events that can happen several times in one job: failover attempts, nodes retired, resumes.
+REPEATED = MappingProxyType({
+    "attempt": _after(ATTEMPT, r"=(\d{1,9}/\d{1,9}) at=" + _EPOCH + r" active=(\S+)"),
+    "retired": _after(RETIRED, r" (\S+) at=" + _EPOCH),
+    "resumed": _after(RESUMED_STEP, _EPOCH + r" step=(\d{1,18})"),
+})
+JOB_ID = _after(JOB_START, r"\S+ host=\S+ job=(\S+)")  # the scheduler's id, "local" on none
+JOB_HOST = re.compile(r"(?:" + re.escape(JOB_START) + r"\S+ host=|Job started at: \S+ on )"
+                      r"(?P<host>\S+)")
+SAVED = re.compile(r"^" + re.escape(CHECKPOINT_SAVED) + r"(\d+) ")
+SAVED_BYTES = re.compile(rb"^" + re.escape(CHECKPOINT_SAVED.encode()) + rb"(\d+) .*save_s=([0-9.eE+-]+)")
+STEP_BYTES = re.compile(rb"(?:^|[\s,\]])step=(\d+)")  # any step line of a trainer
+
+
+def link_id_file(link: int) -> str:
+    return f"link-{link}.id"
+
+
+def say(marker: str, text: str = "") -> None:
+    """Print a marker line at once: the log is read while the job runs."""
+    print(f"{marker}{text}", flush=True)

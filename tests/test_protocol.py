@@ -1,0 +1,183 @@
+"""The house: what runs inside a job imports only the standard library, the import graph has no
+circles and no arrow upward, every marker, exit code and in-job file name is defined once (in
+mmm_orch/injob/protocol.py), and the markers a real job prints are read back by the readers."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from mmm_orch.injob import protocol
+from mmm_orch.jobs.startup import parse_markers
+from test_local_jobs import wait_terminal
+
+PACKAGE = REPO / "mmm_orch"
+INJOB = PACKAGE / "injob"
+# Low to high: a module may import from its own layer and the ones before it, never after.
+LAYERS = ["mmm_orch", "mmm_orch.errors", "mmm_orch.paths", "mmm_orch.walltime", "mmm_orch.injob",
+          "mmm_orch.transport", "mmm_orch.config", "mmm_orch.schedulers", "mmm_orch.ssh",
+          "mmm_orch.hosts", "mmm_orch.sandbox", "mmm_orch.envs", "mmm_orch.plan",
+          "mmm_orch.plan_store", "mmm_orch.render", "mmm_orch.console", "mmm_orch.jobs",
+          "mmm_orch.report", "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli",
+          "mmm_orch.__main__"]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> set[str]:
+    """The mmm_orch modules `path` imports anywhere in it (lazy imports in functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES]
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(node.module)
+    return {name for name in out if name.split(".")[0] == "mmm_orch"}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    name = ".".join(parts[:2]) if len(parts) > 1 else module
+    assert name in LAYERS, f"{module}: a package or module that LAYERS does not place"
+    return LAYERS.index(name)
+
+
+GRAPH = {module: _imports(path) & set(MODULES) - {module} for module, path in MODULES.items()}
+
+
+def test_nothing_imports_upward():
+    upward = [f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
+              if _layer(target) > _layer(module)]
+    assert not upward, upward
+
+
+def test_the_import_graph_has_no_circles():
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in GRAPH[todo.pop()]:
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    circles = sorted({tuple(sorted((a, b))) for a in GRAPH for b in GRAPH[a] if a in reach(b)})
+    assert not circles, circles
+
+
+def test_in_job_code_imports_only_its_own_package():
+    for module in (m for m in GRAPH if m.startswith("mmm_orch.injob")):
+        assert all(t.startswith("mmm_orch.injob") or t == "mmm_orch" for t in GRAPH[module]), \
+            (module, GRAPH[module])
+
+
+def test_in_job_code_runs_without_the_orchestrators_dependencies():
+    """Imported in a fresh interpreter, the in-job programs bring in nothing of the CLI, the job
+    database, the profiles or any third-party package."""
+    names = [f"mmm_orch.injob.{p.stem}" for p in INJOB.glob("*.py") if p.stem != "__init__"]
+    probe = ("import sys\n" + "".join(f"import {name}\n" for name in names) +
+             "third = {m.split('.')[0] for m in sys.modules} & {'pydantic', 'yaml', 'jinja2', "
+             "'sqlite3', 'psutil', 'paramiko', 'torch', 'numpy'}\n"
+             "ours = [m for m in sys.modules if m.startswith('mmm_orch') and m != 'mmm_orch' "
+             "and not m.startswith('mmm_orch.injob')]\n"
+             "print(sorted(third) + sorted(ours))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# -- defined once -------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _strings(path: Path) -> tuple[str, ...]:
+    """The string constants of a Python file, without its docstrings (prose may quote a marker)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return tuple(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str) and id(node) not in docstrings)
+
+
+MARKERS = {name: value for name, value in vars(protocol).items()
+           if name.isupper() and isinstance(value, str) and value.startswith(protocol.PREFIX + " ")}
+TRAINER_LINES = [protocol.CHECKPOINT_SAVED, protocol.DIST_CHECK_JSON]
+FILES = [value for name, value in vars(protocol).items()
+         if name.endswith("_FILE") and isinstance(value, str)]
+SOURCES = [p for p in MODULES.values() if p != INJOB / "protocol.py"]
+TEMPLATES = sorted((REPO / "templates").glob("*.j2"))
+
+
+@pytest.mark.parametrize("text", [*MARKERS.values(), *TRAINER_LINES, *FILES])
+def test_each_marker_and_file_name_is_written_only_in_the_protocol(text):
+    """`[mmm-orch] first_step=` or `failover.json` spelled anywhere else would be a second
+    definition that can drift from the first."""
+    word = text.removeprefix(protocol.PREFIX + " ").rstrip(" =:")
+    spelled = [str(p.relative_to(REPO)) for p in SOURCES
+               if any(text in s or (protocol.PREFIX in s and f"] {word}" in s) for s in _strings(p))]
+    spelled += [str(p.relative_to(REPO)) for p in TEMPLATES if text in p.read_text()
+                or f"{protocol.PREFIX} {word}" in p.read_text()]
+    assert not spelled, spelled
+
+
+def test_each_exit_code_is_defined_only_in_the_protocol():
+    codes = {name: value for name, value in vars(protocol).items() if name.startswith("EXIT_")}
+    assert len(set(codes.values())) == len(codes), codes
+    defined = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
+                    isinstance(t, ast.Name) and "EXIT" in t.id for t in node.targets):
+                defined.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not defined, defined
+    for template in TEMPLATES:  # the scripts take them from the protocol too
+        text = template.read_text()
+        assert not any(f"exit {code}" in text or f"-eq {code} " in text
+                       for code in codes.values()), template
+
+
+# -- what a real job prints is read back --------------------------------------------------------
+
+def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
+    """A job submitted here renders, runs and prints the script's and the trainers' markers; the
+    readers (the startup timeline, status's id lookup, the checkpoint reader) read them back."""
+    proc = run_cli("submit", "local", "fsdp", "--set", "epochs=1", "--set", "train_samples=256",
+                   "--set", "checkpoint_every=1")
+    assert proc.returncode == 0, proc.stderr
+    row = wait_terminal(cli, 1, timeout=300)
+    assert (row["state"], row["exit_code"]) == ("completed", 0), row
+    record = json.loads(cli("show", "1", "--json").out)
+    log = Path(record["log_path"]).read_text()
+
+    markers = parse_markers(log)
+    assert markers.job_start <= markers.launch_start <= markers.first_step <= markers.launch_end
+    assert (markers.nodes, markers.ranks, markers.launch_exit) == (1, 2, 0)
+    assert markers.host and markers.startup_s > 0
+    assert any(protocol.JOB_ID.search(line) for line in log.splitlines())
+    assert any(protocol.JOB_HOST.search(line)["host"] == markers.host
+               for line in log.splitlines() if protocol.JOB_HOST.search(line))
+    saved = [int(m[1]) for line in log.splitlines() if (m := protocol.SAVED.match(line))]
+    assert saved and saved == sorted(saved), log[-3000:]
+    assert any(line.startswith(protocol.LAUNCH) for line in log.splitlines())
+    metrics = Path(record["run_dir"]) / protocol.METRICS_FILE
+    assert metrics.is_file()
