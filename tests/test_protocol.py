@@ -25,7 +25,7 @@ LAYERS = ["mmm_orch", "mmm_orch.errors", "mmm_orch.paths", "mmm_orch.walltime", 
           "mmm_orch.transport", "mmm_orch.config", "mmm_orch.schedulers", "mmm_orch.ssh",
           "mmm_orch.hosts", "mmm_orch.sandbox", "mmm_orch.envs", "mmm_orch.plan",
           "mmm_orch.plan_store", "mmm_orch.render", "mmm_orch.console", "mmm_orch.jobs",
-          "mmm_orch.report", "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli",
+          "mmm_orch.report", "mmm_orch.usecases", "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli",
           "mmm_orch.__main__"]
 
 

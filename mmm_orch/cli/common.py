@@ -102,18 +102,9 @@ def request(args: argparse.Namespace, **overrides: Any):
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
         workdir=getattr(args, "workdir", None), stage_env=args.stage_env,
-        spare_nodes=args.spare_nodes, avoid_nodes=avoided(args))
+        spare_nodes=args.spare_nodes)
     fields.update(overrides)
     return Request(**fields)
-
-
-def avoided(args: argparse.Namespace) -> tuple[str, ...]:
-    """The machine's nodes mmm-orch remembers as bad (failover retired them, or diagnose blamed
-    them), unexpired; read without creating the database."""
-    from mmm_orch.jobs.db import open_db
-
-    db = open_db(args.db)
-    return tuple(db.bad_nodes(args.machine)) if db is not None else ()
 
 
 def print_script(script: str) -> None:

@@ -33,10 +33,9 @@ def register(sub) -> None:
 
 
 def script(args: argparse.Namespace) -> str:
-    from mmm_orch.plan import resolve
-    from mmm_orch.render import render
+    from mmm_orch.usecases import script
 
-    return render(resolve(common.request(args)), args.template)
+    return script(common.request(args), args.db, args.template)
 
 
 def cmd_render(args: argparse.Namespace) -> int:

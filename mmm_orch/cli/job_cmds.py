@@ -68,27 +68,15 @@ def register(sub) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from mmm_orch.plan import resolve
+    from mmm_orch import usecases
 
-    plan = resolve(common.request(args))
     if args.dry_run:
-        return dry_run(plan, args)
-    from mmm_orch.jobs.db import db_path
-    from mmm_orch.jobs.submit import check_job_python, submit, target_for
-
-    remote = target_for(plan, args.host)
+        return dry_run(usecases.plan(common.request(args), args.db), args)
+    prepared = usecases.prepare(common.request(args), args.db, args.template, args.host,
+                                env_check=not args.no_env_check, chain=args.chain or 0)
     if args.chain:
-        from mmm_orch.jobs.chains import check
-
-        check(plan, args.chain)  # refused before any side effect
-    from mmm_orch.render import render
-
-    render(plan, args.template)  # a bad template is refused before the machine is contacted
-    if not args.no_env_check:
-        check_job_python(plan, remote)
-    if args.chain:
-        return submit_chain(plan, args, remote)
-    record = submit(plan, db_path(args.db), args.template, remote=remote)
+        return submit_chain(prepared, args)
+    record = usecases.submit(prepared, args.db)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:
@@ -104,21 +92,19 @@ def dry_run(plan, args: argparse.Namespace) -> int:
     """The script that would be submitted; with --chain, the first link's, and what the next
     links change."""
     from mmm_orch.render import render
+    from mmm_orch.usecases import chain_links
 
     if not args.chain:
         common.print_script(render(plan, args.template))
         return 0
-    from mmm_orch.injob.protocol import CHAIN_FILE
-    from mmm_orch.jobs.chains import link_plans
-
-    first, *rest = link_plans(plan, args.chain, f"<chain dir>/{CHAIN_FILE}",
-                              plan.trainer_args.get("run_name") or f"{plan.name}-<tag>", plan.workdir)
-    common.print_script(render(first, args.template))
+    first, *rest = chain_links(plan, args.chain)
+    script = render(first, args.template)
+    common.print_script(script)
     if rest:
         import dataclasses
 
         second = render(dataclasses.replace(rest[0], depends_on="<id of link 1>"), args.template)
-        lines = set(render(first, args.template).splitlines())
+        lines = set(script.splitlines())
         changed = [line for line in second.splitlines() if line not in lines]
         print(f"\n# Links 2-{args.chain} differ only in these lines (each waits for the one before):")
         for line in changed:
@@ -126,11 +112,11 @@ def dry_run(plan, args: argparse.Namespace) -> int:
     return 0
 
 
-def submit_chain(plan, args: argparse.Namespace, remote: str) -> int:
-    from mmm_orch.jobs.chains import submit_chain as submit_links
-    from mmm_orch.jobs.db import db_path
+def submit_chain(prepared, args: argparse.Namespace) -> int:
+    from mmm_orch import usecases
 
-    records = submit_links(plan, db_path(args.db), args.chain, args.template, remote)
+    records = usecases.submit_chain(prepared, args.chain, args.db)
+    remote = prepared.remote
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
@@ -143,29 +129,10 @@ def submit_chain(plan, args: argparse.Namespace, remote: str) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    import dataclasses
+    from mmm_orch import usecases
 
-    from mmm_orch.jobs.db import db_path
-    from mmm_orch.jobs.submit import check_job_python, submit
-    from mmm_orch.plan_store import stored_plan
-
-    db = common.jobs_db(args)
-    old = common.job(db, args.job)
-    plan = stored_plan(old.plan, f"job {old.id}'s recorded plan")
-    args_ = dict(plan.trainer_args)
-    if args.resume:
-        from mmm_orch.errors import MmmError
-
-        if "resume" not in plan.trainer_options:
-            raise MmmError(f"rerun --resume: workload {plan.workload} cannot resume (its trainer "
-                           "takes no --resume)")
-        args_.update(resume=True, allow_fresh=False)
-    # The same plan, run where it ran before (so the same run directory), placed anew.
-    plan = dataclasses.replace(plan, trainer_args=args_, workdir_given=True, log_path=None,
-                               log_directive="", job_dir="", tag="", chain_file="", chain_link=0,
-                               chain_links=0, depends_on="")
-    check_job_python(plan, old.remote)
-    record = submit(plan, db_path(args.db), remote=old.remote, links={"rerun_of": old.id})
+    old = common.job(common.jobs_db(args), args.job)
+    record = usecases.rerun(old, args.resume, args.db)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
         return 0
@@ -293,8 +260,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from mmm_orch.jobs.submit import cancel
-    from mmm_orch.jobs.track import refresh
+    from mmm_orch import usecases
 
     db = common.jobs_db(args)
     if not args.jobs and args.sweep is None:
@@ -302,34 +268,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
         raise MmmError("cancel: name the jobs (JOB...) or a sweep (--sweep ID)")
     records = [common.job(db, job_id) for job_id in args.jobs]
-    if args.sweep is not None:
-        from mmm_orch.jobs.sweeps import sweep_jobs
-
-        records += [r for r in sweep_jobs(db, args.sweep)[1] if r.id not in set(args.jobs)]
-    for record in list(records):  # a link of a chain: the whole chain
-        if record.group_id is not None and (group := db.group(record.group_id)) \
-                and group["kind"] == "chain":
-            links = [r for r in db.list(group_id=record.group_id)
-                     if r.id not in {x.id for x in records}]
-            print(f"job {record.id} is link {record.group_index} of chain {record.group_id}: "
-                  "cancelling every link")
-            records += links
-    outcome = refresh(db, records)
-    for record in records:
-        if record.id in outcome.removed:
-            print(f"job {record.id}: never reached {record.scheduler}; record removed")
-            continue
-        record = db.get(record.id, events=False)
-        if record.terminal:
-            print(f"job {record.id} already {record.state.value}")
-            continue
-        if not record.native_id:
-            print(f"job {record.id}: still submitting; cancel it once `mmm-orch status` shows "
-                  "its scheduler id")
-            continue
-        cancel(db, record)
-        refresh(db, [record])
-        now = db.get(record.id, events=False)
-        print(f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "
-              f"state {now.state.value}")
+    for outcome in usecases.cancel(db, records, args.sweep):
+        print(outcome)
     return 0

@@ -57,14 +57,10 @@ def register(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from mmm_orch.jobs import sweeps
+    from mmm_orch import usecases
 
-    swept = sweeps.axes(args.nodes, args.sets)
-    planned = sweeps.points(common.request(args, nodes=None, sets=()), swept)
-    from mmm_orch.render import render
-
-    for point in planned:  # a bad template is refused before the machine is contacted
-        render(point.plan, args.template)
+    swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
+                                           args.sets, args.db, args.template)
     if args.dry_run:
         print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
               f"{len(planned)} points (nothing submitted)")
@@ -75,13 +71,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   f"{plan.nodes} nodes x {plan.ranks_per_node} = {plan.ranks} ranks, mesh {mesh}, "
                   f"walltime {plan.walltime_hms}")
         return 0
-    from mmm_orch.jobs.db import db_path
-    from mmm_orch.jobs.submit import check_job_python, target_for
-
-    remote = target_for(planned[0].plan, args.host)
-    if not args.no_env_check:
-        check_job_python(planned[0].plan, remote)
-    sweep, records = sweeps.submit_sweep(swept, planned, db_path(args.db), args.template, remote)
+    sweep, records = usecases.submit_sweep(swept, planned, args.db, args.template, args.host,
+                                           env_check=not args.no_env_check)
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0

@@ -1,8 +1,9 @@
 """request -> plan -> script -> record -> scheduler. The submission protocol, safe to interrupt at
 any instant:
 
-1. Everything that can be checked is checked first: the template renders, the database opens,
-   the log path fits the scheduler's directive syntax, the work directory exists.
+1. Everything that can be checked is checked first: the plan, the template and the job's Python
+   (usecases.prepare), then here the database opens, the log path fits the scheduler's
+   directive syntax, the work directory exists.
 2. The job directory and script are written, then the record, in state `submitting`, with the
    tag the scheduler will show (Slurm comment, PBS variable) and who is submitting.
 3. The scheduler is asked (schedulers/base.py: an ambiguous failure is resolved by looking for
@@ -164,7 +165,6 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
            links: dict[str, Any] | None = None) -> JobRecord:
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun)."""
-    render(plan.placed("/job-dir", "tag", f"/job-dir/{protocol.LOG_FILE}"), template)  # template errors first
     Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here

@@ -56,6 +56,10 @@ class LocalScheduler:
     def _status(self, job: JobRef) -> JobStatus:
         supervisor = _supervisor_info(job)
         started = supervisor["create_time"] if supervisor else None  # no queue: it starts at once
+        # Whether it lives, asked before the result is read: the supervisor writes the result and
+        # then exits, so one found gone has left its result. In the other order, a job ending
+        # between the two reads would read as vanished, and a terminal state is never asked again.
+        alive = _live(supervisor) is not None
         result_file = job.job_dir / RESULT_FILE
         if result_file.exists():
             result = json.loads(result_file.read_text())
@@ -70,7 +74,7 @@ class LocalScheduler:
             return JobStatus(native_id=job.native_id, state=state, native_state=native,
                              exit_code=result["exit_code"], signal=result["signal"],
                              started_at=started, ended_at=result["ended_at"])
-        if _live(supervisor) is not None:
+        if alive:
             return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
                              started_at=started)
         return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",

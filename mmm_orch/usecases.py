@@ -1,0 +1,181 @@
+"""The use cases under the CLI (and under `launch` and the Python API to come): plan a request,
+prepare it for submission, submit one job, a chain or a sweep, rerun a recorded job. Each takes
+values and returns plans and records; parsing arguments and printing are the caller's.
+
+A submission is prepared before anything is written or sent: the plan is resolved (with the
+machine's nodes remembered as bad), the template renders (once, to check it), the login host is
+chosen and the job's own Python is checked there. Only then do jobs/submit.py, jobs/chains.py
+and jobs/sweeps.py write, record and submit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+from mmm_orch.errors import MmmError
+from mmm_orch.jobs.db import JobDB, JobRecord, db_path, open_db
+from mmm_orch.plan import Plan, Request, resolve
+from mmm_orch.render import render
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A plan checked for submission: its template renders, and where it goes (`remote`: the
+    login host to submit through, "" for this computer)."""
+
+    plan: Plan
+    template: str | None
+    remote: str
+
+
+def bad_nodes(db: str | None, machine: str) -> tuple[str, ...]:
+    """The machine's nodes mmm-orch remembers as bad (failover retired them, or diagnose blamed
+    them), unexpired; read without creating the database."""
+    opened = open_db(db)
+    return tuple(opened.bad_nodes(machine)) if opened is not None else ()
+
+
+def plan(request: Request, db: str | None = None) -> Plan:
+    """The plan for `request`, avoiding the nodes remembered as bad in the database `db`."""
+    return resolve(dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine)))
+
+
+def script(request: Request, db: str | None = None, template: str | None = None) -> str:
+    """The job script `request` would submit (for review: nothing is written or sent)."""
+    return render(plan(request, db), template)
+
+
+def prepare(request: Request, db: str | None = None, template: str | None = None,
+            host: str | None = None, env_check: bool = True, chain: int = 0) -> Prepared:
+    """Everything that can be checked before a submission writes anything: the plan, a chain's
+    conditions, the template, the login host, and the job's Python there."""
+    from mmm_orch.jobs.submit import target_for
+
+    checked = plan(request, db)
+    remote = target_for(checked, host)
+    scripts = [checked]
+    if chain:  # a chain's first link, and one that resumes: what its scripts differ by
+        scripts = chain_links(checked, chain)[:2]
+    return _ready(checked, template, remote, env_check, scripts)
+
+
+def chain_links(checked: Plan, links: int) -> list[Plan]:
+    """The plans of a chain's links as a review shows them (the chain's directory and run name
+    are known once it is submitted); refused when the chain cannot work."""
+    from mmm_orch.injob.protocol import CHAIN_FILE
+    from mmm_orch.jobs.chains import link_plans
+
+    return link_plans(checked, links, f"<chain dir>/{CHAIN_FILE}",
+                      checked.trainer_args.get("run_name") or f"{checked.name}-<tag>",
+                      checked.workdir)
+
+
+def _ready(checked: Plan, template: str | None, remote: str, env_check: bool,
+           scripts: list[Plan] | None = None) -> Prepared:
+    from mmm_orch.jobs.submit import check_job_python
+
+    for each in scripts or [checked]:  # a bad template is refused before the machine is contacted
+        render(each, template)
+    if env_check:
+        check_job_python(checked, remote)
+    return Prepared(checked, template, remote)
+
+
+def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
+    from mmm_orch.jobs import submit as jobs
+
+    return jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
+
+
+def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[JobRecord]:
+    from mmm_orch.jobs.chains import submit_chain as submit_links
+
+    return submit_links(prepared.plan, db_path(db), links, prepared.template, prepared.remote)
+
+
+def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
+                 template: str | None = None):
+    """The sweep's axes and every point planned, each point's script rendered once to check it.
+    `request` carries what all points share (its nodes and --set come from the axes)."""
+    from mmm_orch.jobs import sweeps
+
+    swept = sweeps.axes(nodes, sets)
+    shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
+    planned = sweeps.points(shared, swept)
+    for point in planned:  # a bad template is refused before the machine is contacted
+        render(point.plan, template)
+    return swept, planned
+
+
+def submit_sweep(swept, planned, db: str | None = None, template: str | None = None,
+                 host: str | None = None, env_check: bool = True) -> tuple[int, list[JobRecord]]:
+    """Submit planned points (sweep_points) as one sweep: all of them, or none."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.jobs.submit import check_job_python, target_for
+
+    remote = target_for(planned[0].plan, host)
+    if env_check:
+        check_job_python(planned[0].plan, remote)
+    return sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
+
+
+def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
+    """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
+    job linked to it; `resume`: from the run's latest checkpoint."""
+    from mmm_orch.jobs import submit as jobs
+    from mmm_orch.plan_store import stored_plan
+
+    recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
+    args = dict(recorded.trainer_args)
+    if resume:
+        if "resume" not in recorded.trainer_options:
+            raise MmmError(f"rerun --resume: workload {recorded.workload} cannot resume (its "
+                           "trainer takes no --resume)")
+        args.update(resume=True, allow_fresh=False)
+    again = dataclasses.replace(recorded, trainer_args=args, workdir_given=True, log_path=None,
+                                log_directive="", job_dir="", tag="", chain_file="",
+                                chain_link=0, chain_links=0, depends_on="")
+    prepared = _ready(again, None, old.remote, env_check=True)
+    return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
+                       links={"rerun_of": old.id})
+
+
+def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Iterator[str]:
+    """Cancel `records` and every job of `sweep`; a link of a chain takes the whole chain with it.
+    Yields what happened to each job, in words, as it happens."""
+    from mmm_orch.jobs.submit import cancel as send_cancel
+    from mmm_orch.jobs.track import refresh
+
+    records = list(records)
+    if sweep is not None:
+        from mmm_orch.jobs.sweeps import sweep_jobs
+
+        named = {r.id for r in records}
+        records += [r for r in sweep_jobs(db, sweep)[1] if r.id not in named]
+    for record in list(records):
+        if record.group_id is not None and (group := db.group(record.group_id)) \
+                and group["kind"] == "chain":
+            links = [r for r in db.list(group_id=record.group_id)
+                     if r.id not in {x.id for x in records}]
+            yield (f"job {record.id} is link {record.group_index} of chain {record.group_id}: "
+                   "cancelling every link")
+            records += links
+    outcome = refresh(db, records)
+    for record in records:
+        if record.id in outcome.removed:
+            yield f"job {record.id}: never reached {record.scheduler}; record removed"
+            continue
+        record = db.get(record.id, events=False)
+        if record.terminal:
+            yield f"job {record.id} already {record.state.value}"
+            continue
+        if not record.native_id:
+            yield (f"job {record.id}: still submitting; cancel it once `mmm-orch status` shows "
+                   "its scheduler id")
+            continue
+        send_cancel(db, record)
+        refresh(db, [record])
+        now = db.get(record.id, events=False)
+        yield (f"job {record.id}: cancel sent ({record.scheduler} id {record.native_id}); "
+               f"state {now.state.value}")
