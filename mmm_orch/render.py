@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 from mmm_orch.errors import ConfigError
@@ -41,6 +42,16 @@ def _environment_for(dirs: tuple[str, ...]):
                    bytecode_cache=_bytecode_cache())
 
 
+def _moved(error: Exception) -> str:
+    """Where a name a template read from the plan went when the plan took sections, if it did."""
+    from mmm_orch.plan.store import FLAT_NAMES, MOVED_PROPERTIES
+
+    found = re.search(r"Plan object' has no attribute '(\w+)'", str(error))
+    name = found[1] if found else ""
+    where = {**{old: ".".join(new) for old, new in FLAT_NAMES.items()}, **MOVED_PROPERTIES}.get(name)
+    return f" (the plan has sections: plan.{name} is plan.{where})" if where else ""
+
+
 def render(plan: Plan, template: str | None = None) -> str:
     """The job script for `plan`; `template` is a file path overriding the scheduler's template.
     Every template renders in mmm_orch.sandbox: data, never code."""
@@ -73,6 +84,6 @@ def render(plan: Plan, template: str | None = None) -> str:
     except jinja2.sandbox.SecurityError as exc:
         raise ConfigError(f"template {template or name}: refused by the sandbox: {exc}") from None
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"template {name}: {exc}") from None
+        raise ConfigError(f"template {name}: {exc}{_moved(exc)}") from None
     except RecursionError:
         raise ConfigError(f"template {template or name}: includes or macros nest without end") from None

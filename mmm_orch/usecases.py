@@ -14,8 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.db import JobDB, JobRecord, db_path, open_db
+from mmm_orch.jobs.db import JobDB, db_path, open_db
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.plan import Plan, Request, resolve
+from mmm_orch.plan.model import ChainLink, JobPlace
 from mmm_orch.render import render
 
 
@@ -67,8 +69,8 @@ def chain_links(checked: Plan, links: int) -> list[Plan]:
     from mmm_orch.jobs.chains import link_plans
 
     return link_plans(checked, links, f"<chain dir>/{CHAIN_FILE}",
-                      checked.trainer_args.get("run_name") or f"{checked.name}-<tag>",
-                      checked.workdir)
+                      checked.launch.args.get("run_name") or f"{checked.name}-<tag>",
+                      checked.launch.workdir)
 
 
 def _ready(checked: Plan, template: str | None, remote: str, env_check: bool,
@@ -124,18 +126,17 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
     job linked to it; `resume`: from the run's latest checkpoint."""
     from mmm_orch.jobs import submit as jobs
-    from mmm_orch.plan_store import stored_plan
+    from mmm_orch.plan.store import stored_plan
 
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
-    args = dict(recorded.trainer_args)
+    args = dict(recorded.launch.args)
     if resume:
-        if "resume" not in recorded.trainer_options:
+        if "resume" not in recorded.launch.options:
             raise MmmError(f"rerun --resume: workload {recorded.workload} cannot resume (its "
                            "trainer takes no --resume)")
         args.update(resume=True, allow_fresh=False)
-    again = dataclasses.replace(recorded, trainer_args=args, workdir_given=True, log_path=None,
-                                log_directive="", job_dir="", tag="", chain_file="",
-                                chain_link=0, chain_links=0, depends_on="")
+    again = dataclasses.replace(recorded.with_launch(args=args, workdir_given=True),
+                                submission=JobPlace(), chain=ChainLink())
     prepared = _ready(again, None, old.remote, env_check=True)
     return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
                        links={"rerun_of": old.id})

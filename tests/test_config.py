@@ -129,9 +129,17 @@ def test_user_template_on_the_search_path_and_by_file(cli, isolated):
     (tdir / "local.sh.j2").write_text("#!/bin/bash -l\n# site header\n{% include '_body.sh.j2' %}")
     assert "# site header" in cli("render", "local", "fsdp").out
     custom = isolated / "mine.j2"
-    custom.write_text("#!/bin/bash -l\necho {{ plan.nodes }} {{ plan.not_a_field }}\n")
+    custom.write_text("#!/bin/bash -l\necho {{ plan.layout.nodes }} {{ plan.not_a_field }}\n")
     result = cli("render", "local", "fsdp", "--template", str(custom))
     assert result.code == 2 and "not_a_field" in result.err
+
+
+def test_a_template_reading_the_plan_before_its_sections_is_told_where_the_name_went(cli, isolated):
+    custom = isolated / "old.j2"
+    custom.write_text("#!/bin/bash -l\n#PBS -l walltime={{ plan.walltime_hms }}\n")
+    result = cli("render", "local", "fsdp", "--template", str(custom))
+    assert result.code == 2 and "plan.walltime_hms is plan.queue.walltime_hms" in result.err
+    assert len(result.err.strip().splitlines()) == 1
 
 
 def test_cpu_bind_lists_are_checked_against_reserved_cores():

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_probe
-from mmm_orch.jobs.db import SCHEMA_VERSION, JobDB, backup_path
+from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.dbfile import SCHEMA_VERSION, backup_path
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="tmpfs mounts need root (CI runs as root)")
 

@@ -20,8 +20,10 @@ import pytest
 
 from conftest import wait_state, write_probe
 from mmm_orch.cli import build_parser
-from mmm_orch.jobs.db import (APPLICATION_ID, RECORD_FILE, SCHEMA_VERSION, DatabaseError, JobDB,
-                              backup_path, close_all, jobs_root_for, mark_path, open_db)
+from mmm_orch.injob.protocol import RECORD_FILE
+from mmm_orch.jobs.db import JobDB, close_all, open_db
+from mmm_orch.jobs.dbfile import (APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
+                                  jobs_root_for, mark_path)
 
 # Commands that never open the job database (`db` alone only names its actions).
 NO_DB = {"machines", "workloads", "schema", "env", "env create", "env check", "db"}
@@ -312,7 +314,7 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
     """1000 job directories: opening a whole database reads the mark and one row, nothing more;
     only a database below its mark costs a listing of the directories. Counted, not timed
     (benchmarks time things): every listing goes through job_records."""
-    import mmm_orch.jobs.db as db_module
+    import mmm_orch.jobs.dbfile as db_module
 
     listings = []
     real = db_module.job_records

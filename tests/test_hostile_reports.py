@@ -120,10 +120,12 @@ def _plan(sweep) -> dict:
 BAD_PLANS = {
     "not JSON": lambda plan: "{not json",
     "a list": lambda plan: "[1, 2]",
-    "a field missing": lambda plan: json.dumps({k: v for k, v in plan.items() if k != "nodes"}),
-    "a number as text": lambda plan: json.dumps({**plan, "nodes": "2"}),
-    "a flag as a number": lambda plan: json.dumps({**plan, "stage_env": 1}),
-    "lines as a string": lambda plan: json.dumps({**plan, "setup": "rm -rf ~"}),
+    "a section missing": lambda plan: json.dumps({k: v for k, v in plan.items() if k != "queue"}),
+    "a number as text": lambda plan: json.dumps({**plan, "layout": {**plan["layout"], "nodes": "2"}}),
+    "a flag as a number": lambda plan: json.dumps(
+        {**plan, "environment": {**plan["environment"], "stage": 1}}),
+    "lines as a string": lambda plan: json.dumps(
+        {**plan, "environment": {**plan["environment"], "setup": "rm -rf ~"}}),
 }
 
 

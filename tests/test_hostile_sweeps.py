@@ -363,26 +363,35 @@ def test_a_job_whose_point_was_edited_is_refused(db_cli, sweep, tmp_path, index)
 
 def _edits(plan: dict) -> dict[str, str]:
     """Each a plan as text: what a hand edit or another program could leave."""
-    def changed(**fields) -> str:
-        return json.dumps({**plan, **fields})
+    def changed(section: str, **fields) -> str:
+        return json.dumps({**plan, section: {**plan[section], **fields}})
+    group = plan["environment"]["groups"][0]
     return {
         "not JSON": "{not json", "a list": "[1, 2]", "a string": '"plan"',
-        "a field missing": json.dumps({k: v for k, v in plan.items() if k != "nodes"}),
-        "a number as text": changed(nodes="2"), "a flag as a number": changed(stage_env=1),
-        "lines as a string": changed(setup="rm -rf ~"),
-        "mesh a list": changed(mesh=[2, 1]), "mesh sizes as text": changed(mesh={"dp": "2"}),
-        "a line a number": changed(setup=[1]), "a launcher word null": changed(launcher=[None]),
-        "an environment group as text": changed(env=["A=1"]),
-        "an environment entry as a list": changed(env=[{**plan["env"][0], "set": [["A", "1"]]}]),
-        "a scheduler command a number": changed(scheduler_commands={"submit": 3}),
-        "a device index as text": changed(device_index=["0"]),
-        "a trainer argument nested": changed(trainer_args={"epochs": [1]}),
-        "a trainer argument it does not take": changed(trainer_args={"bogus": 1}),
-        "trainer options as numbers": changed(trainer_options=[1, 2]),
+        "a section missing": json.dumps({k: v for k, v in plan.items() if k != "layout"}),
+        "a section as text": json.dumps({**plan, "launch": "mpiexec"}),
+        "a field missing": json.dumps({**plan, "layout": {k: v for k, v in plan["layout"].items()
+                                                          if k != "nodes"}}),
+        "a number as text": changed("layout", nodes="2"),
+        "a flag as a number": changed("environment", stage=1),
+        "lines as a string": changed("environment", setup="rm -rf ~"),
+        "mesh a list": changed("layout", mesh=[2, 1]),
+        "mesh sizes as text": changed("layout", mesh={"dp": "2"}),
+        "a line a number": changed("environment", setup=[1]),
+        "a launcher word null": changed("launch", launcher=[None]),
+        "an environment group as text": changed("environment", groups=["A=1"]),
+        "an environment entry as a list": changed("environment",
+                                                  groups=[{**group, "set": [["A", "1"]]}]),
+        "a scheduler command a number": json.dumps({**plan, "scheduler_commands": {"submit": 3}}),
+        "a device index as text": changed("devices", index=["0"]),
+        "a trainer argument nested": changed("launch", args={"epochs": [1]}),
+        "a trainer argument it does not take": changed("launch", args={"bogus": 1}),
+        "trainer options as numbers": changed("launch", options=[1, 2]),
     }
 
 
-PLAN_EDITS = list(_edits({"env": [{}]}))
+PLAN_EDITS = list(_edits({section: {} for section in ("layout", "launch", "devices")}
+                         | {"environment": {"groups": [{}]}}))
 REPORT_READS = {"not JSON", "a list", "a string", "mesh a list", "mesh sizes as text"}
 
 
@@ -438,3 +447,24 @@ def test_a_damaged_chain_state_reads_as_no_progress(sweep, tmp_path, state, spec
     found = chains.summary(group, [open_db(str(sweep[0])).get(1)])
     assert found["note"].startswith("links 1/2" if spec == "whole" else "links 1/?"), found
     assert "step" not in found["note"]
+
+
+def test_a_plan_recorded_flat_by_an_older_mmm_orch_is_read_into_its_sections(db_cli, sweep, tmp_path):
+    """Records written before the plan had sections hold it flat: rerun reads them into the
+    same Plan, and the report finds their mesh."""
+    from mmm_orch.plan.store import FLAT_NAMES, stored_plan
+
+    original = _sql(sweep, "SELECT plan FROM jobs WHERE id = 1")[0][0]
+    sectioned = json.loads(original)
+    flat = {key: value for key, value in sectioned.items() if not isinstance(value, dict)
+            or key == "scheduler_commands"}
+    flat.update({old: sectioned[section][name] for old, (section, name) in FLAT_NAMES.items()})
+    assert "layout" not in flat and flat["nodes"] == sectioned["layout"]["nodes"]
+    assert stored_plan(flat, "flat") == stored_plan(sectioned, "sectioned")
+    before = json.loads(db_cli("report", "s1", "--out", str(tmp_path / "a"), "--json").out)
+    try:
+        _sql(sweep, "UPDATE jobs SET plan = ? WHERE id = 1", json.dumps(flat))
+        after = json.loads(db_cli("report", "s1", "--out", str(tmp_path / "b"), "--json").out)
+    finally:
+        _sql(sweep, "UPDATE jobs SET plan = ? WHERE id = 1", original)
+    assert [row["mesh"] for row in after] == [row["mesh"] for row in before]

@@ -24,7 +24,7 @@ INJOB = PACKAGE / "injob"
 LAYERS = ["mmm_orch", "mmm_orch.errors", "mmm_orch.paths", "mmm_orch.walltime", "mmm_orch.injob",
           "mmm_orch.transport", "mmm_orch.config", "mmm_orch.schedulers", "mmm_orch.ssh",
           "mmm_orch.hosts", "mmm_orch.sandbox", "mmm_orch.envs", "mmm_orch.plan",
-          "mmm_orch.plan_store", "mmm_orch.render", "mmm_orch.console", "mmm_orch.jobs",
+          "mmm_orch.render", "mmm_orch.console", "mmm_orch.jobs",
           "mmm_orch.report", "mmm_orch.usecases", "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli",
           "mmm_orch.__main__"]
 
@@ -181,3 +181,20 @@ def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
     assert any(line.startswith(protocol.LAUNCH) for line in log.splitlines())
     metrics = Path(record["run_dir"]) / protocol.METRICS_FILE
     assert metrics.is_file()
+
+
+def _function_lengths() -> list[tuple[int, str]]:
+    out = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((node.end_lineno - node.lineno + 1, f"{module}.{node.name}"))
+    return out
+
+
+def test_modules_and_functions_stay_small_enough_to_read():
+    """A module past ~400 lines is split along its users' seams, a function past ~60 lines into
+    steps with names."""
+    long_modules = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 400}
+    assert long_modules == {}
+    assert [f for f in _function_lengths() if f[0] > 62] == []

@@ -136,7 +136,7 @@ def test_the_packaged_templates_render_as_before(cli):
 
 def test_a_bounded_template_may_loop_and_join(cli, place):
     write, extra = place
-    write("{% for i in range(3) %}{{ i ~ '-' }}{% endfor %}{{ [plan.nodes, plan.workload]|join(',') }}"
+    write("{% for i in range(3) %}{{ i ~ '-' }}{% endfor %}{{ [plan.layout.nodes, plan.workload]|join(',') }}"
           "{{ ('ab' * 3)|replace('a', 'x') }}{{ '%05d' % 7 }} {{ '{}s'.format(604800) }} "
           "{{ '%d'|format(86400 * 7) }} {{ '%d %s' % (1234567, 'id 1234567') }}")
     result = cli(*COMMANDS["render"], *extra)

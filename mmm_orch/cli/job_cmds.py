@@ -101,9 +101,7 @@ def dry_run(plan, args: argparse.Namespace) -> int:
     script = render(first, args.template)
     common.print_script(script)
     if rest:
-        import dataclasses
-
-        second = render(dataclasses.replace(rest[0], depends_on="<id of link 1>"), args.template)
+        second = render(rest[0].waiting_for("<id of link 1>"), args.template)
         lines = set(script.splitlines())
         changed = [line for line in second.splitlines() if line not in lines]
         print(f"\n# Links 2-{args.chain} differ only in these lines (each waits for the one before):")

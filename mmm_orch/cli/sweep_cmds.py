@@ -66,10 +66,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"{len(planned)} points (nothing submitted)")
         for point in planned:
             plan = point.plan
-            mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
-            print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue or '-'}, "
-                  f"{plan.nodes} nodes x {plan.ranks_per_node} = {plan.ranks} ranks, mesh {mesh}, "
-                  f"walltime {plan.walltime_hms}")
+            mesh = " ".join(f"{k}={v}" for k, v in plan.layout.mesh.items())
+            print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue.name or '-'}, "
+                  f"{plan.layout.nodes} nodes x {plan.layout.ranks_per_node} = {plan.layout.ranks} ranks, mesh {mesh}, "
+                  f"walltime {plan.queue.walltime_hms}")
         return 0
     sweep, records = usecases.submit_sweep(swept, planned, args.db, args.template, args.host,
                                            env_check=not args.no_env_check)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmm_orch.injob import protocol, rendezvous, watchdog
+from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.diagnose import TEARDOWN, diagnose
 from mmm_orch.injob.protocol import NODES_TOKEN
 
@@ -96,7 +97,7 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
                        f"the walltime)")
     if launch.checkpointed or launch.code == protocol.EXIT_CHECKPOINTED:
         return Verdict("checkpointed", "saved a checkpoint before the walltime")
-    if walltime_end is not None and walltime_end - time.time() <= max(margin, 30):
+    if walltime_end is not None and Deadline(walltime_end, margin).spent():
         return Verdict("walltime", f"the walltime is spent (exit {launch.code})")
     lines = list(launch.lines)
     # The launcher's report of the first rank it lost comes before its own teardown of the rest,

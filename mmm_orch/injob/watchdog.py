@@ -34,6 +34,7 @@ import sys
 import time
 
 from mmm_orch.injob import protocol, rendezvous
+from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.procgroup import signal_group, stop_group
 
 # srun's report of how tasks ended (Slurm src/srun/launch.c, _task_finish): "n1: task 0: Exited
@@ -117,24 +118,111 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
     `checkpointed`) and what it printed last. `relaunchable`: a rank that cannot bind the
     rendezvous port ends the launch at once (the other ranks would wait for it until their
     timeout where the launcher does not end them, as MPICH's Hydra does not)."""
-    launch = Launch(command)
-    process = launch.process
-    def pass_on(signum: int, _frame) -> None:
-        launch.received.append(signum)
-        signal_group(process.pid, signum)
+    deadline = Deadline(walltime_end, margin) if walltime_end is not None else None
+    return _Guard(Launch(command), first_step_timeout, step_timeout, grace, deadline,
+                  stop_signal).run(relaunchable)
 
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, pass_on)
 
-    assert process.stdout is not None
-    os.set_blocking(process.stdout.fileno(), False)
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    out = sys.stdout.buffer
-    exited_at: float | None = None
-    stop_sent_after: int | None = None  # the checkpoint step seen when the stop was sent
+class _Guard:
+    """One launch watched: its output passed through, its hang or walltime acted on."""
 
-    def finish(code: int) -> Launch:
+    def __init__(self, launch: Launch, first_step_timeout: float, step_timeout: float,
+                 grace: float, deadline: Deadline | None, stop_signal: int):
+        self.launch, self.process = launch, launch.process
+        self.first_step_timeout, self.step_timeout, self.grace = first_step_timeout, step_timeout, grace
+        self.deadline, self.stop_signal = deadline, stop_signal
+        self.exited_at: float | None = None
+        self.stop_sent_after: int | None = None  # the checkpoint step seen when the stop was sent
+        self.out = sys.stdout.buffer
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(signum, self._pass_on)
+        assert self.process.stdout is not None
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.process.stdout, selectors.EVENT_READ)
+
+    def _pass_on(self, signum: int, _frame) -> None:
+        self.launch.received.append(signum)
+        signal_group(self.process.pid, signum)
+
+    def run(self, relaunchable: bool) -> Launch:
+        launch, process = self.launch, self.process
+        while True:
+            if self._read_until_eof():
+                return self._finish(process.wait())
+            now = time.monotonic()
+            if self.exited_at is None and process.poll() is not None:
+                self.exited_at = now
+            if relaunchable and self.exited_at is None and launch.port_in_use and launch.last_step is None:
+                protocol.say(protocol.RENDEZVOUS, f" a rank could not bind port "
+                             f"{os.environ.get('MASTER_PORT', '?')}; stopping the launch")
+                stop_group(process, self.grace)
+                launch.code = process.returncode or 1
+                return launch
+            if self.exited_at is not None:
+                if now - self.exited_at > LINGER:
+                    protocol.say(protocol.WATCHDOG, f" the launch exited ({process.returncode}) "
+                                 f"but processes it started still hold its output after "
+                                 f"{LINGER:.0f}s; ending them")
+                    signal_group(process.pid, signal.SIGKILL)
+                    return self._finish(process.returncode)
+                continue
+            if self.deadline is not None and self.stop_sent_after is None:
+                self._stop_before_walltime()
+            limit, since = ((self.step_timeout, launch.last_progress) if launch.last_step is not None
+                            else (self.first_step_timeout, launch.started))
+            if self.stop_sent_after is None and now - since > limit:
+                return self._hung(limit)
+
+    def _read_until_eof(self) -> bool:
+        """Pass on what the launch printed within a second; True at the end of its output."""
+        stdout = self.process.stdout
+        for _ in self.selector.select(timeout=1.0):
+            chunk = stdout.read()
+            if chunk is None:  # spurious wake-up
+                continue
+            if not chunk:  # EOF: every writer closed the pipe
+                self.selector.unregister(stdout)
+                return True
+            self.out.write(chunk)
+            self.out.flush()
+            self.launch.feed(chunk)
+        return False
+
+    def _stop_before_walltime(self) -> None:
+        launch, deadline = self.launch, self.deadline
+        if not deadline.stop_due(launch.longest_save):
+            return
+        needed = deadline.stop_margin(launch.longest_save)
+        why = (f"2 x the longest save, {launch.longest_save:.1f}s"
+               if needed > deadline.margin else "the workload's margin")
+        step = launch.last_step if launch.last_step is not None else "none"
+        protocol.say(protocol.WALLTIME_STOP, f"{time.time():.3f} walltime in "
+                     f"{max(deadline.left(), 0):.0f}s: asking the trainers to save a checkpoint "
+                     f"and stop (margin {needed:.0f}s: {why}; step {step})")
+        self.stop_sent_after = launch.saved_step if launch.saved_step is not None else -1
+        signal_group(self.process.pid, self.stop_signal)
+
+    def _hung(self, limit: float) -> Launch:
+        launch, process = self.launch, self.process
+        what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
+                if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
+        verdict = (f"{protocol.HUNG} {what}; last_step="
+                   f"{launch.last_step if launch.last_step is not None else 'none'}; "
+                   f"stopping the launch (SIGTERM, SIGKILL after {self.grace:.0f}s)")
+        print(verdict, flush=True)
+        launch.lines.append(verdict)  # what follows is the launcher's answer to this stop
+        stop_group(process, self.grace)
+        for _ in self.selector.select(timeout=1.0):  # what the ranks said while stopping
+            chunk = process.stdout.read() or b""
+            self.out.write(chunk)
+            self.out.flush()
+            launch.feed(chunk + b"\n")
+        launch.code, launch.hung = protocol.EXIT_HUNG, True
+        return launch
+
+    def _finish(self, code: int) -> Launch:
+        launch, stop_sent_after = self.launch, self.stop_sent_after
         saved_since = launch.saved_step is not None and launch.saved_step != stop_sent_after
         launch.code = code
         if stop_sent_after is not None and saved_since:
@@ -148,65 +236,6 @@ def run(command: str, first_step_timeout: float, step_timeout: float, grace: flo
             launch.code = launch.first_rank_exit
         launch.stopped_for_walltime = stop_sent_after is not None
         return launch
-
-    while True:
-        for _ in selector.select(timeout=1.0):
-            chunk = process.stdout.read()
-            if chunk is None:  # spurious wake-up
-                continue
-            if not chunk:  # EOF: every writer closed the pipe
-                selector.unregister(process.stdout)
-                return finish(process.wait())
-            out.write(chunk)
-            out.flush()
-            launch.feed(chunk)
-        now = time.monotonic()
-        if exited_at is None and process.poll() is not None:
-            exited_at = now
-        if relaunchable and exited_at is None and launch.port_in_use and launch.last_step is None:
-            protocol.say(protocol.RENDEZVOUS, f" a rank could not bind port "
-                         f"{os.environ.get('MASTER_PORT', '?')}; stopping the launch")
-            stop_group(process, grace)
-            launch.code = process.returncode or 1
-            return launch
-        if exited_at is not None:
-            if now - exited_at > LINGER:
-                protocol.say(protocol.WATCHDOG, f" the launch exited ({process.returncode}) but "
-                             f"processes it started still hold its output after {LINGER:.0f}s; "
-                             "ending them")
-                signal_group(process.pid, signal.SIGKILL)
-                return finish(process.returncode)
-            continue
-        if walltime_end is not None and stop_sent_after is None:
-            needed = max(margin, 2 * launch.longest_save)
-            left = walltime_end - time.time()
-            if left <= needed:
-                why = (f"2 x the longest save, {launch.longest_save:.1f}s"
-                       if needed > margin else "the workload's margin")
-                step = launch.last_step if launch.last_step is not None else "none"
-                protocol.say(protocol.WALLTIME_STOP, f"{time.time():.3f} walltime in "
-                             f"{max(left, 0):.0f}s: asking the trainers to save a checkpoint and "
-                             f"stop (margin {needed:.0f}s: {why}; step {step})")
-                stop_sent_after = launch.saved_step if launch.saved_step is not None else -1
-                signal_group(process.pid, stop_signal)
-        limit, since = ((step_timeout, launch.last_progress) if launch.last_step is not None
-                        else (first_step_timeout, launch.started))
-        if stop_sent_after is None and now - since > limit:
-            what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
-                    if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
-            verdict = (f"{protocol.HUNG} {what}; last_step="
-                       f"{launch.last_step if launch.last_step is not None else 'none'}; "
-                       f"stopping the launch (SIGTERM, SIGKILL after {grace:.0f}s)")
-            print(verdict, flush=True)
-            launch.lines.append(verdict)  # what follows is the launcher's answer to this stop
-            stop_group(process, grace)
-            for _ in selector.select(timeout=1.0):  # what the ranks said while stopping
-                chunk = process.stdout.read() or b""
-                out.write(chunk)
-                out.flush()
-                launch.feed(chunk + b"\n")
-            launch.code, launch.hung = protocol.EXIT_HUNG, True
-            return launch
 
 
 def main(argv: list[str] | None = None) -> int:

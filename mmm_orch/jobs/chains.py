@@ -16,9 +16,11 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import CHAIN_FILE
-from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
+from mmm_orch.jobs.db import JobDB, open_db
+from mmm_orch.jobs.dbfile import jobs_root_for
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.submit import cancel, new_tag, submit
-from mmm_orch.plan import Plan
+from mmm_orch.plan.model import ChainLink, Plan
 from mmm_orch.schedulers import scheduler_for
 
 
@@ -28,7 +30,7 @@ def check(plan: Plan, links: int) -> None:
     if plan.scheduler == "local":
         raise MmmError(f"--chain {links}: machine {plan.machine} runs jobs at once, without a "
                        "scheduler to hold the next link until the one before ends")
-    if not {"run_name", "resume"} <= set(plan.trainer_options):
+    if not {"run_name", "resume"} <= set(plan.launch.options):
         raise MmmError(f"--chain {links}: workload {plan.workload} has no run to carry on (its "
                        "trainer takes no --run-name/--resume)")
 
@@ -37,12 +39,11 @@ def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: 
     """The plan of every link: one run directory; the first link as asked, the others resuming
     (strictly: a link with nothing to resume from fails, and stops the chain)."""
     check(plan, links)
-    base = dataclasses.replace(plan, workdir=workdir,
-                               trainer_args={**plan.trainer_args, "run_name": run_name})
+    args = {**plan.launch.args, "run_name": run_name}
+    base = plan.with_launch(workdir=workdir)
     return [dataclasses.replace(
-        base, chain_file=chain_file, chain_link=k, chain_links=links,
-        trainer_args=base.trainer_args if k == 1 else {**base.trainer_args, "resume": True,
-                                                        "allow_fresh": False})
+        base.with_launch(args=args if k == 1 else {**args, "resume": True, "allow_fresh": False}),
+        chain=ChainLink(file=chain_file, link=k, links=links))
         for k in range(1, links + 1)]
 
 
@@ -53,12 +54,12 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
     host = host_for(remote)
     tag = new_tag()
     leaf = f"{tag}-chain-{plan.workload}"
-    chain_dir = (posixpath.join(host.home(), plan.remote_jobs_dir, leaf) if remote
+    chain_dir = (posixpath.join(host.home(), plan.transport.remote_jobs_dir, leaf) if remote
                  else str(jobs_root_for(db_file) / leaf))
     chain_file = posixpath.join(chain_dir, CHAIN_FILE)
     # Links submitted over SSH run in the chain's directory (one run directory for all).
-    workdir = chain_dir if remote and not plan.workdir_given else plan.workdir
-    run_name = plan.trainer_args.get("run_name") or f"{plan.name}-{tag}"
+    workdir = chain_dir if remote and not plan.launch.workdir_given else plan.launch.workdir
+    run_name = plan.launch.args.get("run_name") or f"{plan.name}-{tag}"
     plans = link_plans(plan, links, chain_file, run_name, workdir)
     db = open_db(str(db_file), create=True)
     assert db is not None
@@ -70,14 +71,14 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
          "status": "running", "reason": "", "progress": {}}, indent=1), 0o600)
     chain_id = db.new_group("chain", {"links": links, "dir": chain_dir, "remote": remote,
                                       "run_dir": run_dir, "tag": tag,
-                                      "steps": plan.trainer_args.get("steps")})
+                                      "steps": plan.launch.args.get("steps")})
     records: list[JobRecord] = []
     try:
         for link in plans:
-            link = dataclasses.replace(link, depends_on=records[-1].native_id if records else "")
+            link = link.waiting_for(records[-1].native_id if records else "")
             record = submit(link, db_file, template, remote,
-                            links={"group_id": chain_id, "group_index": link.chain_link})
-            host.write_file(posixpath.join(chain_dir, protocol.link_id_file(link.chain_link)),
+                            links={"group_id": chain_id, "group_index": link.chain.link})
+            host.write_file(posixpath.join(chain_dir, protocol.link_id_file(link.chain.link)),
                             record.native_id, 0o600)
             records.append(record)
     except BaseException:

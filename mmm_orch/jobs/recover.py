@@ -19,9 +19,10 @@ from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import RECORD_FILE
-from mmm_orch.jobs.db import (SQLITE_HEADER, JobDB, backup_path, check_file, describe,
-                              earlier_records, held_jobs, identify, job_records, jobs_root_for,
-                              read_mark, recorded_job_dirs, write_mark)
+from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.dbfile import (SQLITE_HEADER, backup_path, check_file, describe,
+                                  earlier_records, held_jobs, identify, job_records, jobs_root_for,
+                                  read_mark, recorded_job_dirs, write_mark)
 from mmm_orch.schedulers.states import JobState
 
 

@@ -36,7 +36,9 @@ from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import RECORD_FILE
-from mmm_orch.jobs.db import JobDB, JobRecord, jobs_root_for, open_db
+from mmm_orch.jobs.db import JobDB, open_db
+from mmm_orch.jobs.dbfile import jobs_root_for
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.plan import Plan
 from mmm_orch.render import render
 from mmm_orch.schedulers import scheduler_for
@@ -61,7 +63,7 @@ def git_commit(directory: str) -> str | None:
 def target_for(plan: Plan, host: str | None) -> str:
     """The SSH target to submit through, '' for here: --host when given; else here when the
     machine's submit command is on PATH (we are on its login node); else its first login host."""
-    return login_target(plan.machine, plan.scheduler, plan.scheduler_commands, plan.login_hosts,
+    return login_target(plan.machine, plan.scheduler, plan.scheduler_commands, plan.transport.login_hosts,
                         host)
 
 
@@ -87,14 +89,14 @@ def check_job_python(plan: Plan, remote: str) -> None:
     A success is remembered per environment and mmm-orch build, so it costs nothing next time."""
     from mmm_orch import envs
 
-    if plan.python_is_submitters:
+    if plan.launch.python_is_submitters:
         return  # the job runs the very interpreter that is submitting it
-    key = envs.check_key(plan.machine, remote, plan.setup, plan.environment, plan.python)
+    key = envs.check_key(plan.machine, remote, plan.environment.setup, plan.environment.path, plan.launch.python)
     if envs.checked_before(key):
         return
-    activate = envs.activation(plan.environment) if plan.environment else ""
+    activate = envs.activation(plan.environment.path) if plan.environment.path else ""
     result = host_for(remote).run(
-        ["bash", "-lc", envs.check_script(plan.setup, activate, plan.python, quick=True)],
+        ["bash", "-lc", envs.check_script(plan.environment.setup, activate, plan.launch.python, quick=True)],
         timeout=300)
     report = envs.read_report(result.stdout)
     if report is None or report["mmm_orch"] != plan.mmm_orch_version:
@@ -153,11 +155,11 @@ def write_record(directory: Path, values: dict[str, Any]) -> None:
 
 
 def _check_workdir(host: Host, plan: Plan) -> None:
-    if not plan.workdir_given:
+    if not plan.launch.workdir_given:
         return
-    result = host.run(["test", "-d", plan.workdir], timeout=30)
+    result = host.run(["test", "-d", plan.launch.workdir], timeout=30)
     if result.returncode != 0:
-        raise MmmError(f"--workdir {plan.workdir!r} is invalid: no such directory"
+        raise MmmError(f"--workdir {plan.launch.workdir!r} is invalid: no such directory"
                        + (f" on {host.name}" if host.name != "local" else ""))
 
 
@@ -172,7 +174,7 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     tag = new_tag()
     leaf = f"{tag}-{plan.machine}-{plan.workload}"
     local_dir = jobs_root_for(db_file) / leaf
-    job_dir = posixpath.join(home, plan.remote_jobs_dir, leaf) if remote else str(local_dir)
+    job_dir = posixpath.join(home, plan.transport.remote_jobs_dir, leaf) if remote else str(local_dir)
     log_directive = scheduler.directive_path(posixpath.join(job_dir, protocol.LOG_FILE))
     _check_workdir(host, plan)
     db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
@@ -192,19 +194,12 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     try:
         # A remote job runs in its job directory unless --workdir named one there.
         plan = plan.placed(job_dir, tag, log_directive,
-                           job_dir if remote and not plan.workdir_given else None)
+                           job_dir if remote and not plan.launch.workdir_given else None)
         script = render(plan, template)
         script_path = posixpath.join(job_dir, "job.sh")
         host.write_file(script_path, script, 0o700)
-        values = dict(
-            machine=plan.machine, host=remote or socket.gethostname(), remote=remote,
-            scheduler=plan.scheduler, commands=plan.scheduler_commands, workload=plan.workload,
-            name=plan.name, nodes=plan.nodes, ranks=plan.ranks, native_id="", job_dir=job_dir,
-            script_path=script_path, script=script, plan=plan.to_dict(),
-            submit_dir=plan.workdir, git_commit=None if remote else git_commit(plan.workdir),
-            log_path=plan.log_path, submitted_at=time.time(), tag=tag, submitter=submitter(),
-            run_dir=plan.run_dir, spares=plan.spare_nodes, **(links or {}))
-        if plan.failover:  # what the failover loop inside the job classifies failures with
+        values = {**_record_values(plan, remote, script_path, script), **(links or {})}
+        if plan.placement.failover:  # what the failover loop inside the job classifies failures with
             from mmm_orch.config.failures import signatures_json
 
             host.write_file(posixpath.join(job_dir, protocol.FAILURES_FILE),
@@ -219,12 +214,38 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         undo()
         raise
 
-    submission = Submission(script=Path(script_path), workdir=plan.workdir, job_dir=Path(job_dir),
-                            log_path=Path(plan.log_path), walltime=plan.walltime, name=plan.name,
-                            tag=tag, submitted_at=values["submitted_at"])
+    submission = Submission(script=Path(script_path), workdir=plan.launch.workdir,
+                            job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
+                            walltime=plan.queue.walltime, name=plan.name, tag=tag,
+                            submitted_at=values["submitted_at"])
+    native_id = _hand_over(scheduler, submission, db, job_id, undo)
+    db.accepted(job_id, native_id)
+    write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
+    record = db.get(job_id)
+    assert record is not None
+    return record
+
+
+def _record_values(plan: Plan, remote: str, script_path: str, script: str) -> dict[str, Any]:
+    """The new record's fields, from the placed plan and its script."""
+    workdir = plan.launch.workdir
+    return dict(
+        machine=plan.machine, host=remote or socket.gethostname(), remote=remote,
+        scheduler=plan.scheduler, commands=plan.scheduler_commands, workload=plan.workload,
+        name=plan.name, nodes=plan.layout.nodes, ranks=plan.layout.ranks, native_id="",
+        job_dir=plan.submission.job_dir, script_path=script_path, script=script,
+        plan=plan.to_dict(), submit_dir=workdir,
+        git_commit=None if remote else git_commit(workdir), log_path=plan.submission.log_path,
+        submitted_at=time.time(), tag=plan.submission.tag, submitter=submitter(),
+        run_dir=plan.launch.run_dir, spares=plan.placement.spare_nodes)
+
+
+def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo) -> str:
+    """The scheduler's id for the recorded job; a refusal proven undoes the record, anything
+    ambiguous keeps it for `status` to settle by the job's tag."""
     try:
         with _signals_as_interrupts():
-            native_id = scheduler.submit(submission)
+            return scheduler.submit(submission)
     except (SubmissionRefused, Unreachable):
         undo()  # proof that the scheduler does not have the job: nothing is left behind
         raise
@@ -235,11 +256,6 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         db.note(job_id, "submission interrupted; `mmm-orch status` finds out whether it went "
                         "through")
         raise
-    db.accepted(job_id, native_id)
-    write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
-    record = db.get(job_id)
-    assert record is not None
-    return record
 
 
 def cancel(db: JobDB, record: JobRecord) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.db import JobDB, JobRecord, open_db
+from mmm_orch.jobs.db import JobDB, open_db
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.plan import Plan, Request, resolve
 
 _SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
@@ -113,7 +114,7 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
         except MmmError as exc:
             label = " ".join(f"{k}={v if v.isprintable() else repr(v)}" for k, v in values.items())
             raise MmmError(f"sweep point {index} ({label}): {exc}") from None
-        out.append(Point(index, {"nodes": plan.nodes, **{k: v for k, v in values.items()
+        out.append(Point(index, {"nodes": plan.layout.nodes, **{k: v for k, v in values.items()
                                                           if k != "nodes"}}, plan))
     if not out:
         raise MmmError("sweep: no points; give --nodes N1,N2,... and/or --set KEY=V1,V2,...")

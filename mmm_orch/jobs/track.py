@@ -13,7 +13,8 @@ from pathlib import Path
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.injob import protocol
-from mmm_orch.jobs.db import JobDB, JobRecord
+from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.logs import tail
 from mmm_orch.jobs.startup import parse_markers
 from mmm_orch.schedulers import scheduler_for
@@ -48,6 +49,7 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
         if not record.terminal and record.native_id:
             groups.setdefault((record.machine, record.host), []).append(record)
     updates: dict[int, JobStatus] = {}
+    retired: list[tuple[JobRecord, dict]] = []  # nodes failover retired, to remember as bad
     now = time.time()
     for (machine, host_name), group in groups.items():
         newest = max(group, key=lambda r: r.id)
@@ -62,13 +64,16 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
                     record = by_native[native_id]
                     status = _as_the_job_ended(status, record, host, record.id in cancelled)
                     if record.spares:
-                        status = _failover(db, status, record, host)
+                        status, lost = _failover(status, record, host)
+                        retired += [(record, entry) for entry in lost]
                     updates[record.id] = status
         except MmmError as exc:
             outcome.warnings.append(
                 f"{machine} ({host_name}): scheduler not reachable, showing last known states: {exc}")
             outcome.stale.update({r.id: now - r.checked_at for r in group})
     db.apply(updates, now)
+    for record, entry in retired:  # at once, so that the next submission there avoids them
+        db.blame_node(record.machine, entry["node"], entry["evidence"], record.id)
     return outcome
 
 
@@ -115,18 +120,19 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     return status
 
 
-def _failover(db: JobDB, status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
+def _failover(status: JobStatus, record: JobRecord, host: Host) -> tuple[JobStatus, list[dict]]:
     """Where a job with spare nodes stands (failover.json beside it): its attempt, its active
-    and spare nodes, the nodes it retired (remembered as bad on its machine at once, so that
-    the next submission there avoids them) and, once it ended, why its last attempt stopped."""
+    and spare nodes, the nodes it retired and, once it ended, why its last attempt stopped; and
+    the nodes it retired on evidence (a blind rotation is a guess, not evidence)."""
     try:
         state = json.loads(host.read_from(posixpath.join(record.job_dir, protocol.FAILOVER_FILE), 0) or b"")
     except (ValueError, MmmError, OSError):
-        return status
+        return status, []
     retired = state.get("retired", [])
-    for entry in retired:
-        if not entry["blind"]:  # a blind rotation is a guess, not evidence
-            db.blame_node(record.machine, entry["node"], entry["evidence"], record.id)
+    return _failover_status(status, state, retired), [e for e in retired if not e["blind"]]
+
+
+def _failover_status(status: JobStatus, state: dict, retired: list[dict]) -> JobStatus:
     parts = [f"attempt {state['attempt']}/{state['attempts']}"]
     if retired:
         parts.append(", ".join(f"{entry['node']} retired{' (blind)' if entry['blind'] else ''}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from mmm_orch.jobs.db import JobRecord
+from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.track import Refresh
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")

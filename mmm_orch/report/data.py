@@ -11,7 +11,8 @@ from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
-from mmm_orch.jobs.db import JobRecord
+from mmm_orch.jobs.record import JobRecord
+from mmm_orch.plan.store import section
 
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 # A step record is ~250 bytes: 64 MiB or 500,000 lines is a quarter million steps and more, read
@@ -45,7 +46,7 @@ def collect(records: list[JobRecord], values: list[dict[str, Any]] | None = None
 
     out = []
     for i, record in enumerate(records):
-        mesh = record.plan.get("mesh") or {}
+        mesh = section(record.plan, "layout").get("mesh") or {}
         if not (isinstance(mesh, dict) and all(type(v) is int for v in mesh.values())):
             raise MmmError(f"job {record.id}'s plan in the job database is damaged (its mesh is "
                            "not the axis sizes mmm-orch writes): it was changed by hand")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from mmm_orch.plan.store import section
 from mmm_orch.report.data import JobData
 
 DEFINITIONS = (
@@ -53,7 +54,7 @@ def row(data: JobData) -> Row:
     unit = next((key for key in ("tokens_per_s", "samples_per_s") if any(key in s for s in timed)), "")
     dt = _median([s.get("dt") for s in timed])
     sizes = sorted(data.allreduce, key=lambda r: r["bytes"])
-    mesh = record.plan.get("mesh") or {}
+    mesh = section(record.plan, "layout").get("mesh") or {}
     return Row(job=record.id, point=data.label, nodes=record.nodes, ranks=record.ranks,
                mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
                state=record.state.value, steps=len(steps) or None,

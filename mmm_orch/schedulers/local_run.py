@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.protocol import PREFIX, RESULT_FILE, SUPERVISOR_FILE
 
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
@@ -87,16 +88,15 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
 
     signal.signal(signal.SIGTERM, on_cancel)
     signal.signal(signal.SIGINT, on_cancel)
-    deadline = time.monotonic() + walltime
+    deadline = Deadline.after(walltime)
     try:
         while proc.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.passed():
                 outcome["timed_out"] = True
                 print(f"{PREFIX} walltime of {walltime:.0f}s exceeded: stopping the job", flush=True)
                 break
             try:
-                proc.wait(min(left, 1.0))
+                proc.wait(min(deadline.left(), 1.0))
             except subprocess.TimeoutExpired:
                 pass
     except InterruptedError:

@@ -88,6 +88,24 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
             cfg.ac or preset.ac)
 
 
+def build_model(cfg: Config, args, ac, rt, dp_mesh, tp_mesh) -> tuple[Transformer, tuple[int, int]]:
+    """The model on the meta device, parallelized (TP, then compile, activation checkpointing,
+    FSDP), then materialized and initialized on this rank's device; and its parameter counts
+    (all, embedding), taken before sharding."""
+    torch.manual_seed(cfg.seed)  # the same on every rank: DTensor init draws consistently
+    with torch.device("meta"):
+        model = Transformer(args)
+    counts = model.count_params()
+    parallelize.tensor_parallel_llama(model, tp_mesh)
+    if cfg.compile:  # inside the checkpoint wrapper: compiling around it fails with TP (see tests)
+        parallelize.compile_blocks(model.layers)
+    parallelize.activation_checkpointing(model.layers, ac)
+    parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    model.to_empty(device=rt.device.torch)
+    model.init_weights()
+    return model, counts
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     args, batch_size, seq_len, lr, ac = resolve(cfg)
@@ -96,18 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     dp_mesh, tp_mesh = world["dp"], world["tp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
-    torch.manual_seed(cfg.seed)  # the same on every rank: DTensor init draws consistently
-    with torch.device("meta"):
-        model = Transformer(args)
-    params, embedding_params = model.count_params()
-    parallelize.tensor_parallel_llama(model, tp_mesh)
-    if cfg.compile:  # inside the checkpoint wrapper: compiling around it fails with TP (see tests)
-        parallelize.compile_blocks(model.layers)
-    parallelize.activation_checkpointing(model.layers, ac)
-    parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
-    model.to_empty(device=rt.device.torch)
-    model.init_weights()
-
+    model, (params, embedding_params) = build_model(cfg, args, ac, rt, dp_mesh, tp_mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)

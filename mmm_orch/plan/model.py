@@ -1,0 +1,269 @@
+"""What the user asked for (Request) and every decision about one job (Plan), in named sections.
+
+A Plan is immutable and built only by plan/resolve.py from validated inputs; the script
+templates read its sections (`plan.layout.nodes`, `plan.queue.walltime_hms`, ...) and only
+format them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmm_orch.injob.protocol import LOG_FILE, NODES_TOKEN
+from mmm_orch.walltime import format_walltime
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, as typed."""
+
+    machine: str
+    workload: str
+    nodes: int | None = None
+    queue: str | None = None
+    walltime: str | None = None
+    account: str | None = None
+    name: str | None = None
+    sets: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    presets: tuple[str, ...] = ()
+    no_presets: tuple[str, ...] = ()
+    workdir: str | None = None
+    stage_env: bool = False  # copy the job environment to node-local storage before the launch
+    spare_nodes: int = 0     # nodes asked for beyond --nodes, swapped in when one fails
+    avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The nodes the launch runs on, the ranks on them and the parallel mesh over the ranks."""
+
+    nodes: int
+    ranks_per_node: int
+    ranks: int
+    gpus_per_node: int
+    cpus_per_rank: int
+    mesh: dict[str, int] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """What the scheduler is asked for: queue, walltime, account and the resource directives."""
+
+    name: str | None
+    tier: str | None
+    reason: str
+    directives: tuple[str, ...]  # the queue's own directives
+    walltime: int  # seconds
+    account: str | None
+    resources: tuple[str, ...]  # the machine's directives, for the allocated nodes (spares too)
+    submit_dir_var: str  # the scheduler's variable holding the submission directory
+
+    @property
+    def walltime_hms(self) -> str:
+        return format_walltime(self.walltime)
+
+
+@dataclass(frozen=True)
+class Devices:
+    kind: str  # the profile's device: cuda, rocm, xpu, cpu
+    torch: str  # the torch device type the trainers use (rocm runs as cuda)
+    backend: str
+    index: tuple[int, ...]  # set_device index per local rank
+    physical: tuple[int | None, ...]  # the physical device per local rank (visible devices reordered)
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    value: str
+    # literal: a user value, single-quoted; otherwise a profile value in double quotes ($VARS expand)
+    literal: bool = False
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class EnvGroup:
+    name: str
+    description: str = ""
+    source: str = ""
+    set: tuple[EnvEntry, ...] = ()
+    unset: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The software the job runs in: setup lines, variables and the job environment."""
+
+    setup: tuple[str, ...]
+    groups: tuple[EnvGroup, ...]
+    # The job environment's directory as a shell word ('' when the machine has none): activated
+    # after the setup lines, or copied to `stage_dir` on every node first (`stage`).
+    path: str
+    stage: bool
+    stage_dir: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launcher line and the program it starts, and where it runs."""
+
+    launcher: tuple[str, ...]
+    # Where the launch runs: `hosts` by default; with spare nodes, the failover loop puts
+    # Placement.on_nodes for the active nodes in place of NODES_TOKEN (injob/failover.py).
+    hosts: str
+    per_node: str  # the launcher prefix that runs a command once on every node
+    python: str
+    python_is_submitters: bool  # python: auto, the interpreter running mmm-orch
+    python_prefix: bool  # mpiexec/srun start `python -m trainer`; torchrun takes `-m trainer`
+    trainer: str
+    args: dict[str, Any] = field(hash=False)
+    options: tuple[str, ...]  # what the workload's trainer accepts
+    stop_signal: str  # what the launcher passes on to the trainers (USR1, TERM)
+    workdir: str
+    workdir_given: bool  # False: a remote submission runs in its job directory instead
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        prefix = [self.python] if self.python_prefix else []
+        return (*prefix, "-m", self.trainer, *_argv(self.args))
+
+    @property
+    def run_dir(self) -> str:
+        """Where the trainer writes metrics and checkpoints ('' for trainers without one)."""
+        name = self.args.get("run_name")
+        if not name or "output_dir" not in self.options:
+            return ""
+        return os.path.join(self.workdir, str(self.args.get("output_dir", "outputs")), name)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The watchdog's limits and the stop before the walltime (injob/watchdog.py)."""
+
+    first_step_timeout: int  # seconds; 0 = no watchdog
+    step_timeout: int
+    walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which nodes: spares to fail over to, known-bad nodes to keep out."""
+
+    spare_nodes: int
+    avoid_nodes: tuple[str, ...]
+    node_list: str  # the profile's command listing the job's nodes ("" = the scheduler's)
+    on_nodes: str  # the launcher's words for "these nodes" (with failover)
+    host_addr: str  # a node's address from its name ({node}, {short}): rank 0's after failover
+    exclude_directive: str  # keeps the known-bad nodes out of the allocation ("" = none)
+    failover_directives: tuple[str, ...]  # with spare nodes: a lost node does not end the job
+
+    @property
+    def failover(self) -> bool:
+        """The launch runs under mmm_orch.injob.failover (it has spare nodes to swap in)."""
+        return self.spare_nodes > 0
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Where a submission over SSH goes."""
+
+    login_hosts: tuple[str, ...]
+    remote_jobs_dir: str
+
+
+@dataclass(frozen=True)
+class JobPlace:
+    """Set by Plan.placed() at submission: where the job's files are and how the scheduler tags it."""
+
+    job_dir: str = ""
+    tag: str = ""
+    log_path: str | None = None
+    log_directive: str = ""  # the log path as the scheduler's directive syntax needs it
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """A link of a chain (jobs/chains.py): its state file, its place, and the job it waits for."""
+
+    file: str = ""
+    link: int = 0
+    links: int = 0
+    depends_on: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision about one job; built only by resolve() from validated inputs."""
+
+    mmm_orch_version: str
+    machine: str
+    facility: str
+    scheduler: str
+    scheduler_commands: dict[str, str] = field(hash=False)
+    workload: str
+    name: str
+    layout: Layout
+    queue: QueuePlan
+    devices: Devices
+    environment: Environment
+    launch: Launch
+    guard: Guard
+    placement: Placement
+    transport: Transport
+    submission: JobPlace = JobPlace()
+    chain: ChainLink = ChainLink()
+
+    @property
+    def launch_line(self) -> str:
+        """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted. With
+        failover, NODES_TOKEN marks where the active nodes go."""
+        launch = self.launch
+        hosts = NODES_TOKEN if self.placement.failover else launch.hosts
+        return " ".join([launch.launcher[0], *([hosts] if hosts else []), *launch.launcher[1:],
+                         *(shlex.quote(a) for a in launch.program)])
+
+    @property
+    def stops_before_walltime(self) -> bool:
+        """The watchdog asks the trainer to save and stop before the walltime: only a trainer
+        that can resume (the stop signal would merely kill any other program early)."""
+        return bool(self.guard.step_timeout) and "resume" in self.launch.options
+
+    def with_launch(self, **changes: Any) -> Plan:
+        return dataclasses.replace(self, launch=dataclasses.replace(self.launch, **changes))
+
+    def waiting_for(self, job_id: str) -> Plan:
+        """A chain link's plan that starts once the job `job_id` has ended."""
+        return dataclasses.replace(self, chain=dataclasses.replace(self.chain, depends_on=job_id))
+
+    def placed(self, job_dir: str, tag: str, log_directive: str,
+               workdir: str | None = None) -> Plan:
+        """The plan of a submission: its job directory and log (and, for a remote job, the
+        directory it runs in there), its tag, and a run directory of its own unless the user
+        named one (so that no two runs share metrics or checkpoints by accident)."""
+        args = dict(self.launch.args)
+        if "run_name" in self.launch.options and not args.get("run_name"):
+            args["run_name"] = f"{self.name}-{tag}"
+        submission = JobPlace(job_dir=job_dir, tag=tag, log_path=f"{job_dir}/{LOG_FILE}",
+                                log_directive=log_directive)
+        return dataclasses.replace(self.with_launch(workdir=workdir or self.launch.workdir, args=args),
+                                   submission=submission)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "program": list(self.launch.program),
+                "launch_line": self.launch_line, "run_dir": self.launch.run_dir}
+
+
+def _argv(args: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,315 @@
+"""Resolve a request (machine, workload, CLI options) into one validated, immutable plan, one
+section at a time: layout, queue, launch, devices, environment, guard, placement.
+
+Data flows one way: Request -> Plan -> script -> submission -> record. Every failure is an
+MmmError naming the field, the value and what is allowed, raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from typing import Any
+
+from mmm_orch import __version__
+from mmm_orch.config.common import NODE_NAME
+from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.config.registry import load_machine, load_workload, unknown_name
+from mmm_orch.config.workload import Workload, MachineOverride
+from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import MODULES
+from mmm_orch.plan import checks
+from mmm_orch.plan.checks import JOB_NAME, SAFE_WORD, fail
+from mmm_orch.plan.environment import env_groups, environment_word
+from mmm_orch.plan.model import (Devices, EnvEntry, Environment, Guard, Launch, Layout, Placement,
+                                 Plan, QueuePlan, Request, Transport)
+from mmm_orch.walltime import format_walltime, parse_walltime
+
+# Trainer options that define the parallel mesh; always passed explicitly to the trainer.
+LAYOUT_OPTIONS = ("tp", "pp")
+
+
+def resolve(request: Request) -> Plan:
+    """The plan for `request`, or MmmError naming the field, the value and what is allowed."""
+    machine = load_machine(request.machine)
+    workload = load_workload(request.workload)
+    checks.check_script_text(machine, workload)
+    override = workload.machines.get(machine.name)
+
+    nodes = _nodes(machine, workload, override, request)
+    walltime = _walltime(machine, workload, override, request)
+    _check_devices(machine, workload)
+    placement = _placement(machine, request, nodes)
+    queue, tier, reason = _pick_queue(machine, request, nodes + placement.spare_nodes, walltime)
+    account = _account(machine, request)
+    name = workload.name if request.name is None else request.name
+    if not JOB_NAME.match(name):
+        raise fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")
+
+    args = _trainer_args(workload, override.args if override else {},
+                         checks.pairs(request.sets, "--set"))
+    layout = _layout(machine, workload, nodes, args)
+    python = sys.executable if machine.python == "auto" else machine.python
+    # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
+    cpu_bind = machine.launcher.cpu_bind
+    fields = {"nodes": nodes, "ranks": layout.ranks, "ranks_per_node": layout.ranks_per_node,
+              "gpus_per_node": layout.gpus_per_node, "cpus_per_rank": layout.cpus_per_rank,
+              "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "", "python": shlex.quote(python)}
+    devices = _devices(machine, layout.ranks_per_node)
+    return Plan(
+        mmm_orch_version=__version__,
+        machine=machine.name,
+        facility=machine.facility,
+        scheduler=machine.scheduler.kind,
+        scheduler_commands=dataclasses.asdict(machine.scheduler.commands),
+        workload=workload.name,
+        name=name,
+        layout=layout,
+        queue=QueuePlan(
+            name=queue.name if queue else None, tier=tier, reason=reason,
+            directives=_queue_directives(machine, queue), walltime=walltime, account=account,
+            resources=tuple(d.format(**{**fields, "nodes": nodes + placement.spare_nodes})
+                            for d in machine.directives),
+            submit_dir_var=machine.scheduler.submit_dir_var),
+        devices=devices,
+        environment=_environment(machine, workload, override, request, nodes, devices, python,
+                                 account),
+        launch=_launch(machine, workload, request, fields, python, args),
+        guard=Guard(
+            first_step_timeout=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
+            step_timeout=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
+            walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3)),
+        placement=placement,
+        transport=Transport(login_hosts=tuple(machine.login_hosts),
+                            remote_jobs_dir=machine.remote_jobs_dir),
+    )
+
+
+def _nodes(machine: Machine, workload: Workload, override: MachineOverride | None,
+           request: Request) -> int:
+    nodes = request.nodes
+    if nodes is None:
+        nodes = (override and override.nodes) or min(workload.defaults.nodes, machine.max_nodes)
+    if nodes < 1:
+        raise fail("--nodes", nodes, "must be at least 1")
+    if nodes > machine.max_nodes:
+        raise fail("--nodes", nodes, f"{machine.name} has at most {machine.max_nodes} nodes")
+    return nodes
+
+
+def _walltime(machine: Machine, workload: Workload, override: MachineOverride | None,
+              request: Request) -> int:
+    if request.walltime is not None:
+        try:
+            walltime = parse_walltime(request.walltime)
+        except ValueError as exc:
+            raise MmmError(f"--walltime: {exc}") from None
+    else:
+        walltime = (override and override.walltime) or workload.defaults.walltime
+    if machine.min_walltime and walltime < machine.min_walltime:
+        raise fail("--walltime", format_walltime(walltime),
+                   f"{machine.name} needs at least {format_walltime(machine.min_walltime)}")
+    return walltime
+
+
+def _check_devices(machine: Machine, workload: Workload) -> None:
+    if workload.resources.accelerator and machine.node.gpus == 0:
+        raise MmmError(
+            f"workload {workload.name} needs an accelerator and {machine.name} has none "
+            f"(device {machine.node.device})")
+    need = workload.resources.min_gpu_memory_gib
+    have = machine.node.gpu_memory_gib
+    if need and have and have < need:
+        raise MmmError(f"workload {workload.name} needs {need} GiB per device; "
+                       f"{machine.name} has {have} GiB")
+
+
+def _placement(machine: Machine, request: Request, nodes: int) -> Placement:
+    spare = request.spare_nodes
+    if spare < 0:
+        raise fail("--spare-nodes", spare, "0 or more")
+    if spare and not machine.launcher.on_nodes:
+        raise fail("--spare-nodes", spare, f"{machine.name}'s launcher cannot run on some of the "
+                   "job's nodes (its profile has no launcher.on_nodes)")
+    if nodes + spare > machine.max_nodes:
+        raise fail("--spare-nodes", spare, f"{nodes} + {spare} nodes: {machine.name} has at "
+                   f"most {machine.max_nodes}")
+    allocated = nodes + spare
+    avoid = request.avoid_nodes
+    for node in avoid:  # from the database; they reach directives
+        if not NODE_NAME.match(node):
+            raise fail("bad node", node, "a host name; `mmm-orch nodes forget NODE` drops it")
+    exclude = machine.scheduler.exclude_directive
+    if exclude and avoid and allocated > machine.max_nodes - len(avoid):
+        raise fail("--nodes", nodes, f"{allocated} nodes with the spares: {machine.name} has "
+                   f"{machine.max_nodes}, less the known-bad {', '.join(avoid)} "
+                   f"(`mmm-orch nodes forget NODE` to use one again)")
+    return Placement(
+        spare_nodes=spare, avoid_nodes=tuple(avoid), node_list=machine.scheduler.node_list,
+        on_nodes=machine.launcher.on_nodes, host_addr=machine.rendezvous.host_addr,
+        exclude_directive=exclude.format(nodes=",".join(avoid)) if exclude and avoid else "",
+        failover_directives=tuple(machine.scheduler.failover_directives) if spare else ())
+
+
+def _pick_queue(machine: Machine, request: Request, nodes: int, walltime: int):
+    """(queue, tier name, reason) for the request, or an error that names the limits."""
+    if not machine.queues:
+        if request.queue:
+            raise fail("--queue", request.queue, f"{machine.name} has no queues")
+        return None, None, "no scheduler queue on this machine"
+    if request.queue:
+        queue = machine.queue(request.queue)
+        if queue is None:
+            raise unknown_name(f"queue on {machine.name}", request.queue,
+                               [q.name for q in machine.queues])
+        ok, tier, why = _fits(queue, nodes, walltime)
+        if not ok:
+            raise MmmError(
+                f"--queue {queue.name!r} cannot run {nodes} nodes for {format_walltime(walltime)}: "
+                f"it {why} ({queue.limits()})")
+        return queue, tier, "requested"
+    tried = []
+    for queue in machine.queues:
+        if not queue.automatic or queue.by_request:
+            continue
+        ok, tier, why = _fits(queue, nodes, walltime)
+        if ok:
+            return queue, tier, "first queue that fits nodes and walltime"
+        tried.append(f"{queue.name} ({queue.limits()})")
+    raise MmmError(
+        f"no queue on {machine.name} fits {nodes} nodes for {format_walltime(walltime)}; "
+        f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue")
+
+
+def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, str]:
+    """(fits, tier name, why not) of `queue` for `nodes` nodes and `walltime` seconds."""
+    if not queue.min_nodes <= nodes <= queue.max_nodes:
+        return False, None, f"takes {queue.min_nodes}-{queue.max_nodes} nodes"
+    if queue.tiers:
+        tier = next((t for t in queue.tiers if t.min_nodes <= nodes <= t.max_nodes), None)
+        if tier is None:
+            return False, None, "no tier for this node count"
+        if walltime > tier.max_walltime:
+            label = f"tier {tier.name}" if tier.name else f"{tier.min_nodes}-{tier.max_nodes} nodes"
+            return False, tier.name or None, (
+                f"allows at most {format_walltime(tier.max_walltime)} for {label}")
+        return True, tier.name or None, ""
+    if walltime > queue.max_walltime:
+        return False, None, f"allows at most {format_walltime(queue.max_walltime)}"
+    return True, None, ""
+
+
+def _queue_directives(machine: Machine, queue: Queue | None) -> tuple[str, ...]:
+    if queue is None:
+        return ()
+    templates = queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
+    return tuple(t.format(queue=queue.name) for t in templates if t)
+
+
+def _account(machine: Machine, request: Request) -> str | None:
+    account = request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
+    if machine.account.required and not account:
+        raise MmmError(f"--account is required on {machine.name} (or set MMM_ORCH_ACCOUNT)")
+    if account and not SAFE_WORD.match(account):
+        raise fail("--account", account, "use letters, digits, '_', '.', '+', '-'")
+    return account
+
+
+def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        key: workload.options[key].coerce(key, workload.options[key].default)
+        for key in LAYOUT_OPTIONS
+        if key in workload.options and workload.options[key].default is not None
+    }
+    for source in (workload.args, machine_args):
+        for key, value in source.items():
+            args[key] = workload.options[key].coerce(key, value)
+    for key, value in sets:
+        option = workload.options.get(key)
+        if option is None:
+            raise unknown_name(f"--set key for workload {workload.name}", key,
+                               sorted(workload.options))
+        try:
+            args[key] = option.coerce(key, value)
+        except ValueError as exc:
+            raise MmmError(f"--set {exc}") from None
+    return args
+
+
+def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, Any]) -> Layout:
+    ranks_per_node = machine.default_ranks_per_node
+    ranks = nodes * ranks_per_node
+    tp = workload.layout_value("tp", args)
+    pp = workload.layout_value("pp", args)
+    if tp < 1 or ranks_per_node % tp:
+        raise fail("tp", tp, f"must divide the {ranks_per_node} ranks per node on {machine.name} "
+                   "(tensor-parallel groups stay inside a node)")
+    if pp < 1 or ranks % (tp * pp):
+        raise fail("pp", pp, f"tp x pp = {tp * pp} must divide the {ranks} ranks")
+    cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core // ranks_per_node)
+    return Layout(nodes=nodes, ranks_per_node=ranks_per_node, ranks=ranks,
+                  gpus_per_node=machine.node.gpus, cpus_per_rank=cpus_per_rank,
+                  mesh={"dp": ranks // (tp * pp), "tp": tp, "pp": pp})
+
+
+def _devices(machine: Machine, ranks_per_node: int) -> Devices:
+    gpus = machine.node.gpus
+    return Devices(
+        kind=machine.node.device,
+        torch="cuda" if machine.node.device == "rocm" else machine.node.device,
+        backend=machine.backend,
+        index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
+        physical=tuple(machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)))
+
+
+def _environment(machine: Machine, workload: Workload, override: MachineOverride | None,
+                 request: Request, nodes: int, devices: Devices, python: str,
+                 account: str | None) -> Environment:
+    workload_env = dict(workload.env)
+    if override:
+        workload_env.update(override.env)
+    groups = env_groups(machine, workload, request, nodes,
+                        list(override.presets) if override else [],
+                        list(override.no_presets) if override else [],
+                        _device_env(machine, devices, python), workload_env)
+    path = environment_word(machine, account)
+    if request.stage_env and not path:
+        raise fail("--stage-env", True, f"{machine.name} has no job environment to stage (the "
+                   "jobs run the interpreter that submitted them)")
+    return Environment(setup=tuple(machine.setup), groups=tuple(groups), path=path,
+                       stage=request.stage_env,
+                       stage_dir=machine.environment.stage_dir if machine.environment else "/tmp")
+
+
+def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntry]:
+    """The variables mmm_orch.runtime reads: device, backend, visible devices, rendezvous."""
+    entries = [EnvEntry(name="MMM_DEVICE", value=devices.torch),
+               EnvEntry(name="MMM_BACKEND", value=devices.backend)]
+    if machine.devices.visible:
+        entries.append(EnvEntry(name=machine.devices.visible_env,
+                                value=",".join(map(str, machine.devices.visible))))
+    if machine.devices.one_per_rank:
+        entries.append(EnvEntry(name="MMM_DEVICE_PER_RANK", value="1"))
+    if machine.rendezvous.master_addr:
+        entries.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
+    if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds
+        entries.append(EnvEntry(name="MASTER_PORT", value=f"$({shlex.quote(python)} -m "
+                                                          f"{MODULES['rendezvous']})"))
+    elif machine.rendezvous.master_port:
+        entries.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
+    return entries
+
+
+def _launch(machine: Machine, workload: Workload, request: Request, fields: dict[str, Any],
+            python: str, args: dict[str, Any]) -> Launch:
+    launcher = [machine.launcher.command.format(**fields)]
+    launcher += [arg.format(**fields) for arg in machine.launcher.args]
+    return Launch(
+        launcher=tuple(launcher), hosts=machine.launcher.hosts,
+        per_node=machine.launcher.per_node.format(**fields), python=python,
+        python_is_submitters=machine.python == "auto",
+        python_prefix=machine.launcher.python_prefix, trainer=workload.trainer, args=args,
+        options=tuple(workload.options), stop_signal=machine.launcher.stop_signal,
+        workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None)
