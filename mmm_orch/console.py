@@ -33,8 +33,9 @@ def workload_rows() -> list[dict[str, Any]]:
         layout = ", ".join(f"{k}={w.layout_value(k, w.args)}" for k in ("tp", "pp") if k in w.options)
         rows.append({
             "name": w.name,
-            "trainer": w.trainer.rsplit(".", 1)[-1],
-            "parallelism": f"FSDP2{' x TP' if 'tp' in w.options else ''}" + (f" ({layout})" if layout else ""),
+            "trainer": w.trainer.rsplit(".", 1)[-1] if w.trainer else "(your command after --)",
+            "parallelism": (f"FSDP2{' x TP' if 'tp' in w.options else ''}" + (f" ({layout})" if layout else "")
+                            if w.trainer else "yours"),
             "default_nodes": w.defaults.nodes,
             "default_walltime": format_walltime(w.defaults.walltime),
             "description": w.description,

@@ -96,6 +96,42 @@ def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[
     return submit_links(prepared.plan, db_path(db), links, prepared.template, prepared.remote)
 
 
+def launch(request: Request, db: str | None = None, template: str | None = None,
+           first_node: int = 0, use_bad_nodes: bool = False, env_check: bool = True) -> Prepared:
+    """A plan to run inside the allocation this process runs in, on all its nodes (less the known
+    bad) or `request.nodes` of them from `first_node` on; checked like a submission. Outside an
+    allocation, the error names the command that gets one for this plan."""
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.schedulers.allocation import current
+
+    planned = plan(request, db)
+    if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
+        return _ready(planned, template, "", env_check)
+    allocation = current()
+    if allocation is None:
+        raise MmmError(f"launch: not inside an allocation on {planned.machine}: get one with "
+                       f"`{inside.allocation_hint(planned)}` and launch in it (or submit a batch "
+                       "job: `mmm-orch submit`)")
+    if allocation.scheduler != planned.scheduler:
+        raise MmmError(f"machine {planned.machine!r} is invalid here: it schedules with "
+                       f"{planned.scheduler}, and this runs inside {allocation.scheduler} job "
+                       f"{allocation.job_id}; name this allocation's machine")
+    allocation = inside.as_the_profile_lists(planned, allocation)
+    bad = () if use_bad_nodes else bad_nodes(db, request.machine)
+    nodes = inside.nodes_for(allocation, request, first_node, bad)
+    sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
+    return _ready(inside.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))), template,
+                  "", env_check)
+
+
+def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
+    """Run a launch's plan on this computer under the local executor, recorded as a job."""
+    from mmm_orch.jobs import submit as jobs
+
+    return jobs.submit(prepared.plan, db_path(db), prepared.template, here=True)
+
+
 def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
                  template: str | None = None):
     """The sweep's axes and every point planned, each point's script rendered once to check it.

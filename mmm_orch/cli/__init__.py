@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 
 from mmm_orch import __version__
-from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, nodes_cmds,
-                          sweep_cmds)
+from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, launch_cmds,
+                          nodes_cmds, sweep_cmds)
 from mmm_orch.cli.common import ArgParser
 from mmm_orch.errors import MmmError
 
-GROUPS = (config_cmds, job_cmds, sweep_cmds, inspect_cmds, env_cmds, nodes_cmds, db_cmds)
+GROUPS = (config_cmds, job_cmds, launch_cmds, sweep_cmds, inspect_cmds, env_cmds, nodes_cmds, db_cmds)
 
 
 def build_parser() -> ArgParser:
@@ -31,7 +31,20 @@ def build_parser() -> ArgParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # Everything after the first `--` is the user's own program (render, submit, sweep), taken
+    # word for word: argparse would read its options as mmm-orch's.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    program = argv[argv.index("--") + 1:] if "--" in argv else None
+    args = build_parser().parse_args(argv[:argv.index("--")] if program is not None else argv)
+    args.program = tuple(program or ())
+    if program is not None and not getattr(args, "takes_program", False):
+        print(f"mmm-orch: error: `mmm-orch {args.command}` runs no command of yours: nothing may "
+              "follow --", file=sys.stderr)
+        return 2
+    if program == []:
+        print("mmm-orch: error: command after -- is missing: name the program to run, e.g. "
+              "`-- python3 -m mypkg.train`", file=sys.stderr)
+        return 2
     try:
         from mmm_orch.transport import Retry
 

@@ -65,7 +65,10 @@ def seconds(text: str) -> float:
 def plan_options(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
     """The options that make a plan (render, submit); a sweep takes lists of nodes and values."""
     parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
-    parser.add_argument("workload", help="workload spec (see `mmm-orch workloads`)")
+    parser.add_argument("workload", nargs="?",
+                        help="workload spec (see `mmm-orch workloads`); leave it out to run "
+                             "your own command, given after --")
+    parser.set_defaults(takes_program=True)
     if sweep:
         parser.add_argument("-N", "--nodes", metavar="N1,N2,...",
                             help="node counts to sweep (default: the workload's)")
@@ -97,8 +100,13 @@ def plan_options(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
 def request(args: argparse.Namespace, **overrides: Any):
     from mmm_orch.plan import Request
 
+    program = tuple(getattr(args, "program", ()))
+    if args.workload is None and not program:
+        raise MmmError("workload is missing: name one (`mmm-orch workloads`), or give your own "
+                       "command after --, e.g. `-- python3 -m mypkg.train`")
     fields = dict(
-        machine=args.machine, workload=args.workload, nodes=args.nodes, queue=args.queue,
+        machine=args.machine, workload=args.workload or "command", command=program,
+        nodes=args.nodes, queue=args.queue,
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
         workdir=getattr(args, "workdir", None), stage_env=args.stage_env,

@@ -145,6 +145,9 @@ class Launcher:
     args: list[Templated] = field(default_factory=list)
     # mpiexec/srun start "python -m trainer"; torchrun takes "-m trainer" itself.
     python_prefix: Flag = True
+    # Words before a user's own command (`mmm-orch submit MACHINE -- CMD`): torchrun runs a
+    # Python script unless told --no-python.
+    command_prefix: list[str] = field(default_factory=list)
     # PALS-style per-rank CPU list "list:a-b:c-d:...", one entry per rank on a node.
     cpu_bind: str = ""
     # Runs a command once on every node of the job (staging the job environment); "" runs it

@@ -110,6 +110,18 @@ class Watchdog:
     # Ask the trainers to save and stop this long before the walltime (at most a third of it;
     # raised in the job to twice the longest save seen).
     walltime_margin: Walltime = 120
+    # What counts as progress: `step` (a step=N field, what the trainers print), `output` (any
+    # line: an idle timeout, for a program that prints no steps), or a regular expression a
+    # line must match.
+    progress: NonEmptyStr = "step"
+
+    def __post_init__(self) -> None:
+        if self.progress not in ("step", "output"):
+            try:
+                re.compile(self.progress)
+            except re.error as exc:
+                raise ValueError(f"progress {self.progress!r}: not step, output or a regular "
+                                 f"expression ({exc})") from None
 
 
 @config
@@ -126,7 +138,8 @@ class MachineOverride:
 class Workload:
     name: NonEmptyStr
     description: str = ""
-    trainer: NonEmptyStr  # python -m <trainer>
+    # python -m <trainer>; "" for a workload that runs the user's command (`-- CMD ARGS...`)
+    trainer: str = ""
     options: dict[str, Option] = field(default_factory=dict)
     args: dict[str, Any] = field(default_factory=dict)  # options always passed, before per-machine args and --set
     defaults: Defaults = field(default_factory=Defaults)
@@ -136,7 +149,7 @@ class Workload:
     machines: dict[str, MachineOverride] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not _MODULE.match(self.trainer):
+        if self.trainer and not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
         for name, option in self.options.items():
             if not _OPTION.match(name):

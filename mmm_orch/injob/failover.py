@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                  "retired": retired}
         report(args, state)
         launch = watchdog.run_bound(line, args.first_step_timeout, args.step_timeout, args.grace,
-                              args.walltime_end, args.margin, stop_signal)
+                              args.walltime_end, args.margin, stop_signal, progress=args.progress)
         verdict = classify(launch, signatures, active, args.walltime_end, args.margin)
         code = launch.code if launch.code is not None else 1
         head = f" {attempt}/{attempts}: {verdict.kind}: {verdict.reason}"  # after ATTEMPT
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--walltime-end", type=float)
     parser.add_argument("--margin", type=float, default=120.0)
     parser.add_argument("--stop-signal", default="USR1")
+    parser.add_argument("--progress", default="step")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     args.command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)

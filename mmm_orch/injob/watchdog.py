@@ -18,7 +18,8 @@ sends (TERM, USR1, INT) are passed on to the launch.
 
 A failed rank: srun returns 128 + the highest signal among its tasks, so when it terminates the
 others after one exited non-zero (--kill-on-bad-exit) it returns 143 and the rank's own code is
-lost. The watchdog exits with the code srun reported for the first rank that exited non-zero.
+lost; torchrun returns 1 for any failure. The watchdog exits with the code the launcher reported
+for the first rank that exited non-zero.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ from mmm_orch.injob.procgroup import signal_group, stop_group
 # srun's report of how tasks ended (Slurm src/srun/launch.c, _task_finish): "n1: task 0: Exited
 # with exit code 3", "n2: task 1: Killed", "n1: task 1: Terminated", "...: Out Of Memory".
 TASK_ENDED = re.compile(rb"^srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code (\d+))?")
+# torchrun returns 1 for any failed worker; its summary names the first one's own code (torch
+# distributed/elastic/multiprocessing/errors: "Root Cause (first observed failure):", then
+# "  exitcode  : 3 (pid: 9772)").
+ROOT_CAUSE = b"Root Cause (first observed failure)"
+ROOT_CAUSE_EXIT = re.compile(rb"^\s*exitcode\s*:\s*(-?\d+)")
 # After the launch exits, how long processes it left behind may keep its output open before
 # they are ended: a stray child must not hold the allocation until the walltime.
 LINGER = 5.0
@@ -48,7 +54,7 @@ LINGER = 5.0
 class Launch:
     """The launch and what its output said so far."""
 
-    def __init__(self, command: str):
+    def __init__(self, command: str, progress: str = "step"):
         # A process group of its own, so that a hang stops all of the launch; the same session,
         # so that a PBS MoM (which signals the job's session at the walltime) still reaches it.
         self.process = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE,
@@ -59,11 +65,17 @@ class Launch:
         self.saved_step: int | None = None  # the last checkpoint's step
         self.task_reported = False  # srun has reported how a task ended
         self.first_rank_exit: int | None = None  # ...and that first task exited with this code
+        self.root_cause = False  # torchrun's failure summary reached its first failure
         self.lines: collections.deque[str] = collections.deque(maxlen=2000)  # the output's end
         self.code: int | None = None
         self.hung = self.checkpointed = self.stopped_for_walltime = False
         self.received: list[int] = []  # signals the scheduler sent (passed on to the launch)
         self.port_in_use = False  # a rank could not bind the rendezvous port before step 1
+        # What counts as progress besides step=N: any line (`output`), or lines matching a pattern.
+        self.progress = progress
+        self._progress_line = (None if progress == "step" else re.compile(rb"\S") if progress == "output"
+                               else re.compile(progress.encode()))
+        self.progressed = False  # a line counted as progress came
         self._pending = b""
 
     @property
@@ -79,6 +91,8 @@ class Launch:
             self.lines.append(line.decode(errors="replace"))
             if match := protocol.STEP_BYTES.search(line):
                 self.last_step, self.last_progress = int(match[1]), time.monotonic()
+            elif self._progress_line is not None and self._progress_line.search(line):
+                self.progressed, self.last_progress = True, time.monotonic()
             if match := protocol.SAVED_BYTES.search(line):
                 self.saved_step = int(match[1])
                 self.longest_save = max(self.longest_save, float(match[2]))
@@ -87,13 +101,18 @@ class Launch:
             if not self.task_reported and (match := TASK_ENDED.search(line)):
                 self.task_reported = True
                 self.first_rank_exit = int(match[1]) if match[1] else None  # None: killed
+            if ROOT_CAUSE in line:
+                self.root_cause = True
+            elif self.root_cause and not self.task_reported and (match := ROOT_CAUSE_EXIT.match(line)):
+                self.task_reported = True
+                self.first_rank_exit = int(match[1]) if int(match[1]) > 0 else None  # < 0: a signal
 
 
 def watch(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
           walltime_end: float | None = None, margin: float = 0.0,
-          stop_signal: int = signal.SIGUSR1) -> int:
+          stop_signal: int = signal.SIGUSR1, progress: str = "step") -> int:
     return run_bound(command, first_step_timeout, step_timeout, grace, walltime_end, margin,
-                     stop_signal).code
+                     stop_signal, progress=progress).code
 
 
 def run_bound(command: str, *args, **kwargs) -> Launch:
@@ -113,13 +132,14 @@ def run_bound(command: str, *args, **kwargs) -> Launch:
 
 def run(command: str, first_step_timeout: float, step_timeout: float, grace: float = 30.0,
         walltime_end: float | None = None, margin: float = 0.0,
-        stop_signal: int = signal.SIGUSR1, relaunchable: bool = False) -> Launch:
+        stop_signal: int = signal.SIGUSR1, relaunchable: bool = False,
+        progress: str = "step") -> Launch:
     """Run the launch to its end; the Launch says how it ended (`code`, `hung`,
     `checkpointed`) and what it printed last. `relaunchable`: a rank that cannot bind the
     rendezvous port ends the launch at once (the other ranks would wait for it until their
     timeout where the launcher does not end them, as MPICH's Hydra does not)."""
     deadline = Deadline(walltime_end, margin) if walltime_end is not None else None
-    return _Guard(Launch(command), first_step_timeout, step_timeout, grace, deadline,
+    return _Guard(Launch(command, progress), first_step_timeout, step_timeout, grace, deadline,
                   stop_signal).run(relaunchable)
 
 
@@ -169,7 +189,8 @@ class _Guard:
                 continue
             if self.deadline is not None and self.stop_sent_after is None:
                 self._stop_before_walltime()
-            limit, since = ((self.step_timeout, launch.last_progress) if launch.last_step is not None
+            seen = launch.last_step is not None or launch.progressed
+            limit, since = ((self.step_timeout, launch.last_progress) if seen
                             else (self.first_step_timeout, launch.started))
             if self.stop_sent_after is None and now - since > limit:
                 return self._hung(limit)
@@ -205,8 +226,14 @@ class _Guard:
 
     def _hung(self, limit: float) -> Launch:
         launch, process = self.launch, self.process
-        what = (f"no step completed in {limit:.0f}s after step {launch.last_step}"
-                if launch.last_step is not None else f"no first step within {limit:.0f}s of launch")
+        if launch.progress != "step" and launch.last_step is None:
+            kind = "output" if launch.progress == "output" else f"line matching {launch.progress!r}"
+            what = (f"no {kind} in {limit:.0f}s" if launch.progressed
+                    else f"no {kind} within {limit:.0f}s of launch")
+        elif launch.last_step is not None:
+            what = f"no step completed in {limit:.0f}s after step {launch.last_step}"
+        else:
+            what = f"no first step within {limit:.0f}s of launch"
         verdict = (f"{protocol.HUNG} {what}; last_step="
                    f"{launch.last_step if launch.last_step is not None else 'none'}; "
                    f"stopping the launch (SIGTERM, SIGKILL after {self.grace:.0f}s)")
@@ -229,7 +256,8 @@ class _Guard:
             protocol.say(protocol.CHECKPOINTED, f" step={launch.saved_step}; continue with "
                          f"--resume (exit {protocol.EXIT_CHECKPOINTED}; the launch returned {code})")
             launch.code, launch.checkpointed = protocol.EXIT_CHECKPOINTED, True
-        elif code > 128 and launch.first_rank_exit and not launch.received and stop_sent_after is None:
+        elif ((code > 128 or (code == 1 and launch.root_cause)) and launch.first_rank_exit
+              and not launch.received and stop_sent_after is None):
             protocol.say(protocol.WATCHDOG, f" a rank exited with code {launch.first_rank_exit} "
                          f"first; the launch returned {code} after ending the others: exit "
                          f"{launch.first_rank_exit}")
@@ -250,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop this long before the walltime end (raised to 2 x the longest save)")
     parser.add_argument("--stop-signal", default="USR1", metavar="NAME",
                         help="what the launch gets to save and stop (USR1 passes srun and mpiexec)")
+    parser.add_argument("--progress", default="step", metavar="step|output|REGEX",
+                        help="what counts as progress: a step=N field, any line, or a pattern")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launch line")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if len(command) != 1:
         parser.error("give the launch line as one argument after --")
     return watch(command[0], args.first_step_timeout, args.step_timeout, args.grace,
-                 args.walltime_end, args.margin, signal.Signals[f"SIG{args.stop_signal}"])
+                 args.walltime_end, args.margin, signal.Signals[f"SIG{args.stop_signal}"],
+                 args.progress)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
     assert db is not None
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
     created = host.make_private_dir(chain_dir)
-    run_dir = plans[0].run_dir
+    run_dir = plans[0].launch.run_dir
     host.write_file(chain_file, json.dumps(
         {"links": links, "run_dir": run_dir, "cancel": [scheduler.cmd["cancel"]],
          "status": "running", "reason": "", "progress": {}}, indent=1), 0o600)

@@ -164,17 +164,17 @@ def _check_workdir(host: Host, plan: Plan) -> None:
 
 
 def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str = "",
-           links: dict[str, Any] | None = None) -> JobRecord:
+           links: dict[str, Any] | None = None, here: bool = False) -> JobRecord:
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
-    module's docstring for the protocol. `links` are extra record fields (group, rerun)."""
+    module's docstring for the protocol. `links` are extra record fields (group, rerun).
+    `here`: the script runs on this computer under the local executor's supervisor instead
+    (`launch`, inside an allocation the scheduler already gave)."""
     Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
-    scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands, host)
-    tag = new_tag()
-    leaf = f"{tag}-{plan.machine}-{plan.workload}"
-    local_dir = jobs_root_for(db_file) / leaf
-    job_dir = posixpath.join(home, plan.transport.remote_jobs_dir, leaf) if remote else str(local_dir)
+    kind, commands = ("local", {}) if here else (plan.scheduler, plan.scheduler_commands)
+    scheduler = scheduler_for(kind, commands, host)
+    tag, local_dir, job_dir = _job_dirs(plan, db_file, remote, home)
     log_directive = scheduler.directive_path(posixpath.join(job_dir, protocol.LOG_FILE))
     _check_workdir(host, plan)
     db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
@@ -198,7 +198,8 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         script = render(plan, template)
         script_path = posixpath.join(job_dir, "job.sh")
         host.write_file(script_path, script, 0o700)
-        values = {**_record_values(plan, remote, script_path, script), **(links or {})}
+        values = {**_record_values(plan, remote, script_path, script), **(links or {}),
+                  **({"scheduler": kind, "commands": commands} if here else {})}
         if plan.placement.failover:  # what the failover loop inside the job classifies failures with
             from mmm_orch.config.failures import signatures_json
 
@@ -217,13 +218,23 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     submission = Submission(script=Path(script_path), workdir=plan.launch.workdir,
                             job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
                             walltime=plan.queue.walltime, name=plan.name, tag=tag,
-                            submitted_at=values["submitted_at"])
+                            submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal)
     native_id = _hand_over(scheduler, submission, db, job_id, undo)
     db.accepted(job_id, native_id)
     write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
     record = db.get(job_id)
     assert record is not None
     return record
+
+
+def _job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, Path, str]:
+    """A new tag, the job's directory beside the database, and where the job's files go (that
+    one, or its twin on the login host)."""
+    tag = new_tag()
+    leaf = f"{tag}-{plan.machine}-{plan.workload}"
+    local_dir = jobs_root_for(db_file) / leaf
+    return tag, local_dir, (posixpath.join(home, plan.transport.remote_jobs_dir, leaf) if remote
+                            else str(local_dir))
 
 
 def _record_values(plan: Plan, remote: str, script_path: str, script: str) -> dict[str, Any]:

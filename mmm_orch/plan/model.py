@@ -36,6 +36,7 @@ class Request:
     stage_env: bool = False  # copy the job environment to node-local storage before the launch
     spare_nodes: int = 0     # nodes asked for beyond --nodes, swapped in when one fails
     avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
+    command: tuple[str, ...] = ()  # the user's own program (after --), in place of a trainer
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,13 @@ class Launch:
     stop_signal: str  # what the launcher passes on to the trainers (USR1, TERM)
     workdir: str
     workdir_given: bool  # False: a remote submission runs in its job directory instead
+    # The user's own program in place of the trainer, after the launcher's command_prefix.
+    command: tuple[str, ...] = ()
 
     @property
     def program(self) -> tuple[str, ...]:
+        if self.command:
+            return self.command
         prefix = [self.python] if self.python_prefix else []
         return (*prefix, "-m", self.trainer, *_argv(self.args))
 
@@ -148,6 +153,7 @@ class Guard:
     first_step_timeout: int  # seconds; 0 = no watchdog
     step_timeout: int
     walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
+    progress: str = "step"  # what counts as progress: step, output (any line), or a pattern
 
 
 @dataclass(frozen=True)

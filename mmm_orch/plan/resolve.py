@@ -29,6 +29,7 @@ from mmm_orch.walltime import format_walltime, parse_walltime
 
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
 LAYOUT_OPTIONS = ("tp", "pp")
+MAX_COMMAND_WORDS = 4096
 
 
 def resolve(request: Request) -> Plan:
@@ -36,6 +37,7 @@ def resolve(request: Request) -> Plan:
     machine = load_machine(request.machine)
     workload = load_workload(request.workload)
     checks.check_script_text(machine, workload)
+    _check_command(workload, request.command)
     override = workload.machines.get(machine.name)
 
     nodes = _nodes(machine, workload, override, request)
@@ -80,11 +82,29 @@ def resolve(request: Request) -> Plan:
         guard=Guard(
             first_step_timeout=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
             step_timeout=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
-            walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3)),
+            walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
+            progress=workload.watchdog.progress),
         placement=placement,
         transport=Transport(login_hosts=tuple(machine.login_hosts),
                             remote_jobs_dir=machine.remote_jobs_dir),
     )
+
+
+def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
+    """The user's own program runs where a trainer would: only for a workload without one."""
+    if workload.trainer and command:
+        raise fail("command after --", " ".join(command)[:200], f"workload {workload.name} runs "
+                   f"its trainer ({workload.trainer}); leave the workload out (or name one "
+                   "without a trainer, such as `command`) to run your own")
+    if not workload.trainer and not command:
+        raise fail("workload", workload.name, "it runs your own program: give it after --, "
+                   "e.g. `-- python3 -m mypkg.train`")
+    if len(command) > MAX_COMMAND_WORDS:
+        raise fail("command after --", f"{len(command)} words", f"at most {MAX_COMMAND_WORDS}")
+    for i, word in enumerate(command):
+        checks.check_text(f"command word {i + 1}", word)
+    if command and not command[0]:
+        raise fail("command after --", "", "it starts with the program to run")
 
 
 def _nodes(machine: Machine, workload: Workload, override: MachineOverride | None,
@@ -312,4 +332,5 @@ def _launch(machine: Machine, workload: Workload, request: Request, fields: dict
         python_is_submitters=machine.python == "auto",
         python_prefix=machine.launcher.python_prefix, trainer=workload.trainer, args=args,
         options=tuple(workload.options), stop_signal=machine.launcher.stop_signal,
-        workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None)
+        workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None,
+        command=(*machine.launcher.command_prefix, *request.command) if request.command else ())

@@ -36,6 +36,9 @@ class Submission:
     name: str = ""
     tag: str = ""
     submitted_at: float = 0.0  # when the record was made: a tag lookup need not look earlier
+    # What the launcher passes on to the ranks to save and stop (USR1 through srun and mpiexec):
+    # the local executor sends it to the launch first when the job is cancelled.
+    stop_signal: str = "TERM"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class LocalScheduler:
         with open(submission.log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
-                 str(submission.script), str(submission.walltime)],
+                 str(submission.script), str(submission.walltime), submission.stop_signal],
                 cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         deadline = time.monotonic() + 30
@@ -89,7 +89,7 @@ class LocalScheduler:
             raise SchedulerError(f"local job {job.native_id} is not running")
         tree = [proc, *proc.children(recursive=True)]
         proc.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(tree, timeout=GRACE_S + 5)
+        _, alive = psutil.wait_procs(tree, timeout=2 * GRACE_S + 5)  # the stop signal's, TERM's
         for leftover in alive:
             try:
                 leftover.kill()

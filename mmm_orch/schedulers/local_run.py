@@ -75,7 +75,21 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
     script.wait()
 
 
-def supervise(job_dir: Path, script: str, walltime: float) -> int:
+def ask_the_launch_to_stop(script: subprocess.Popen, stop_signal: int, grace: float) -> None:
+    """The launcher's own stop signal to each launch the script started (a process group of its
+    own, made by the watchdog), then up to `grace` s for the job to end. srun passes USR1 on to
+    every rank where a SIGTERM would make it kill them (inside an allocation no scheduler signals
+    the ranks themselves); the trainers save and exit."""
+    me = psutil.Process()
+    for proc in me.children(recursive=True):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == proc.pid and proc.pid != script.pid:
+                os.killpg(proc.pid, stop_signal)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        script.wait(grace)
+
+
+def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM) -> int:
     me = psutil.Process()
     _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time()})
     _adopt_orphans()
@@ -103,6 +117,8 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
         print(f"{PREFIX} cancelled: stopping the job", flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if outcome["cancelled"] and stop_signal != signal.SIGTERM and proc.poll() is None:
+        ask_the_launch_to_stop(proc, stop_signal, GRACE_S)
     if proc.poll() is None or psutil.Process().children(recursive=True):
         stop_job(proc, GRACE_S)
     code = proc.returncode
@@ -113,4 +129,5 @@ def supervise(job_dir: Path, script: str, walltime: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])))
+    sys.exit(supervise(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
+                       signal.Signals[f"SIG{sys.argv[4]}"] if len(sys.argv) > 4 else signal.SIGTERM))

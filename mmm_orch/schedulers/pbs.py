@@ -15,6 +15,11 @@ from mmm_orch.schedulers.states import JobState, JobStatus
 
 class PbsScheduler(CommandScheduler):
     defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel", "select": "qselect"}
+
+    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str]) -> list[str]:
+        """An interactive allocation with the job's directives: qsub -I (PBS Pro qsub(1B))."""
+        return [self.cmd["submit"], "-I", *(["-A", account] if account else []), *directives,
+                "-l", f"walltime={walltime_hms}"]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES

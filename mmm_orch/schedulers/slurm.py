@@ -19,7 +19,12 @@ from mmm_orch.errors import MmmError
 
 class SlurmScheduler(CommandScheduler):
     defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
-                "control": "scontrol"}
+                "control": "scontrol", "allocate": "salloc"}
+
+    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str]) -> list[str]:
+        """An interactive allocation with the job's directives: salloc takes sbatch's options."""
+        return [self.cmd["allocate"], *(["-A", account] if account else []), *directives,
+                "-t", walltime_hms]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     refusal = parse.REFUSAL

@@ -1,0 +1,66 @@
+"""`mmm-orch launch`: run a plan (a workload, or your command after --) inside the allocation
+this shell is in, in the foreground, recorded as a job."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from mmm_orch.cli import common
+
+
+def register(sub) -> None:
+    p = sub.add_parser("launch", help="run a workload or your command (after --) inside the "
+                       "allocation you are in (salloc, qsub -I, a batch script), in the "
+                       "foreground, recorded as a job")
+    common.plan_options(p)
+    p.add_argument("--first-node", type=common.lines, default=0, metavar="I",
+                   help="start at the allocation's node I (from 0): launches side by side on "
+                        "disjoint nodes take --nodes K --first-node 0, K, 2K, ...")
+    p.add_argument("--use-bad-nodes", action="store_true",
+                   help="also run on nodes remembered as bad (`mmm-orch nodes`)")
+    p.add_argument("--dry-run", action="store_true", help="print the script; run nothing")
+    p.add_argument("--no-env-check", action="store_true",
+                   help="skip the check that the job's Python imports this mmm-orch")
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from mmm_orch import usecases
+    from mmm_orch.render import render
+
+    prepared = usecases.launch(common.request(args), args.db, args.template, args.first_node,
+                               args.use_bad_nodes, env_check=not args.no_env_check)
+    if args.dry_run:
+        common.print_script(render(prepared.plan, args.template))
+        return 0
+    record = usecases.submit_here(prepared, args.db)
+    print(f"mmm-orch: job {record.id}: {prepared.plan.launch_line}", file=sys.stderr)
+    print(f"mmm-orch: log {record.log_path}", file=sys.stderr)
+    return _in_the_foreground(args, record)
+
+
+def _in_the_foreground(args: argparse.Namespace, record) -> int:
+    """Stream the job's output until it ends and exit with its code. Ctrl-C or SIGTERM stops it
+    as `mmm-orch cancel` would: every rank on every node, a trainer saving first; exit 130."""
+    from mmm_orch import usecases
+    from mmm_orch.cli.job_cmds import follow
+    from mmm_orch.hosts import host_for
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    db = common.jobs_db(args)
+    try:
+        return follow(db, record.id, strip_ansi=False, exit_with_job=True)
+    except KeyboardInterrupt:
+        print(f"\nmmm-orch: stopping job {record.id} (every rank; a trainer saves first)",
+              file=sys.stderr)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop runs to its end
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for line in usecases.cancel(db, [db.get(record.id, events=False)]):
+        print(f"mmm-orch: {line}", file=sys.stderr)
+    follow(db, record.id, strip_ansi=False, start=host_for("").size(record.log_path))
+    return 130

@@ -1,0 +1,224 @@
+"""`mmm-orch launch` inside a running allocation: found from the scheduler's variables, run on its
+nodes through the machine's launcher with the script a batch job of the same plan would run, in
+the foreground, recorded as a job. On the live Slurm cluster (salloc) and PBS server (a batch
+script someone else wrote)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PBS_BIN, TERMINAL, assert_nothing_recorded, wait_state
+from mmm_orch.errors import MmmError
+from mmm_orch.jobs.launch import nodes_for
+from mmm_orch.plan import Request
+from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
+
+MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
+RANKS = ("import os, socket; print('rank', os.environ.get('SLURM_PROCID', os.environ.get('PMI_RANK')),"
+         " socket.gethostname(), os.environ.get('SLURMD_NODENAME', ''), flush=True)")
+
+
+@pytest.mark.parametrize("text,names", [
+    ("n1", ["n1"]),
+    ("n[1-3,7],gpu02", ["n1", "n2", "n3", "n7", "gpu02"]),
+    ("nid[0008-0010]", ["nid0008", "nid0009", "nid0010"]),
+    ("x1000c0s[0-1]b0n0", ["x1000c0s0b0n0", "x1000c0s1b0n0"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("n[1-2],n2", ["n1", "n2"]),
+])
+def test_slurm_host_lists_expand(text, names):
+    assert expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[1-", "n[a]", "n]", "n[3-1]", "n[[1]]"])
+def test_a_malformed_host_list_is_an_error_naming_it(text):
+    with pytest.raises(MmmError, match="host list .* is malformed"):
+        expand_hostlist(text)
+
+
+def test_the_allocation_is_found_from_the_schedulers_variables(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x4102c0s0b0n0\nx4102c0s0b0n0\nx4102c0s1b0n0\n")
+    assert current({}) is None
+    assert current({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]"}) == \
+        Allocation("slurm", "42", ("n1", "n2"))
+    assert current({"PBS_JOBID": "7.vm", "PBS_NODEFILE": str(nodefile)}) == \
+        Allocation("pbs", "7.vm", ("x4102c0s0b0n0", "x4102c0s1b0n0"))
+    assert unique_lines("a\n\nb\na\n") == ["a", "b"]
+
+
+def test_nodes_are_all_of_the_allocation_less_the_bad_or_a_slice():
+    allocation = Allocation("slurm", "9", ("n1", "n2", "n3", "n4"))
+    ask = lambda nodes=None: Request("slurm-local", "command", nodes=nodes)  # noqa: E731
+    assert nodes_for(allocation, ask(), 0, ()) == ("n1", "n2", "n3", "n4")
+    assert nodes_for(allocation, ask(), 0, ("n2",)) == ("n1", "n3", "n4")
+    assert nodes_for(allocation, ask(2), 2, ()) == ("n3", "n4")
+    with pytest.raises(MmmError, match=r"--nodes 3 is invalid: slurm job 9 has 4 usable nodes, 2 "):
+        nodes_for(allocation, ask(3), 2, ())
+    with pytest.raises(MmmError, match=r"--nodes 4 .* 3 usable nodes \(1 known-bad left out"):
+        nodes_for(allocation, ask(4), 0, ("n4",))
+    with pytest.raises(MmmError, match="--first-node 4 is invalid"):
+        nodes_for(allocation, ask(1), 4, ())
+
+
+def test_outside_an_allocation_the_error_names_the_command_that_gets_one(cli, monkeypatch):
+    for name in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    result = cli("launch", "slurm-local", "dist_check", "-N", "2", "-t", "00:05:00")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+    assert "not inside an allocation" in result.err
+    assert "`salloc --partition=debug --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 -t 00:05:00`" \
+        in result.err
+    result = cli("launch", "pbs-local", "-A", "proj1", "--", "hostname")
+    assert result.code == 2 and "qsub -I -A proj1 -q workq -l select=1:ncpus=2" in result.err
+    assert_nothing_recorded()
+
+
+def test_a_machine_of_another_scheduler_than_the_allocations_is_refused(cli, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    result = cli("launch", "pbs-local", "--", "hostname")
+    assert result.code == 2 and "inside slurm job 5" in result.err
+    result = cli("launch", "slurm-local", "-N", "3", "--", "hostname")
+    assert result.code == 2 and "--nodes 3 is invalid: slurm job 5 has 2 usable nodes" in result.err
+    assert_nothing_recorded()
+
+
+def test_launch_on_local_runs_here_in_the_foreground(isolated):
+    code = "import sys; print('hello from', __import__('os').environ['RANK'], flush=True); sys.exit(3)"
+    proc = subprocess.run([*MMM_ORCH, "launch", "local", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    # The first rank to exit 3 makes torchrun end the other, which may not have printed yet.
+    assert "hello from" in proc.stdout and "exit_code=3" in proc.stdout, proc.stdout
+    row = json.loads(subprocess.run([*MMM_ORCH, "status", "1", "--json"], capture_output=True,
+                                    text=True).stdout)[0]
+    assert (row["state"], row["exit_code"], row["workload"]) == ("failed", 3, "command")
+
+
+# As `launch` outside an allocation says to get one: the test cluster's nodes are shared, so the
+# allocation asks for the CPUs of two ranks on each (a facility's nodes are the job's whole).
+SALLOC = ["salloc", "-p", "debug", "--ntasks-per-node=2", "-t", "00:10:00"]
+
+
+def _salloc(nodes: int, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SALLOC, "-N", str(nodes), *argv], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_inside_salloc_dist_check_runs_on_both_nodes_and_is_recorded(cli, isolated):
+    proc = _salloc(2, *MMM_ORCH, "launch", "slurm-local", "dist_check")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[dist_check] PASS world=4" in proc.stdout
+    nodes = {line.split(" node=")[1].split()[0] for line in proc.stdout.splitlines()
+             if line.startswith("[dist_check] rank=") and " node=" in line}
+    assert len(nodes) == 2
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert (row["state"], row["exit_code"], row["machine"]) == ("completed", 0, "slurm-local")
+    record = json.loads(cli("show", "1", "--json").out)
+    assert record["scheduler"] == "local" and record["plan"]["layout"]["nodes"] == 2
+    assert "[dist_check] PASS world=4" in cli("logs", "1").out
+    assert cli("timeline", "1").code == 0
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_inside_salloc_your_command_keeps_its_exit_code(cli, isolated):
+    code = RANKS + "; import sys; sys.exit(3 if os.environ['SLURM_PROCID'] == '1' else 0)"
+    proc = _salloc(2, *MMM_ORCH, "launch", "slurm-local", "--", sys.executable, "-c", code)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert (row["state"], row["exit_code"]) == ("failed", 3)
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_two_launches_side_by_side_on_disjoint_nodes_both_complete(cli, isolated):
+    one = " ".join(MMM_ORCH) + " launch slurm-local -N 1 --first-node {} -- " + \
+        f"{sys.executable} -c \"{RANKS}\""
+    script = (f"{one.format(0)} > a.out 2>&1 & a=$!; {one.format(1)} > b.out 2>&1 & b=$!; "
+              "wait $a && wait $b")
+    proc = _salloc(2, "bash", "-c", script)
+    assert proc.returncode == 0, Path("a.out").read_text()[-2000:] + Path("b.out").read_text()[-2000:]
+    hosts = [{line.split()[3] for line in Path(name).read_text().splitlines()
+              if line.startswith("rank ")} for name in ("a.out", "b.out")]
+    assert all(len(h) == 1 for h in hosts) and hosts[0] != hosts[1], hosts
+    rows = json.loads(cli("status", "--all", "--json").out)
+    assert sorted((r["state"], r["nodes"]) for r in rows) == [("completed", 1), ("completed", 1)]
+
+
+@pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
+def test_a_batch_script_of_ones_own_launches_on_two_pbs_vnodes(cli, isolated):
+    env = {k: os.environ[k] for k in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME")}
+    script = isolated / "mine.sh"
+    exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+    script.write_text("#!/bin/bash\n#PBS -l select=2:ncpus=2\n#PBS -l place=scatter\n#PBS -j oe\n"
+                      f"#PBS -o {isolated}/pbs.out\n#PBS -l walltime=00:05:00\n"
+                      f"{exports}cd {isolated}\n"
+                      f"{' '.join(MMM_ORCH)} launch pbs-local -- {sys.executable} -c \"{RANKS}\"\n")
+    submitted = subprocess.run([f"{PBS_BIN}/qsub", str(script)], capture_output=True, text=True,
+                               timeout=30)
+    assert submitted.returncode == 0, submitted.stderr
+    deadline = time.monotonic() + 300
+    while not (isolated / "pbs.out").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    row = wait_state(cli, 1, TERMINAL, timeout=120)
+    log = cli("logs", "1").out
+    assert (row["state"], row["exit_code"], row["machine"]) == ("completed", 0, "pbs-local"), log
+    assert json.loads(cli("show", "1", "--json").out)["plan"]["layout"]["nodes"] == 2
+    assert sorted(line.split()[1] for line in log.splitlines() if line.startswith("rank ")) == \
+        ["0", "1", "2", "3"]
+
+
+def _steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+            if '"event": "step"' in line]
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_ctrl_c_stops_every_rank_on_every_node_and_the_trainer_saves_first(isolated):
+    import psutil
+
+    from mmm_orch.jobs.db import open_db
+
+    salloc = subprocess.Popen(
+        [*SALLOC, "-N", "2", *MMM_ORCH, "launch", "slurm-local",
+         "llama3_debug", "--set", "tiny=true", "--set", "steps=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while (db := open_db(None)) is None or (record := db.get(1)) is None or not record.run_dir:
+            assert time.monotonic() < deadline and salloc.poll() is None, "no launch recorded"
+            time.sleep(0.5)
+        metrics = Path(record.run_dir) / "metrics.jsonl"
+        while len(_steps(metrics)) < 3:
+            assert time.monotonic() < deadline and salloc.poll() is None, "no steps"
+            time.sleep(0.5)
+        launch = next(p for p in psutil.Process(salloc.pid).children(recursive=True)
+                      if "launch" in p.cmdline() and "mmm_orch" in p.cmdline())
+        launch.send_signal(2)  # what Ctrl-C sends the foreground process
+        output, _ = salloc.communicate(timeout=180)
+    finally:
+        if salloc.poll() is None:
+            salloc.kill()
+    assert salloc.returncode == 130, output[-3000:]
+    assert "stopping job 1" in output
+    saved = [json.loads(line) for line in metrics.read_text().splitlines()
+             if '"event": "checkpoint"' in line]
+    assert saved and saved[-1]["reason"] == "signal", output[-4000:]
+    row = json.loads(subprocess.run([*MMM_ORCH, "status", "1", "--json"], capture_output=True,
+                                    text=True).stdout)[0]
+    assert row["state"] == "cancelled", row
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if Path(record.run_dir).name in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+    steps = subprocess.run(["squeue", "-s", "-h", "-o", "%i %j"], capture_output=True, text=True)
+    assert "llama3" not in steps.stdout

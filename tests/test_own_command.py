@@ -1,0 +1,110 @@
+"""Your own code in batch: `mmm-orch submit MACHINE -- COMMAND ARGS...` runs the command where a
+trainer would run, under the machine's launcher and environment, recorded like any job. It
+prints no step=N lines, so the watchdog judges progress by its output."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TERMINAL, assert_nothing_recorded, wait_state, write_spec
+
+RANKS = ("import os, socket; print('rank', os.environ.get('RANK', os.environ.get('SLURM_PROCID')),"
+         " os.environ.get('SLURMD_NODENAME', socket.gethostname()), flush=True)")
+
+
+def test_render_shows_the_command_quoted_under_the_launcher(cli):
+    tricky = "print('$(touch CANARY) `id`; it''s')"
+    result = cli("render", "local", "--", "python3", "-c", tricky)
+    assert result.code == 0, result.err
+    launch = next(line for line in result.out.splitlines() if "-m mmm_orch.injob.watchdog" in line)
+    inner = shlex.split(launch)[-1]  # the launch line the watchdog runs
+    assert shlex.split(inner)[-4:] == ["--no-python", "python3", "-c", tricky]
+    assert "--progress output" in launch
+    assert "it prints no output for 1800 s" in result.out
+    assert "mmm_orch.trainers" not in result.out
+    assert not Path("CANARY").exists()
+
+
+def test_a_command_that_exits_3_is_recorded_failed_with_3(cli, isolated):
+    code = "import sys; print('working', flush=True); sys.exit(3)"
+    submitted = cli("submit", "local", "--", sys.executable, "-c", code)
+    assert submitted.code == 0, submitted.err
+    row = wait_state(cli, 1, TERMINAL, timeout=120)
+    assert (row["state"], row["exit_code"]) == ("failed", 3), cli("logs", "1").out
+    assert row["workload"] == "command"
+    record = json.loads(cli("show", "1", "--json").out)
+    assert record["plan"]["launch"]["command"][-3:] == [sys.executable, "-c", code]
+    assert "working" in cli("logs", "1").out
+
+
+def test_a_command_with_everything_it_needs_completes_on_every_rank(cli, isolated):
+    assert cli("submit", "local", "--", sys.executable, "-c", RANKS).code == 0
+    row = wait_state(cli, 1, TERMINAL, timeout=120)
+    log = cli("logs", "1").out
+    assert (row["state"], row["exit_code"]) == ("completed", 0), log
+    assert {line.split()[1] for line in log.splitlines() if line.startswith("rank ")} == {"0", "1"}
+
+
+def test_a_command_that_goes_silent_is_ended_as_hung(cli, isolated):
+    """A workload of one's own without a trainer: the user's timeouts, progress by output."""
+    write_spec(isolated, "quiet", """
+name: quiet
+description: prints once, then nothing
+watchdog: {progress: output, first_step_timeout: 20, step_timeout: 4}
+""")
+    code = "import time; print('started', flush=True); time.sleep(600)"
+    assert cli("submit", "local", "quiet", "--", sys.executable, "-c", code).code == 0
+    row = wait_state(cli, 1, TERMINAL, timeout=120)
+    assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out
+    assert "no output in 4s" in row["reason"]
+
+
+def test_a_progress_pattern_ignores_other_output(cli, isolated):
+    write_spec(isolated, "ticks", """
+name: ticks
+watchdog: {progress: "^tick", first_step_timeout: 20, step_timeout: 4}
+""")
+    code = ("import itertools, time; [print('tick', i, flush=True) or time.sleep(1) for i in "
+            "range(3)]; [print('chatter', flush=True) or time.sleep(0.5) for _ in itertools.count()]")
+    assert cli("submit", "local", "ticks", "--", sys.executable, "-c", code).code == 0
+    row = wait_state(cli, 1, TERMINAL, timeout=120)
+    assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out
+    assert "no line matching '^tick' in 4s" in row["reason"]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["submit", "local", "--"], "command after -- is missing"),
+    (["submit", "local", "fsdp", "--", "python3", "x.py"], "runs its trainer"),
+    (["submit", "local", "command"], "give it after --"),
+    (["submit", "local", "--", "python3", "-c", "a\nb"], "command word 3"),
+    (["status", "--", "ls"], "nothing may follow --"),
+])
+def test_bad_commands_are_refused_and_nothing_is_recorded(cli, argv, fragment):
+    result = cli(*argv)
+    assert result.code == 2 and fragment in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert_nothing_recorded()
+
+
+def test_a_workload_progress_that_is_no_pattern_is_refused(cli, isolated):
+    write_spec(isolated, "broken", "name: broken\nwatchdog: {progress: '(unclosed'}\n")
+    result = cli("render", "local", "broken", "--", "true")
+    assert result.code == 2 and "progress" in result.err and "(unclosed" in result.err
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_a_command_runs_on_two_slurm_nodes_through_srun(cli, isolated):
+    submitted = cli("submit", "slurm-local", "-N", "2", "--", sys.executable, "-c", RANKS)
+    assert submitted.code == 0, submitted.err
+    row = wait_state(cli, 1, TERMINAL)
+    log = cli("logs", "1").out
+    assert (row["state"], row["exit_code"]) == ("completed", 0), log
+    ranks = [line.split() for line in log.splitlines() if line.startswith("rank ")]
+    assert sorted(r[1] for r in ranks) == ["0", "1", "2", "3"]
+    assert len({r[2] for r in ranks}) == 2  # both nodes
+    assert "srun --nodes=2 --ntasks=4" in log
