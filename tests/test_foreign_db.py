@@ -33,6 +33,8 @@ OPENS = {
     "render": ["render", "local", "dist_check"],
     "submit": ["submit", "local", "dist_check", "--dry-run"],
     "submit (real)": ["submit", "local", "dist_check", "--no-env-check"],
+    "launch": ["launch", "local", "dist_check", "--dry-run"],
+    "launch (real)": ["launch", "local", "dist_check", "--no-env-check"],
     "rerun": ["rerun", "1"],
     "status": ["status"],
     "status (job)": ["status", "1", "--all", "--json"],

@@ -222,3 +222,41 @@ def test_ctrl_c_stops_every_rank_on_every_node_and_the_trainer_saves_first(isola
     assert left == []
     steps = subprocess.run(["squeue", "-s", "-h", "-o", "%i %j"], capture_output=True, text=True)
     assert "llama3" not in steps.stdout
+
+
+@pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
+def test_an_interactive_qsub_driven_through_a_terminal_launches_on_two_vnodes(cli, isolated):
+    """`qsub -I` wants a terminal: it gets a pseudo-terminal, and the launch is typed into the
+    shell it opens, as a researcher would."""
+    import pty
+
+    exports = " ".join(f"{k}={os.environ[k]}" for k in
+                       ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"))
+    typed = (f"cd {isolated} && env {exports} {' '.join(MMM_ORCH)} launch pbs-local -- "
+             f"{sys.executable} -c \"{RANKS}\"; echo launch-exit=$?; exit\n")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(f"{PBS_BIN}/qsub", [f"{PBS_BIN}/qsub", "-I", "-l", "select=2:ncpus=2",
+                                     "-l", "place=scatter", "-l", "walltime=00:05:00"])
+    seen, sent = b"", False
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the terminal closed: qsub -I ended
+                break
+            seen += chunk
+            if not sent and b"ready" in seen:
+                time.sleep(1)  # the shell's prompt
+                os.write(fd, typed.encode())
+                sent = True
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert "launch-exit=0" in text, text[-3000:]
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert (row["state"], row["machine"]) == ("completed", "pbs-local")
+    assert sorted(line.split()[1] for line in cli("logs", "1").out.splitlines()
+                  if line.startswith("rank ")) == ["0", "1", "2", "3"]
