@@ -69,7 +69,10 @@ def test_raw_qdel_while_running_ends_cancelled(cli, isolated, monkeypatch):
     wait_state(cli, 1, ("running",), timeout=120)
     subprocess.run([f"{Q}/qdel", native()], check=True)
     row = wait_state(cli, 1, timeout=120)
-    assert row["state"] == "cancelled" and row["exit_code"] is None, row
+    # Failed once in ~40 runs (completed, exit 0): what the server and the log said, to find why.
+    evidence = lambda: (subprocess.run([f"{Q}/qstat", "-f", "-x", native()], capture_output=True,  # noqa: E731
+                                       text=True).stdout + cli("logs", "1").out)
+    assert row["state"] == "cancelled" and row["exit_code"] is None, (row, evidence())
 
 
 def test_cancel_queued_and_running(cli, isolated, monkeypatch):
