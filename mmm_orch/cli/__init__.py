@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     # Everything after the first `--` is the user's own program (render, submit, sweep), taken
     # word for word: argparse would read its options as mmm-orch's.
     argv = sys.argv[1:] if argv is None else list(argv)
-    program = argv[argv.index("--") + 1:] if "--" in argv else None
-    args = build_parser().parse_args(argv[:argv.index("--")] if program is not None else argv)
+    at = argv.index("--") if "--" in argv else len(argv)
+    program = argv[at + 1:] if at < len(argv) else None
+    args = build_parser().parse_args(argv[:at])
     args.program = tuple(program or ())
     if program is not None and not getattr(args, "takes_program", False):
         print(f"mmm-orch: error: `mmm-orch {args.command}` runs no command of yours: nothing may "

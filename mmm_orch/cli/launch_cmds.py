@@ -31,7 +31,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from mmm_orch.render import render
 
     prepared = usecases.launch(common.request(args), args.db, args.template, args.first_node,
-                               args.use_bad_nodes, env_check=not args.no_env_check)
+                               args.use_bad_nodes, env_check=not (args.no_env_check or args.dry_run))
     if args.dry_run:
         common.print_script(render(prepared.plan, args.template))
         return 0

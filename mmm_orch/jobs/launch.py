@@ -6,8 +6,9 @@ run, rendered by the same template; it runs on this node under the local executo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import shlex
-import tempfile
 from pathlib import Path
 
 from mmm_orch.errors import MmmError
@@ -63,12 +64,15 @@ def placed_on(plan: Plan, allocation: Allocation, nodes: tuple[str, ...], jobs_r
         raise MmmError(f"--nodes {len(nodes)}: {plan.machine}'s launcher cannot run on some of the "
                        "allocation's nodes (its profile has no launcher.on_nodes)")
     hostfile = ""
-    if "{hostfile}" in words:
-        jobs_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=jobs_root, prefix="launch-hosts-", suffix=".txt",
-                                         delete=False) as handle:
-            handle.write("".join(f"{node}\n" for node in nodes))
-            hostfile = handle.name
+    if "{hostfile}" in words:  # named by its content: the same nodes reuse one file
+        text = "".join(f"{node}\n" for node in nodes)
+        path = jobs_root / f"launch-hosts-{hashlib.sha256(text.encode()).hexdigest()[:16]}.txt"
+        if not path.exists():
+            jobs_root.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(text)
+            partial.replace(path)
+        hostfile = str(path)
     hosts = words.format(nodelist=shlex.quote(",".join(nodes)), hostfile=shlex.quote(hostfile))
     return plan.with_launch(hosts=hosts)
 
