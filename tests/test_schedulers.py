@@ -116,11 +116,11 @@ def test_permanent_errors_fail_at_once_with_the_schedulers_words(tmp_path):
     record = json.loads((FIXTURES / "slurm" / "sbatch_err_invalid_partition.json").read_text())
     sbatch = replaying_command(tmp_path, "sbatch", stderr=record["stderr"], code=record["exit_code"])
     slurm = scheduler_for("slurm", {"submit": str(sbatch)})
-    start = time.monotonic()
     with pytest.raises(SchedulerError) as err:
         slurm.submit(Submission(script=tmp_path / "job.sh", workdir=str(tmp_path),
                                 job_dir=tmp_path, log_path=tmp_path / "log", walltime=60))
-    assert time.monotonic() - start < 2
+    # "At once" is one call: a retry would show as a second one (wall time on a loaded
+    # 2-core machine says nothing here).
     assert len(calls(tmp_path, "sbatch")) == 1
     assert "invalid partition specified: abcd" in str(err.value)
     assert err.value.exit_code == 2
@@ -134,7 +134,8 @@ def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
     start = time.monotonic()
     with pytest.raises(SchedulerUnavailable, match="no answer within 1s"):
         run_command(LocalRunner(), [str(slow)], slurm_parse.TRANSIENT_ERRORS, budget)
-    assert time.monotonic() - start < 5
+    # Three unbounded attempts would take 90 s; the deadline keeps it near 3.
+    assert time.monotonic() - start < 20
 
 
 def test_recorded_submit_loop_socket_timeouts_are_transient():
