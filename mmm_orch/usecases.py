@@ -11,9 +11,10 @@ and jobs/sweeps.py write, record and submit.
 from __future__ import annotations
 
 import dataclasses
+import socket
 from dataclasses import dataclass
 from typing import Iterator
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, SchedulerError
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.plan import Plan, Request, resolve
@@ -99,16 +100,19 @@ def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[
 def launch(request: Request, db: str | None = None, template: str | None = None,
            first_node: int = 0, use_bad_nodes: bool = False, env_check: bool = True) -> Prepared:
     """A plan to run inside the allocation this process runs in, on all its nodes (less the known
-    bad) or `request.nodes` of them from `first_node` on; checked like a submission. Outside an
-    allocation, the error names the command that gets one for this plan."""
+    bad) or `request.nodes` of them from `first_node` on; checked like a submission. Without a
+    machine, the one whose hostnames match (jobs/launch.which_machine). Outside an allocation,
+    the error names the command that gets one for this plan."""
     from mmm_orch.jobs import launch as inside
     from mmm_orch.jobs.dbfile import jobs_root_for
     from mmm_orch.schedulers.allocation import current
 
+    allocation = current()
+    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
+    request = dataclasses.replace(request, machine=machine)
     planned = plan(request, db)
     if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
         return _ready(planned, template, "", env_check)
-    allocation = current()
     if allocation is None:
         raise MmmError(f"launch: not inside an allocation on {planned.machine}: get one with "
                        f"`{inside.allocation_hint(planned)}` and launch in it (or submit a batch "
@@ -117,12 +121,63 @@ def launch(request: Request, db: str | None = None, template: str | None = None,
         raise MmmError(f"machine {planned.machine!r} is invalid here: it schedules with "
                        f"{planned.scheduler}, and this runs inside {allocation.scheduler} job "
                        f"{allocation.job_id}; name this allocation's machine")
-    allocation = inside.as_the_profile_lists(planned, allocation)
+    allocation = inside.as_the_profile_lists(planned.machine, planned.placement.node_list,
+                                             allocation)
     bad = () if use_bad_nodes else bad_nodes(db, request.machine)
     nodes = inside.nodes_for(allocation, request, first_node, bad)
     sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
+    if request.command:
+        inside.check_program(sized, request.command[0])
     return _ready(inside.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))), template,
                   "", env_check)
+
+
+def allocation_for_launch(request: Request, launch_words: list[str], program: tuple[str, ...],
+                          report: str, db: str | None = None) -> tuple[Plan, list[str]]:
+    """`launch --allocate`: the plan, and the command that gets an allocation for it from the
+    scheduler (salloc, qsub -I) and runs `mmm-orch` `launch_words` (the launch as asked, less
+    --allocate) in it, reporting the launched job's exit code to the file `report`."""
+    import sys
+
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.schedulers.allocation import current
+
+    allocation = current()
+    if allocation is not None:
+        raise MmmError(f"--allocate: this already runs inside {allocation.scheduler} job "
+                       f"{allocation.job_id}; launch without --allocate")
+    machine = inside.which_machine(request.machine, None, socket.gethostname())
+    planned = plan(dataclasses.replace(request, machine=machine), db)
+    if planned.scheduler == "local":
+        raise MmmError(f"--allocate: machine {machine} has no scheduler to get an allocation "
+                       "from; launch without --allocate")
+    inner = [sys.executable, "-m", "mmm_orch", *launch_words, "--report-to", report,
+             *(["--", *program] if program else [])]
+    return planned, inside.allocate_argv(planned, inner)
+
+
+def launch_in_a_new_allocation(request: Request, launch_words: list[str],
+                               program: tuple[str, ...], db: str | None = None) -> int:
+    """Run allocation_for_launch's command in the foreground; the launched job's exit code (the
+    launch inside reports it in a file: qsub -I returns 0 whatever ran in it)."""
+    import json
+
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.jobs.submit import new_tag
+
+    report = jobs_root_for(db_path(db)) / f"launch-{new_tag()}.json"
+    planned, argv = allocation_for_launch(request, launch_words, program, str(report), db)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    inside.run_allocation(planned, argv)
+    try:
+        code = json.loads(report.read_text())["exit_code"]
+        report.unlink()
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SchedulerError(f"--allocate: the allocation ended without the launch's report "
+                             f"({report}): the scheduler refused it or ended it first; see its "
+                             "output above") from None
+    return code if isinstance(code, int) else 1
 
 
 def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
@@ -167,9 +222,9 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
     args = dict(recorded.launch.args)
     if resume:
-        if "resume" not in recorded.launch.options:
-            raise MmmError(f"rerun --resume: workload {recorded.workload} cannot resume (its "
-                           "trainer takes no --resume)")
+        if not recorded.launch.can_resume:
+            raise MmmError(f"rerun --resume: workload {recorded.workload} cannot resume "
+                           f"({recorded.launch.why_it_cannot_resume})")
         args.update(resume=True, allow_fresh=False)
     again = dataclasses.replace(recorded.with_launch(args=args, workdir_given=True),
                                 submission=JobPlace(), chain=ChainLink())

@@ -247,6 +247,13 @@ def facility_python(tmp_path_factory) -> Path:
     return root
 
 
+def write_machine(directory: Path, name: str, text: str) -> None:
+    """A user machine profile `name` (YAML `text`) in the directory's .mmm-orch/machines."""
+    profiles = directory / ".mmm-orch" / "machines"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / f"{name}.yaml").write_text(text)
+
+
 def write_spec(directory: Path, name: str, text: str) -> None:
     """A user workload spec `name` (YAML `text`) in the directory's .mmm-orch/workloads."""
     specs = directory / ".mmm-orch" / "workloads"

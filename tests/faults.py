@@ -27,10 +27,10 @@ for step in range(1, 1000):
 """
 
 
-def _ranks_of(native_id: str):
+def _ranks_of(native_id: str, module: str = "mmm_orch.trainers."):
     """(pid, environment) of each rank process of the job's launch on this host: the rank itself
-    (python -m mmm_orch.trainers.X), not the launcher whose command line holds the same words
-    (srun and mpiexec on the job's first node)."""
+    (python -m mmm_orch.trainers.X, or another `module`), not the launcher whose command line
+    holds the same words (srun and mpiexec on the job's first node)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -40,16 +40,16 @@ def _ranks_of(native_id: str):
                        (entry / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in item)
         except OSError:
             continue
-        if len(argv) < 3 or argv[1] != b"-m" or not argv[2].startswith(b"mmm_orch.trainers."):
+        if len(argv) < 3 or argv[1] != b"-m" or not argv[2].startswith(module.encode()):
             continue
         if (env.get("SLURM_JOB_ID") or env.get("PBS_JOBID")) == native_id:
             yield int(entry.name), env
 
 
-def trainer_pids(native_id: str, node: str) -> list[int]:
+def trainer_pids(native_id: str, node: str, module: str = "mmm_orch.trainers.") -> list[int]:
     """The rank processes of the job's launch on `node` (one host plays every node: Slurm's
     slurmd says which node in SLURMD_NODENAME, Hydra in MPIR_CVAR_CH3_INTERFACE_HOSTNAME)."""
-    return [pid for pid, env in _ranks_of(native_id)
+    return [pid for pid, env in _ranks_of(native_id, module)
             if (env.get("SLURMD_NODENAME") or env.get("MPIR_CVAR_CH3_INTERFACE_HOSTNAME")) == node]
 
 
@@ -66,7 +66,7 @@ def kill(pids: list[int], signum: int) -> float:
     return time.time()
 
 
-def signal_node(native_id: str, node: str, signum: int) -> float:
-    pids = trainer_pids(native_id, node)
+def signal_node(native_id: str, node: str, signum: int, module: str = "mmm_orch.trainers.") -> float:
+    pids = trainer_pids(native_id, node, module)
     assert pids, f"no rank of job {native_id} on {node}"
     return kill(pids, signum)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PBS_BIN, TERMINAL, assert_nothing_recorded, wait_state
+from conftest import PBS_BIN, TERMINAL, assert_nothing_recorded, wait_state, write_machine
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.launch import nodes_for
+from mmm_orch.jobs.launch import nodes_for, which_machine
 from mmm_orch.plan import Request
 from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
 
@@ -88,6 +88,87 @@ def test_a_machine_of_another_scheduler_than_the_allocations_is_refused(cli, mon
     assert result.code == 2 and "inside slurm job 5" in result.err
     result = cli("launch", "slurm-local", "-N", "3", "--", "hostname")
     assert result.code == 2 and "--nodes 3 is invalid: slurm job 5 has 2 usable nodes" in result.err
+    result = cli("launch", "slurm-local", "--", "no-such-program-here", "--flag")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+    assert "'no-such-program-here' is not found inside the allocation" in result.err, result.err
+    result = cli("launch", "slurm-local", "--dry-run", "--", "python3", "-c", "pass")
+    assert result.code == 0 and "srun --nodes=2" in result.out, result.err  # python3: found
+    assert_nothing_recorded()
+
+
+@pytest.mark.parametrize("host,machine", [
+    ("x3104c0s31b0n0.hsn.cm.polaris.alcf.anl.gov", "polaris"),
+    ("x4102c5s2b0n0", "aurora"),
+    ("aurora-uan-0010", "aurora"),
+    ("nid001234", "perlmutter"),
+    ("frontier01234", "frontier"),
+    ("my-laptop", "local"),
+])
+def test_outside_an_allocation_the_machine_is_found_from_this_hosts_name(host, machine):
+    assert which_machine("", None, host) == machine
+
+
+def test_inside_an_allocation_the_machine_is_found_from_its_first_node(cli, isolated, monkeypatch):
+    write_machine(isolated, "twin", "extends: slurm-local\nname: twin\n")
+    write_machine(isolated, "elsewhere", "extends: slurm-local\nname: elsewhere\n"
+                  "hostnames: ['zz\\d+']\n")
+    write_machine(isolated, "unsaid", "extends: slurm-local\nname: unsaid\nhostnames: []\n")
+    slurm = Allocation("slurm", "5", ("n1", "n2"))
+    with pytest.raises(MmmError, match=r"matches the hostnames of slurm-local, twin; name one"):
+        which_machine("", slurm, "login")
+    assert which_machine("twin", slurm, "login") == "twin"  # a name given wins among matches
+    assert which_machine("unsaid", slurm, "login") == "unsaid"  # and where it says nothing
+    with pytest.raises(MmmError, match=r"^machine 'elsewhere' is invalid here: slurm job 5 \(first "
+                       r"node n1\) matches the hostnames of slurm-local, twin, not elsewhere's"):
+        which_machine("elsewhere", slurm, "login")
+    with pytest.raises(MmmError, match=r"no machine profile's hostnames match slurm job 6"):
+        which_machine("", Allocation("slurm", "6", ("gpu01",)), "login")
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "zz[1-2]")
+    result = cli("launch", "dist_check", "--dry-run")  # WORKLOAD alone: MACHINE is found
+    assert result.code == 0, result.err
+    assert "workload dist_check on elsewhere (" in result.out
+    assert "srun --nodes=2" in result.out
+    result = cli("launch", "slurm-local", "dist_check", "--dry-run")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1
+    assert result.err.startswith("mmm-orch: error: machine 'slurm-local' is invalid here: slurm "
+                                 "job 5 (first node zz1) matches the hostnames of elsewhere"), result.err
+    assert_nothing_recorded()
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_allocate_gets_an_allocation_launches_in_it_and_keeps_the_exit_code(request, cli, isolated,
+                                                                            kind, leftovers_cancelled):
+    """`launch --allocate` outside any allocation: salloc, or qsub -I under a pseudo-terminal
+    (this test has no terminal), with the plan's directives; the rank's own exit code comes back
+    though qsub -I returns 0 whatever ran in it."""
+    request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
+    machine = "slurm-local" if kind == "slurm" else "pbs-local"
+    code = RANKS + "; import sys; sys.exit(3 if os.environ.get('SLURM_PROCID', os.environ.get('PMI_RANK')) == '1' else 0)"
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "PBS_JOBID")}
+    env["PATH"] = f"{PBS_BIN}:{env['PATH']}"
+    dry = subprocess.run([*MMM_ORCH, "launch", machine, "-N", "2", "--allocate", "--dry-run", "--",
+                          sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert dry.returncode == 0 and dry.stdout.startswith("salloc " if kind == "slurm" else
+                                                         f"{PBS_BIN}/qsub -I "), dry.stderr
+    proc = subprocess.run([*MMM_ORCH, "launch", machine, "-N", "2", "--allocate", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert (row["state"], row["exit_code"], row["nodes"]) == ("failed", 3, 2)
+    assert not list((isolated.parent / "state" / "mmm-orch" / "jobs").glob("launch-*.json"))
+
+
+def test_allocate_refuses_inside_an_allocation_and_on_a_machine_without_a_scheduler(cli, monkeypatch):
+    result = cli("launch", "local", "--allocate", "--", "true")
+    assert result.code == 2 and "machine local has no scheduler" in result.err
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    result = cli("launch", "slurm-local", "--allocate", "--", "true")
+    assert result.code == 2 and "already runs inside slurm job 5" in result.err
     assert_nothing_recorded()
 
 

@@ -49,6 +49,11 @@ def test_a_command_with_everything_it_needs_completes_on_every_rank(cli, isolate
     log = cli("logs", "1").out
     assert (row["state"], row["exit_code"]) == ("completed", 0), log
     assert set(re.findall(r"\brank (\d) ", log)) == {"0", "1"}, log
+    # It reports no steps: timeline and report say there is nothing of that kind to show.
+    timeline = cli("timeline", "1").out
+    assert "no first step: its program reported no steps" in timeline, timeline
+    report = cli("report", "1")
+    assert report.code == 0 and "job 1: its program reported no steps" in report.err, report.err
 
 
 def test_a_command_that_goes_silent_is_ended_as_hung(cli, isolated):

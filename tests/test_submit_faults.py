@@ -206,13 +206,13 @@ def test_a_refusal_in_the_scheduler_s_words_leaves_nothing(sched, isolated):
 HISTORY = 40  # finished jobs of one name: the old lookup read every one of them
 
 
+# PBS only: squeue reads the controller's jobs, sacct the record's time window (the Slurm side
+# is test_a_job_the_controller_forgot_is_found_in_accounting).
+@pytest.mark.parametrize("sched", [PBS], ids=["pbs"], indirect=True)
 def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, tmp_path):
     """Jobs of the same name from before the submission are not read: the one `status` after a
     killed submit settles its record in a few seconds, asking qstat about the jobs created since
     the record only (PBS: qselect -t c.ge.), not about the name's whole history."""
-    if sched.kind != "pbs":
-        pytest.skip("squeue reads the controller's jobs, sacct the record's time window: "
-                    "test_a_job_the_controller_forgot_is_found_in_accounting")
     name = "history" + RUN
     old = [subprocess.run([f"{PBS_BIN}/qsub", "-q", "parked", "-N", name, "-v",
                            "MMM_ORCH_TAG=another", "--", "/bin/true"], capture_output=True,
@@ -241,12 +241,11 @@ def test_a_tag_lookup_costs_the_same_whatever_the_history(sched, tmp_path):
     assert max(int(n) for n in asked.read_text().split()) <= 5 + 1, asked.read_text()
 
 
+@pytest.mark.parametrize("sched", [SLURM], ids=["slurm"], indirect=True)  # PBS keeps history
 def test_a_job_the_controller_forgot_is_found_in_accounting(sched, monkeypatch):
     """A killed submit's job that ended before `status` ran: once the Slurm controller forgets
     it (MinJobAge; here squeue shows nothing), sacct over the record's time window still has it
     with its tag, so the record is settled, never removed."""
-    if sched.kind != "slurm":
-        pytest.skip("PBS keeps finished jobs in its history (qselect -x)")
     proc = submit(sched, "forgotten", "kill-after")
     assert proc.returncode == -signal.SIGKILL
     (job,) = sched.jobs_named("forgotten")

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     program = argv[at + 1:] if at < len(argv) else None
     args = build_parser().parse_args(argv[:at])
     args.program = tuple(program or ())
+    args.words = argv[:at]  # as typed (launch --allocate runs them again inside the allocation)
     if program is not None and not getattr(args, "takes_program", False):
         print(f"mmm-orch: error: `mmm-orch {args.command}` runs no command of yours: nothing may "
               "follow --", file=sys.stderr)

@@ -62,9 +62,16 @@ def seconds(text: str) -> float:
     return value
 
 
-def plan_options(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
-    """The options that make a plan (render, submit); a sweep takes lists of nodes and values."""
-    parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
+def plan_options(parser: argparse.ArgumentParser, sweep: bool = False,
+                 machine_found: bool = False) -> None:
+    """The options that make a plan (render, submit); a sweep takes lists of nodes and values;
+    `machine_found`: MACHINE may be left out (launch finds it from the host names)."""
+    if machine_found:
+        parser.add_argument("machine", nargs="?", default="",
+                            help="machine profile (default: the one whose hostnames match the "
+                                 "allocation's nodes, or this host; see `mmm-orch machines`)")
+    else:
+        parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
     parser.add_argument("workload", nargs="?",
                         help="workload spec (see `mmm-orch workloads`); leave it out to run "
                              "your own command, given after --")

@@ -64,6 +64,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         print(f"  startup (job start to first step): {markers.startup_s:.1f}s")
     elif not text:
         print(f"  no log yet: {record.log_path}")
+    elif markers.launch_end is not None and markers.first_step is None:
+        print(f"  no first step: {startup.NO_STEPS}")
     return 0
 
 

@@ -4,22 +4,30 @@ this shell is in, in the foreground, recorded as a job."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
 import signal
 import sys
 
 from mmm_orch.cli import common
+from mmm_orch.errors import MmmError
 
 
 def register(sub) -> None:
     p = sub.add_parser("launch", help="run a workload or your command (after --) inside the "
                        "allocation you are in (salloc, qsub -I, a batch script), in the "
                        "foreground, recorded as a job")
-    common.plan_options(p)
+    common.plan_options(p, machine_found=True)
     p.add_argument("--first-node", type=common.lines, default=0, metavar="I",
                    help="start at the allocation's node I (from 0): launches side by side on "
                         "disjoint nodes take --nodes K --first-node 0, K, 2K, ...")
     p.add_argument("--use-bad-nodes", action="store_true",
                    help="also run on nodes remembered as bad (`mmm-orch nodes`)")
+    p.add_argument("--allocate", action="store_true",
+                   help="outside an allocation: get one for this plan (salloc, qsub -I with the "
+                        "profile's account, queue and walltime) and launch inside it")
+    p.add_argument("--report-to", help=argparse.SUPPRESS)  # the exit code, for --allocate
     p.add_argument("--dry-run", action="store_true", help="print the script; run nothing")
     p.add_argument("--no-env-check", action="store_true",
                    help="skip the check that the job's Python imports this mmm-orch")
@@ -27,6 +35,30 @@ def register(sub) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    from mmm_orch import usecases
+    from mmm_orch.config import registry
+
+    if args.machine and args.workload is None and args.machine not in registry.names("machines"):
+        args.machine, args.workload = "", args.machine  # `launch WORKLOAD`: the machine is found
+    if args.allocate:
+        words = [word for word in args.words if word not in ("--allocate", "--dry-run")]
+        if args.dry_run:
+            _, argv = usecases.allocation_for_launch(common.request(args), words, args.program,
+                                                     "REPORT", args.db)
+            print(shlex.join(argv))
+            return 0
+        return usecases.launch_in_a_new_allocation(common.request(args), words, args.program,
+                                                   args.db)
+    try:
+        code = _launch(args)
+    except MmmError as exc:
+        _report(args, exc.exit_code)
+        raise
+    _report(args, code)
+    return code
+
+
+def _launch(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
     from mmm_orch.render import render
 
@@ -39,6 +71,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
     print(f"mmm-orch: job {record.id}: {prepared.plan.launch_line}", file=sys.stderr)
     print(f"mmm-orch: log {record.log_path}", file=sys.stderr)
     return _in_the_foreground(args, record)
+
+
+def _report(args: argparse.Namespace, code: int) -> None:
+    """For `launch --allocate` outside: the launched job's exit code (its scheduler's
+    interactive command does not return it)."""
+    if args.report_to:
+        partial = f"{args.report_to}.partial"
+        with open(partial, "w", encoding="utf-8") as out:
+            json.dump({"exit_code": code}, out)
+        os.replace(partial, args.report_to)
 
 
 def _in_the_foreground(args: argparse.Namespace, record) -> int:

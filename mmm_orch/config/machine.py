@@ -290,6 +290,10 @@ class Machine:
     extends: str = ""  # only meaningful in user override files; resolved by the registry
     scheduler: Scheduler
     login_hosts: list[str] = field(default_factory=list)
+    # Host names of the machine (compute and login nodes), each a regular expression matched
+    # whole, as ReFrame's `hostnames`: `mmm-orch launch` without a MACHINE finds the profile
+    # whose patterns match the allocation's first node or this host.
+    hostnames: list[Regex] = field(default_factory=list)
     # Job directories on the login node when submitting over SSH (relative to the remote home).
     remote_jobs_dir: str = ".local/state/mmm-orch/jobs"
     node: NodeShape

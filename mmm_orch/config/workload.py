@@ -140,6 +140,10 @@ class Workload:
     description: str = ""
     # python -m <trainer>; "" for a workload that runs the user's command (`-- CMD ARGS...`)
     trainer: str = ""
+    # Only without a trainer: the command keeps mmm-orch's runtime contract (docs/runtime.md:
+    # save and exit 75 on the stop signal, resume when told), so chains, failover resumes and the
+    # stop before the walltime apply to it. A trainer's own --resume option says that for it.
+    resumable: Flag = False
     options: dict[str, Option] = field(default_factory=dict)
     args: dict[str, Any] = field(default_factory=dict)  # options always passed, before per-machine args and --set
     defaults: Defaults = field(default_factory=Defaults)
@@ -151,6 +155,12 @@ class Workload:
     def __post_init__(self) -> None:
         if self.trainer and not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
+        if self.trainer and self.resumable:
+            raise ValueError("resumable: true is for a workload without a trainer (a trainer "
+                             "resumes when it takes a resume option)")
+        if not self.trainer and self.options:
+            raise ValueError("options need a trainer to pass them to (your command takes its "
+                             "own arguments after --)")
         for name, option in self.options.items():
             if not _OPTION.match(name):
                 raise ValueError(f"option name {name!r} must be lower_snake_case")

@@ -44,15 +44,6 @@ def locked(path: Path) -> Iterator[dict[str, Any]]:
         tmp.replace(path)
 
 
-def latest_step(run_dir: str) -> int | None:
-    """The step of the run's newest complete checkpoint (checkpoints/latest), or None."""
-    try:
-        name = (Path(run_dir) / "checkpoints" / "latest").read_text().strip()
-        return int(name.removeprefix("step-"))
-    except (OSError, ValueError):
-        return None
-
-
 def say(text: str) -> None:
     protocol.say(protocol.CHAIN, f" {text}")
 
@@ -83,7 +74,7 @@ def begin(path: Path, link: int) -> int:
         if state["status"] != "running":
             say(f"link {link}/{total}{protocol.CHAIN_SKIPPED}the chain {state['status']} ({state['reason']})")
             return protocol.EXIT_CHAIN_SKIP
-        step = latest_step(state["run_dir"])
+        step = protocol.latest_step(state["run_dir"])
         before = state["progress"].get(str(link - 1))
         if before is not None and "end_step" not in before and (step or 0) <= before["start_step"]:
             # The link before died without saying how it ended (killed at its walltime with no
@@ -100,7 +91,7 @@ def begin(path: Path, link: int) -> int:
 def end(path: Path, link: int, code: int) -> int:
     with locked(path) as state:
         total = state["links"]
-        step = latest_step(state["run_dir"])
+        step = protocol.latest_step(state["run_dir"])
         progress = state["progress"].setdefault(str(link), {"start_step": 0})
         progress.update(end_step=step, exit_code=code, ended=time.time())
         if state["status"] != "running":

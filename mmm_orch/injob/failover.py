@@ -145,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
         os.environ["MASTER_ADDR"] = args.host_addr.format(node=active[0], short=short(active[0]))
         if attempt > 1:
             os.environ["MASTER_PORT"] = str(rendezvous.free_port())
-        if attempt > 1:
-            line = f"{line} {args.resume_args}".rstrip()
-            os.environ["MMM_RUN_LOCK_WAIT"] = str(RELAUNCH_LOCK_WAIT_S)
+        if attempt > 1:  # from the last checkpoint: a trainer by its options, a command by
+            line = f"{line} {args.resume_args}".rstrip()  # the runtime's variables
+            os.environ.update({protocol.RESUME_VAR: "1", protocol.ALLOW_FRESH_VAR: "1",
+                               "MMM_RUN_LOCK_WAIT": str(RELAUNCH_LOCK_WAIT_S)})
         protocol.say(protocol.ATTEMPT, f"={attempt}/{attempts} at={time.time():.3f} "
                      f"active={','.join(active)} spares={','.join(spares) or 'none'}")
         state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,

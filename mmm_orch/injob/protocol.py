@@ -10,7 +10,9 @@ Standard library only, importing nothing of mmm-orch: it runs inside jobs, in th
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from types import MappingProxyType
 
 PREFIX = "[mmm-orch]"
@@ -37,6 +39,13 @@ SUPERVISOR_FILE = "supervisor.json"  # the local executor: the supervising proce
 
 # The launch line's stand-in for "the active nodes": failover puts the launcher's words there.
 NODES_TOKEN = "@NODES@"
+
+# -- what the job tells the program it launches (the environment; runtime/contract.py reads it) ---
+RUN_DIR_VAR = "MMM_ORCH_RUN_DIR"          # the run's directory: metrics and checkpoints go there
+RESUME_VAR = "MMM_ORCH_RESUME"            # "1": continue from the run's latest checkpoint
+ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet is not an error
+CHECKPOINTS_DIR = "checkpoints"           # in the run directory: step-N/ and `latest`
+LATEST_CHECKPOINT = "latest"              # names the newest complete step-N (the chain reads it)
 
 # -- in-job programs (`python -m ...` lines of the job script) ----------------------------------
 MODULES = MappingProxyType({
@@ -83,6 +92,8 @@ FOR_TEMPLATES = MappingProxyType({
                               "hung": EXIT_HUNG, "checkpointed": EXIT_CHECKPOINTED}),
     "file": MappingProxyType({"nodes": NODES_FILE}),
     "module": MODULES,
+    "var": MappingProxyType({"run_dir": RUN_DIR_VAR, "resume": RESUME_VAR,
+                             "allow_fresh": ALLOW_FRESH_VAR}),
 })
 
 # -- readers --------------------------------------------------------------------------------------
@@ -120,6 +131,34 @@ STEP_BYTES = re.compile(rb"(?:^|[\s,\]])step=(\d+)")  # any step line of a train
 
 def link_id_file(link: int) -> str:
     return f"link-{link}.id"
+
+
+def checkpoint_name(step: int) -> str:
+    """A checkpoint's directory in CHECKPOINTS_DIR, as LATEST_CHECKPOINT names it."""
+    return f"step-{step}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint named by checkpoint_name, or None for any other name."""
+    digits = name.strip().removeprefix("step-")
+    return int(digits) if name.strip().startswith("step-") and digits.isdigit() else None
+
+
+def point_latest(run_dir: str | Path, step: int) -> None:
+    """Name step-`step` the run's newest complete checkpoint (atomically: a reader sees the old
+    name or the new one)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    partial = root / f".{LATEST_CHECKPOINT}.{os.getpid()}"
+    partial.write_text(checkpoint_name(step))
+    partial.replace(root / LATEST_CHECKPOINT)
+
+
+def latest_step(run_dir: str | Path) -> int | None:
+    """The step of the run's newest complete checkpoint, or None."""
+    try:
+        return checkpoint_step((Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT).read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def say(marker: str, text: str = "") -> None:

@@ -30,9 +30,9 @@ def check(plan: Plan, links: int) -> None:
     if plan.scheduler == "local":
         raise MmmError(f"--chain {links}: machine {plan.machine} runs jobs at once, without a "
                        "scheduler to hold the next link until the one before ends")
-    if not {"run_name", "resume"} <= set(plan.launch.options):
-        raise MmmError(f"--chain {links}: workload {plan.workload} has no run to carry on (its "
-                       "trainer takes no --run-name/--resume)")
+    if not plan.launch.can_resume:
+        raise MmmError(f"--chain {links}: workload {plan.workload} has no run to carry on "
+                       f"({plan.launch.why_it_cannot_resume})")
 
 
 def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: str) -> list[Plan]:

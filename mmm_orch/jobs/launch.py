@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -18,19 +19,75 @@ from mmm_orch.schedulers.allocation import Allocation, unique_lines
 from mmm_orch.transport import LocalRunner
 
 
-def as_the_profile_lists(plan: Plan, allocation: Allocation) -> Allocation:
+def as_the_profile_lists(machine: str, node_list: str, allocation: Allocation) -> Allocation:
     """The allocation's nodes as the machine's profile lists them (scheduler.node_list: the
     test server's vnodes share one host, so its node file names that host once), else as the
     scheduler's variables do."""
-    if not plan.placement.node_list:
+    if not node_list:
         return allocation
-    result = LocalRunner().run(["bash", "-c", plan.placement.node_list], timeout=60)
+    result = LocalRunner().run(["bash", "-c", node_list], timeout=60)
     nodes = tuple(unique_lines(result.stdout))
     if result.returncode != 0 or not nodes:
-        raise MmmError(f"machine {plan.machine}: scheduler.node_list found no nodes in "
+        raise MmmError(f"machine {machine}: scheduler.node_list found no nodes in "
                        f"{allocation.scheduler} job {allocation.job_id} (exit {result.returncode}: "
                        f"{result.stderr.strip()[:200]})")
     return dataclasses.replace(allocation, nodes=nodes)
+
+
+def which_machine(named: str, allocation: Allocation | None, hostname: str) -> str:
+    """The machine `launch` runs on: `named` when given (refused when this allocation's nodes
+    match other profiles' hostnames and not its own), else the one profile whose hostnames match
+    the allocation's first node, or this host outside any; `local` where none does outside one."""
+    matching, declaring = _matching_profiles(allocation, hostname)
+    where = (f"{allocation.scheduler} job {allocation.job_id} (first node "
+             f"{allocation.nodes[0] if allocation.nodes else 'none'})" if allocation
+             else f"this host ({hostname})")
+    if named:  # (one of another scheduler than the allocation's is refused with that reason)
+        same_kind = allocation is None or declaring.get(named) == allocation.scheduler
+        if matching and named not in matching and named in declaring and same_kind:
+            raise MmmError(f"machine {named!r} is invalid here: {where} matches the hostnames of "
+                           f"{', '.join(matching)}, not {named}'s; leave MACHINE out or name it")
+        return named
+    if len(matching) == 1:
+        return matching[0]
+    if matching:
+        raise MmmError(f"MACHINE is missing: {where} matches the hostnames of "
+                       f"{', '.join(matching)}; name one")
+    if allocation is None:
+        return "local"
+    raise MmmError(f"MACHINE is missing: no machine profile's hostnames match {where}; name it "
+                   "(`mmm-orch machines`), or give its profile `hostnames:`")
+
+
+def _matching_profiles(allocation: Allocation | None,
+                       hostname: str) -> tuple[list[str], dict[str, str]]:
+    """The profiles whose hostnames match (inside an allocation: its first node as each
+    profile of its scheduler lists the nodes), and every profile that declares hostnames, with
+    its scheduler's kind."""
+    from mmm_orch.config import registry
+
+    matching: list[str] = []
+    declaring: dict[str, str] = {}
+    for name in registry.names("machines"):
+        try:
+            machine = registry.load_machine(name)
+        except MmmError:
+            continue  # a broken profile is reported when it is named, not here
+        if not machine.hostnames:
+            continue
+        declaring[name] = machine.scheduler.kind
+        if allocation is not None and machine.scheduler.kind != allocation.scheduler:
+            continue
+        host = hostname
+        if allocation is not None:
+            try:
+                nodes = as_the_profile_lists(name, machine.scheduler.node_list, allocation).nodes
+            except MmmError:
+                continue  # its way of listing nodes does not work here: not this machine
+            host = nodes[0] if nodes else ""
+        if any(re.fullmatch(pattern, host) for pattern in machine.hostnames):
+            matching.append(name)
+    return matching, declaring
 
 
 def nodes_for(allocation: Allocation, request: Request, first_node: int,
@@ -77,11 +134,48 @@ def placed_on(plan: Plan, allocation: Allocation, nodes: tuple[str, ...], jobs_r
     return plan.with_launch(hosts=hosts)
 
 
-def allocation_hint(plan: Plan) -> str:
+def check_program(plan: Plan, program: str) -> None:
+    """Before anything is recorded: the command's program is found here, inside the allocation,
+    where the job looks for it (on PATH after the setup lines and the job environment)."""
+    from mmm_orch import envs
+
+    lines = [*plan.environment.setup,
+             *([envs.activation(plan.environment.path)] if plan.environment.path else []),
+             *([f'export PATH={shlex.quote(plan.launch.python_dir)}:"$PATH"']
+               if plan.launch.python_is_submitters else []),
+             'command -v -- "$1" >/dev/null']
+    result = LocalRunner().run(["bash", "-lc", "\n".join(lines), "bash", program], timeout=300)
+    if result.returncode != 0:
+        raise MmmError(f"command after -- is invalid: {program!r} is not found inside the "
+                       f"allocation (on PATH after {plan.machine}'s setup lines and job "
+                       "environment); give its path, or install it")
+
+
+def allocate_argv(plan: Plan, command: list[str] | None = None) -> list[str]:
     """The command that gets an allocation for `plan` (its account, queue, walltime and resource
-    directives), to run `launch` in."""
+    directives), running `command` in it (else a shell)."""
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
     directives = [word for line in (*plan.queue.directives, *plan.queue.resources)
                   for word in shlex.split(line)]
-    argv = scheduler.allocate_argv(plan.queue.account, plan.queue.walltime_hms, directives)
-    return shlex.join(argv)
+    return scheduler.allocate_argv(plan.queue.account, plan.queue.walltime_hms, directives, command)
+
+
+def allocation_hint(plan: Plan) -> str:
+    return shlex.join(allocate_argv(plan))
+
+
+def run_allocation(plan: Plan, argv: list[str]) -> None:
+    """Run allocate_argv's `argv` in the foreground, this process's terminal its own; under a
+    pseudo-terminal where the scheduler wants one and this process has none (qsub -I in a
+    script). What runs inside reports to the caller by a file."""
+    import subprocess
+    import sys
+
+    scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
+    if not scheduler.allocate_needs_terminal or (sys.stdin.isatty() and sys.stdout.isatty()):
+        subprocess.run(argv, check=False)
+        return
+    import pty
+
+    sys.stdout.flush()
+    pty.spawn(argv)  # copies the terminal's output to our stdout, and our stdin to it

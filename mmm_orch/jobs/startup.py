@@ -53,6 +53,12 @@ class Markers:
         return round(self.first_step - start, 3)  # logs stamp milliseconds at best
 
 
+# What timeline and report say of a job whose program reports no steps.
+NO_STEPS = (f"its program reported no steps (no `step=N` line, no {protocol.METRICS_FILE}), so "
+            "there is no startup time or step metric to show; mmm_orch.runtime.report_step "
+            "reports them (docs/runtime.md)")
+
+
 def _local_time(text: str, layout: str) -> float | None:
     """Seconds on the log's own clock; None for a stamp that is no date (2026-13-45)."""
     try:

@@ -109,6 +109,12 @@ class Environment:
     stage_dir: str
 
 
+# A command's run is told through the job's environment (protocol.RUN_DIR_VAR, RESUME_VAR,
+# ALLOW_FRESH_VAR), not through options; a resumable one (the workload says so) takes all three.
+COMMAND_OPTIONS = ("run_name",)
+RESUMABLE_COMMAND_OPTIONS = ("run_name", "resume", "allow_fresh")
+
+
 @dataclass(frozen=True)
 class Launch:
     """The launcher line and the program it starts, and where it runs."""
@@ -139,11 +145,32 @@ class Launch:
 
     @property
     def run_dir(self) -> str:
-        """Where the trainer writes metrics and checkpoints ('' for trainers without one)."""
+        """Where the program writes metrics and checkpoints ('' for trainers without one)."""
         name = self.args.get("run_name")
-        if not name or "output_dir" not in self.options:
+        if not name or not (self.command or "output_dir" in self.options):
             return ""
         return os.path.join(self.workdir, str(self.args.get("output_dir", "outputs")), name)
+
+    @property
+    def python_dir(self) -> str:
+        return os.path.dirname(self.python)
+
+    @property
+    def can_resume(self) -> bool:
+        """It saves on the stop signal and goes on from its checkpoint when told."""
+        return "resume" in self.options
+
+    @property
+    def why_it_cannot_resume(self) -> str:
+        return ("a command resumes only when its workload says `resumable: true`, keeping the "
+                "runtime contract of docs/runtime.md" if self.command
+                else "its trainer takes no --run-name/--resume")
+
+    @property
+    def resume_argv(self) -> str:
+        """What a failover relaunch adds to a trainer's words (a command is told through the
+        environment instead)."""
+        return "" if self.command or not self.can_resume else "--resume --allow-fresh"
 
 
 @dataclass(frozen=True)
@@ -237,7 +264,7 @@ class Plan:
     def stops_before_walltime(self) -> bool:
         """The watchdog asks the trainer to save and stop before the walltime: only a trainer
         that can resume (the stop signal would merely kill any other program early)."""
-        return bool(self.guard.step_timeout) and "resume" in self.launch.options
+        return bool(self.guard.step_timeout) and self.launch.can_resume
 
     def with_launch(self, **changes: Any) -> Plan:
         return dataclasses.replace(self, launch=dataclasses.replace(self.launch, **changes))

@@ -23,8 +23,9 @@ from mmm_orch.injob.protocol import MODULES
 from mmm_orch.plan import checks
 from mmm_orch.plan.checks import JOB_NAME, SAFE_WORD, fail
 from mmm_orch.plan.environment import env_groups, environment_word
-from mmm_orch.plan.model import (Devices, EnvEntry, Environment, Guard, Launch, Layout, Placement,
-                                 Plan, QueuePlan, Request, Transport)
+from mmm_orch.plan.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
+                                 Environment, Guard, Launch, Layout, Placement, Plan, QueuePlan,
+                                 Request, Transport)
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
@@ -331,6 +332,8 @@ def _launch(machine: Machine, workload: Workload, request: Request, fields: dict
         per_node=machine.launcher.per_node.format(**fields), python=python,
         python_is_submitters=machine.python == "auto",
         python_prefix=machine.launcher.python_prefix, trainer=workload.trainer, args=args,
-        options=tuple(workload.options), stop_signal=machine.launcher.stop_signal,
+        options=tuple(workload.options) if workload.trainer else
+        RESUMABLE_COMMAND_OPTIONS if workload.resumable else COMMAND_OPTIONS,
+        stop_signal=machine.launcher.stop_signal,
         workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None,
         command=(*machine.launcher.command_prefix, *request.command) if request.command else ())

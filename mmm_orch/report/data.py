@@ -12,6 +12,7 @@ from typing import Any
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
 from mmm_orch.jobs.record import JobRecord
+from mmm_orch.jobs.startup import NO_STEPS
 from mmm_orch.plan.store import section
 
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
@@ -69,10 +70,17 @@ def collect(records: list[JobRecord], values: list[dict[str, Any]] | None = None
 
 
 def notes(jobs: list[JobData]) -> str:
-    """One line on what was left out of the jobs' metrics ("" when nothing was)."""
+    """What was left out of the jobs' metrics, and which jobs have none, one line each (""
+    when nothing was)."""
     told = [f"job {d.record.id}: {d.left_out}" for d in jobs if d.left_out]
-    return "mmm-orch: note: metrics left out of the figures and table: " + "; ".join(told) \
-        if told else ""
+    lines = ["mmm-orch: note: metrics left out of the figures and table: " + "; ".join(told)] \
+        if told else []
+    stepless = [str(d.record.id) for d in jobs
+                if not d.steps and not d.allreduce and d.record.state.terminal]
+    if stepless:
+        lines.append(f"mmm-orch: note: job{'s' if len(stepless) > 1 else ''} "
+                     f"{', '.join(stepless)}: {NO_STEPS}")
+    return "\n".join(lines)
 
 
 def _number(value: Any) -> bool:

@@ -1,3 +1,17 @@
-"""What every trainer shares: who am I (launch_env), which device (device), process group (dist),
-metrics (metrics), stop signals (stop) and checkpoints (checkpoint). Only device, dist and
-checkpoint import torch."""
+"""The runtime: what a program run by mmm-orch uses to take part in its jobs.
+
+For your own code, the names below are the stable API (runtime/contract.py; docs/runtime.md):
+`from mmm_orch import runtime; rt = runtime.setup()`. Importing this needs no torch.
+
+The in-repo trainers use the modules under it: who am I (launch_env), which device (device),
+process group (dist), metrics (metrics), stop signals (stop) and checkpoints (checkpoint). Only
+device, dist and checkpoint import torch."""
+
+from mmm_orch.runtime.contract import (EXIT_CHECKPOINTED, Checkpoint, checkpoint_path,
+                                       checkpoint_saved, finish, latest_checkpoint, rank,
+                                       report_step, run_dir, setup, should_resume,
+                                       stop_requested)
+
+__all__ = ["EXIT_CHECKPOINTED", "Checkpoint", "checkpoint_path", "checkpoint_saved", "finish",
+           "latest_checkpoint", "rank", "report_step", "run_dir", "setup", "should_resume",
+           "stop_requested"]

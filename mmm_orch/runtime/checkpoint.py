@@ -19,13 +19,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
 from mmm_orch.runtime import stop
 
 
 class Checkpointer:
     def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool):
-        self.root = run_dir / "checkpoints"
+        self.run_dir = run_dir
+        self.root = run_dir / protocol.CHECKPOINTS_DIR
         self.every, self.device, self.is_main = every, device, is_main
         self.stopped = False
         self.last_save_s = 0.0
@@ -43,8 +45,8 @@ class Checkpointer:
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              train_state: dict[str, Any]) -> Path:
         started = time.perf_counter()
-        final = self.root / f"step-{step}"
-        staging = self.root / f".step-{step}.partial"
+        final = self.root / protocol.checkpoint_name(step)
+        staging = self.root / f".{final.name}.partial"
         if self.is_main:
             shutil.rmtree(staging, ignore_errors=True)
         dist.barrier()
@@ -59,8 +61,7 @@ class Checkpointer:
         if self.is_main:
             shutil.rmtree(final, ignore_errors=True)
             staging.rename(final)
-            (self.root / "latest.tmp").write_text(final.name)
-            (self.root / "latest.tmp").replace(self.root / "latest")
+            protocol.point_latest(self.run_dir, step)
         dist.barrier()
         self.last_save_s = time.perf_counter() - started
         return final
@@ -103,10 +104,10 @@ class Checkpointer:
     def load_latest(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Restore model and optimizer in place; returns train.json's content, or None."""
-        pointer = self.root / "latest"
-        if not pointer.exists():
+        step = protocol.latest_step(self.run_dir)
+        if step is None:
             return None
-        path = self.root / pointer.read_text().strip()
+        path = self.root / protocol.checkpoint_name(step)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path))

@@ -16,10 +16,18 @@ from mmm_orch.schedulers.states import JobState, JobStatus
 class PbsScheduler(CommandScheduler):
     defaults = {"submit": "qsub", "query": "qstat", "cancel": "qdel", "select": "qselect"}
 
-    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str]) -> list[str]:
-        """An interactive allocation with the job's directives: qsub -I (PBS Pro qsub(1B))."""
+    # qsub -I wants a terminal for its standard input and output, even to run a command.
+    allocate_needs_terminal = True
+
+    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
+                      command: list[str] | None = None) -> list[str]:
+        """An interactive allocation with the job's directives: qsub -I (PBS Pro qsub(1B)); with
+        `command`, the job runs it (`-- executable args`) instead of a shell, as salloc would:
+        with this environment (-V) and in this directory (a PBS job starts in $HOME)."""
+        here = ["-V", "--", "/bin/sh", "-c", 'cd "$PBS_O_WORKDIR" && exec "$@"', "sh", *command] \
+            if command else []
         return [self.cmd["submit"], "-I", *(["-A", account] if account else []), *directives,
-                "-l", f"walltime={walltime_hms}"]
+                "-l", f"walltime={walltime_hms}", *here]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES

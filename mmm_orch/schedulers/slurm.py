@@ -21,10 +21,14 @@ class SlurmScheduler(CommandScheduler):
     defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
                 "control": "scontrol", "allocate": "salloc"}
 
-    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str]) -> list[str]:
-        """An interactive allocation with the job's directives: salloc takes sbatch's options."""
+    allocate_needs_terminal = False
+
+    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
+                      command: list[str] | None = None) -> list[str]:
+        """An interactive allocation with the job's directives: salloc takes sbatch's options;
+        with `command`, salloc runs it here, inside the allocation, instead of a shell."""
         return [self.cmd["allocate"], *(["-A", account] if account else []), *directives,
-                "-t", walltime_hms]
+                "-t", walltime_hms, *(command or [])]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     refusal = parse.REFUSAL
