@@ -15,6 +15,14 @@ queued when its status is asked, and the right answer is known: 200 queued jobs.
 Needs the server: `sudo bash scripts/pbs-server.sh up`.
 
     python benchmarks/pbs_psij.py [--jobs 200] [--runs 5]
+
+`inprocess` compares submitting from inside one Python process, per job: mmm-orch's Python API
+(`mmm_orch.submit(...)`: plan, render, job directory, record before the scheduler is asked,
+qsub or sbatch, record) against PSI/J's `executor.submit(job)`, on the PBS server and on the
+Slurm test cluster (`sudo bash scripts/slurm-cluster.sh up`), each to a queue that takes jobs
+and never starts them (PBS `parked`, Slurm partition `parked`, which is down):
+
+    python benchmarks/pbs_psij.py inprocess [--jobs 200] [--runs 3]
 """
 
 from __future__ import annotations
@@ -35,6 +43,16 @@ from cli_render import ROOT, venv  # noqa: E402
 Q = "/opt/pbs/bin"
 PSIJ_VERSION = "0.9.11"
 
+# `count` one-node jobs of /bin/true to the `parked` queue, submitted one after the other, timed.
+PSIJ_SUBMITS = r"""
+jobs = [Job(JobSpec("/bin/true", launcher="single", inherit_environment=False,
+                    resources=ResourceSpecV1(node_count=1, processes_per_node=1),
+                    attributes=JobAttributes(queue_name="parked", duration=timedelta(minutes=10))))
+        for _ in range(count)]
+start = time.perf_counter()
+for job in jobs:
+    executor.submit(job)
+"""
 PSIJ = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
@@ -45,14 +63,7 @@ from psij.executors.batch.pbs import PBSExecutorConfig
 count, work = int(sys.argv[1]), sys.argv[2]
 config = PBSExecutorConfig(initial_queue_polling_delay=10**6, work_directory=Path(work))
 executor = JobExecutor.get_instance("pbs", config=config)  # its poller stays idle: we time one query
-jobs = [Job(JobSpec("/bin/true", launcher="single", inherit_environment=False,
-                    resources=ResourceSpecV1(node_count=1, processes_per_node=1),
-                    attributes=JobAttributes(queue_name="parked", duration=timedelta(minutes=10))))
-        for _ in range(count)]
-start = time.perf_counter()
-for job in jobs:
-    executor.submit(job)
-submit_s = time.perf_counter() - start
+""" + PSIJ_SUBMITS + r"""submit_s = time.perf_counter() - start
 start = time.perf_counter()
 command = executor.get_status_command([job.native_id for job in jobs])
 result = subprocess.run(command, capture_output=True, text=True)
@@ -69,9 +80,90 @@ print(json.dumps({"submit_s": submit_s, "status_s": status_s,
 """
 
 
-def delete(ids: list[str]) -> None:
+# One process, `count` submits, each tool's own way: the time per job, and the ids to delete.
+PSIJ_INPROCESS = r"""
+import json, sys, time
+from pathlib import Path
+from datetime import timedelta
+from psij import Job, JobAttributes, JobExecutor, JobSpec, ResourceSpecV1
+
+kind, count, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+config_class = {"pbs": "psij.executors.batch.pbs.PBSExecutorConfig",
+                "slurm": "psij.executors.batch.slurm.SlurmExecutorConfig"}[kind]
+module, name = config_class.rsplit(".", 1)
+config = getattr(__import__(module, fromlist=[name]), name)(
+    initial_queue_polling_delay=10**6, work_directory=Path(work))
+executor = JobExecutor.get_instance(kind, config=config)
+""" + PSIJ_SUBMITS + r"""print(json.dumps({"per_job_ms": (time.perf_counter() - start) / count * 1e3,
+                  "ids": [job.native_id for job in jobs]}))
+"""
+MMM_INPROCESS = r"""
+import json, sys, time
+import mmm_orch
+
+kind, count = sys.argv[1], int(sys.argv[2])
+machine = {"pbs": "pbs-local", "slurm": "slurm-local"}[kind]
+mmm_orch.plan(machine, "noop", queue="parked")  # what the first call loads once (profiles)
+start = time.perf_counter()
+jobs = [mmm_orch.submit(machine, "noop", queue="parked") for _ in range(count)]
+print(json.dumps({"per_job_ms": (time.perf_counter() - start) / count * 1e3,
+                  "ids": [job.native_id for job in jobs],
+                  "recorded": len(mmm_orch.jobs())}))
+"""
+
+
+def delete(ids: list[str], kind: str = "pbs") -> None:
     for start in range(0, len(ids), 50):
-        subprocess.run([f"{Q}/qdel", *ids[start:start + 50]], capture_output=True)
+        command = [f"{Q}/qdel"] if kind == "pbs" else ["scancel"]
+        subprocess.run([*command, *ids[start:start + 50]], capture_output=True)
+
+
+def inprocess_round(tool: str, python: Path, kind: str, count: int, work: Path) -> dict:
+    env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
+           "PYTHONPATH": str(work), "PATH": f"{Q}{os.pathsep}{os.environ['PATH']}"}
+    if tool == "psij":
+        argv = [str(python / "python"), "-c", PSIJ_INPROCESS, kind, str(count), str(work / "psij")]
+    else:
+        _noop_workload(work)
+        argv = [str(python / "python"), "-c", MMM_INPROCESS, kind, str(count)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tool} on {kind}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def inprocess(args: argparse.Namespace, mmm: Path, psij: Path) -> None:
+    rounds: dict[str, list[dict]] = {}
+    for run in range(args.runs):
+        for kind in ("pbs", "slurm"):
+            tools = ["mmm-orch api", "psij"] if run % 2 == 0 else ["psij", "mmm-orch api"]
+            for tool in tools:
+                with tempfile.TemporaryDirectory() as tmp:
+                    result = inprocess_round("psij" if tool == "psij" else "mmm",
+                                             psij if tool == "psij" else mmm, kind, args.jobs,
+                                             Path(tmp))
+                delete(result.pop("ids"), kind)
+                rounds.setdefault(f"{tool} {kind}", []).append(result)
+                print(f"run {run + 1} {tool} on {kind}: {result['per_job_ms']:.1f} ms a job"
+                      + (f", {result['recorded']} recorded" if "recorded" in result else ""),
+                      flush=True)
+                time.sleep(2)
+    summary = {name: {"per_job_ms": statistics.median(r["per_job_ms"] for r in rs),
+                      "runs": [round(r["per_job_ms"], 2) for r in rs]}
+               for name, rs in rounds.items()}
+    out = ROOT / "benchmarks" / "results" / "inprocess_submit.json"
+    out.write_text(json.dumps({"jobs": args.jobs, "runs": args.runs, "psij": PSIJ_VERSION,
+                               "summary": summary, "rounds": rounds}, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+def _noop_workload(work: Path) -> None:
+    """The probe workload both CLI and API rounds submit: a trainer that does nothing."""
+    (work / "noop_probe.py").write_text("pass\n")
+    specs = work / ".mmm-orch" / "workloads"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / "noop.yaml").write_text("name: noop\ntrainer: noop_probe\n"
+                                     "options: {seed: {type: int, default: 0}}\n")
 
 
 def mmm_round(mmm: Path, count: int, work: Path, sweep: bool = False) -> dict:
@@ -79,11 +171,7 @@ def mmm_round(mmm: Path, count: int, work: Path, sweep: bool = False) -> dict:
     (one process)."""
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
            "PYTHONPATH": str(work)}
-    (work / "noop_probe.py").write_text("pass\n")
-    specs = work / ".mmm-orch" / "workloads"
-    specs.mkdir(parents=True, exist_ok=True)
-    (specs / "noop.yaml").write_text("name: noop\ntrainer: noop_probe\n"
-                                     "options: {seed: {type: int, default: 0}}\n")
+    _noop_workload(work)
     submit = [str(mmm / "mmm-orch"), "submit", "pbs-local", "noop", "-q", "parked", "--json"]
     if sweep:
         submit = [str(mmm / "mmm-orch"), "sweep", "pbs-local", "noop", "-q", "parked", "--json",
@@ -126,6 +214,7 @@ def psij_round(psij: Path, count: int, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("mode", nargs="?", choices=["cli", "inprocess"], default="cli")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
@@ -133,6 +222,9 @@ def main() -> None:
     subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
                    check=True)
     psij = venv("psij", [f"psij-python=={PSIJ_VERSION}"])
+    if args.mode == "inprocess":
+        inprocess(args, mmm, psij)
+        return
     rounds = {"mmm-orch": [], "mmm-orch sweep": [], "psij": []}
     for run in range(args.runs):
         order = list(rounds) if run % 2 == 0 else list(reversed(rounds))

@@ -8,6 +8,19 @@ class MmmError(Exception):
     exit_code = 2
 
 
+class InvalidValue(MmmError):
+    """A value the user gave that is not allowed: which field, the value, and what is allowed
+    (the message says all three)."""
+
+    def __init__(self, field: str, value: object, allowed: str, message: str = ""):
+        super().__init__(message or f"{field} {value!r} is invalid: {allowed}")
+        self.field, self.value, self.allowed = field, value, allowed
+
+
+class UnknownName(InvalidValue):
+    """A machine, workload, option, preset or queue name that does not exist."""
+
+
 class ConfigError(MmmError):
     """A machine profile, workload spec or template that cannot be used as written."""
 

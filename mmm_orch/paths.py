@@ -7,9 +7,12 @@ prepend more roots (colon-separated), each holding machines/, workloads/, templa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
+
+from mmm_orch.errors import MmmError
 
 KINDS = ("machines", "workloads", "templates")
 MAX_CONFIG_BYTES = 1 << 20  # a profile or spec: the largest packaged one is 15 KiB
@@ -78,3 +81,20 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     if len(data) > limit:
         raise NotReadable(f"{os.fspath(path)} is above the {limit} bytes this file may have")
     return data
+
+
+def write_whole(path: str, text: str) -> None:
+    """Write `text` to the file `path` (an --out) whole or not at all: a failed write leaves no
+    partial file."""
+    target = Path(path)
+    if target.is_dir() or not target.name:
+        raise MmmError(f"--out {path!r}: is a directory; name a file")
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.chmod(0o755)
+        tmp.replace(target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise MmmError(f"--out {path!r}: cannot write: {exc.strerror}") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 from mmm_orch.errors import ConfigError
 from mmm_orch.injob import protocol
 from mmm_orch.paths import search_dirs
-from mmm_orch.plan import Plan
+from mmm_orch.planning import Plan
 
 
 def _bytecode_cache():
@@ -44,7 +44,7 @@ def _environment_for(dirs: tuple[str, ...]):
 
 def _moved(error: Exception) -> str:
     """Where a name a template read from the plan went when the plan took sections, if it did."""
-    from mmm_orch.plan.store import FLAT_NAMES, MOVED_PROPERTIES
+    from mmm_orch.planning.store import FLAT_NAMES, MOVED_PROPERTIES
 
     found = re.search(r"Plan object' has no attribute '(\w+)'", str(error))
     name = found[1] if found else ""

@@ -17,8 +17,8 @@ from typing import Iterator
 from mmm_orch.errors import MmmError, SchedulerError
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.plan import Plan, Request, resolve
-from mmm_orch.plan.model import ChainLink, JobPlace
+from mmm_orch.planning import Plan, Request, resolve
+from mmm_orch.planning.model import ChainLink, JobPlace
 from mmm_orch.render import render
 
 
@@ -57,7 +57,9 @@ def prepare(request: Request, db: str | None = None, template: str | None = None
 
     checked = plan(request, db)
     remote = target_for(checked, host)
-    scripts = [checked]
+    # One job with the packaged templates is rendered once, at submission (a failure there
+    # undoes everything); a template of the user's, and a chain's links, are tried first.
+    scripts = [checked] if template is not None else []
     if chain:  # a chain's first link, and one that resumes: what its scripts differ by
         scripts = chain_links(checked, chain)[:2]
     return _ready(checked, template, remote, env_check, scripts)
@@ -78,8 +80,8 @@ def _ready(checked: Plan, template: str | None, remote: str, env_check: bool,
            scripts: list[Plan] | None = None) -> Prepared:
     from mmm_orch.jobs.submit import check_job_python
 
-    for each in scripts or [checked]:  # a bad template is refused before the machine is contacted
-        render(each, template)
+    for each in [checked] if scripts is None else scripts:  # a bad template is refused before
+        render(each, template)                                 # the machine is contacted
     if env_check:
         check_job_python(checked, remote)
     return Prepared(checked, template, remote)
@@ -217,7 +219,7 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
     job linked to it; `resume`: from the run's latest checkpoint."""
     from mmm_orch.jobs import submit as jobs
-    from mmm_orch.plan.store import stored_plan
+    from mmm_orch.planning.store import stored_plan
 
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
     args = dict(recorded.launch.args)

@@ -21,5 +21,5 @@ run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial 
     "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || failed=$rc; }
 }
 run -m serial -p no:xdist "$@"
-run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-4}" --dist loadgroup "$@"
+run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-4}" --dist loadgroup --durations=40 "$@"
 exit "$failed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -61,10 +62,30 @@ def test_a_base_file_edit_invalidates_files_that_extend_it(cli, isolated):
 
 
 def test_cached_and_fresh_objects_are_equal(isolated):
-    from mmm_orch.config import registry
+    from mmm_orch.config import cache, registry
 
+    cache._memo.clear()  # what earlier tests in this process read
     for name in registry.names("machines"):
         assert registry.load_machine(name) == registry.load_machine(name)
-    first = registry.load_workload("llama3_70b")
-    second = registry.load_workload("llama3_70b")
+    cache._memo.clear()
+    first = registry.load_workload("llama3_70b")  # validated (this test's cache is empty)
+    second = registry.load_workload("llama3_70b")  # from the disk cache
     assert first == second and first is not second
+    assert registry.load_workload("llama3_70b") is second  # kept in the process
+
+
+def test_a_profile_changed_in_the_same_clock_tick_is_read_again(cli, isolated):
+    """The in-process copy is trusted only for files older than RACY_S: a rewrite within the
+    same tick of the file system's clock leaves mtime, size and inode as they were."""
+    from mmm_orch.config import registry
+
+    user = isolated / ".mmm-orch" / "machines"
+    user.mkdir(parents=True)
+    path = user / "mine.yaml"
+    path.write_text("extends: local\nname: mine\nranks_per_node: 2\n")
+    stamp = path.stat().st_mtime_ns
+    assert registry.load_machine("mine").ranks_per_node == 2
+    assert registry.load_machine("mine").ranks_per_node == 2
+    path.write_text("extends: local\nname: mine\nranks_per_node: 3\n")
+    os.utime(path, ns=(stamp, stamp))  # the same stat as before
+    assert registry.load_machine("mine").ranks_per_node == 3

@@ -316,7 +316,7 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
     """1000 job directories: opening a whole database reads the mark and one row, nothing more;
     only a database below its mark costs a listing of the directories. Counted, not timed
     (benchmarks time things): every listing goes through job_records."""
-    import mmm_orch.jobs.dbfile as db_module
+    from mmm_orch.jobs import dbfile as db_module
 
     listings = []
     real = db_module.job_records

@@ -296,7 +296,7 @@ def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, k
 
 
 def test_a_file_past_the_read_bound_is_read_to_the_bound(db_cli, metrics, tmp_path):
-    from mmm_orch.report.data import MAX_METRICS_LINES
+    from mmm_orch.reporting.data import MAX_METRICS_LINES
 
     with metrics.open("ab") as out:
         out.write(b"x\n" * (MAX_METRICS_LINES + 10))
@@ -452,7 +452,7 @@ def test_a_damaged_chain_state_reads_as_no_progress(sweep, tmp_path, state, spec
 def test_a_plan_recorded_flat_by_an_older_mmm_orch_is_read_into_its_sections(db_cli, sweep, tmp_path):
     """Records written before the plan had sections hold it flat: rerun reads them into the
     same Plan, and the report finds their mesh."""
-    from mmm_orch.plan.store import FLAT_NAMES, stored_plan
+    from mmm_orch.planning.store import FLAT_NAMES, stored_plan
 
     original = _sql(sweep, "SELECT plan FROM jobs WHERE id = 1")[0][0]
     sectioned = json.loads(original)

@@ -17,7 +17,7 @@ import pytest
 from conftest import PBS_BIN, TERMINAL, assert_nothing_recorded, wait_state, write_machine
 from mmm_orch.errors import MmmError
 from mmm_orch.jobs.launch import nodes_for, which_machine
-from mmm_orch.plan import Request
+from mmm_orch.planning import Request
 from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]

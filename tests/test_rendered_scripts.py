@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from mmm_orch.errors import MmmError
 from mmm_orch.jobs.chains import link_plans
-from mmm_orch.plan import Request, resolve
+from mmm_orch.planning import Request, resolve
 from mmm_orch.render import render
 
 KEPT = REPO / "tests" / "fixtures" / "scripts"

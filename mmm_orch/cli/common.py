@@ -4,15 +4,13 @@ plan options of render/submit/sweep, and opening the job database."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import re
 import sys
-from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from mmm_orch.errors import MmmError
+from mmm_orch.limits import MAX_LINKS
 
 MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer
 
@@ -47,9 +45,7 @@ def _bounded_int(low: int, high: int | None, what: str) -> Callable[[str], int]:
 count = _bounded_int(1, None, "a whole number")          # nodes, links, ...
 lines = _bounded_int(0, None, "a whole number")          # --tail
 job_id = _bounded_int(1, MAX_JOB_ID, "a job id,")
-# A chain's links are all queued at once: 200 links of a day's walltime is half a year of
-# training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).
-links = _bounded_int(1, 200, "a number of links,")
+links = _bounded_int(1, MAX_LINKS, "a number of links,")
 
 
 def seconds(text: str) -> float:
@@ -105,7 +101,7 @@ def plan_options(parser: argparse.ArgumentParser, sweep: bool = False,
 
 
 def request(args: argparse.Namespace, **overrides: Any):
-    from mmm_orch.plan import Request
+    from mmm_orch.planning import Request
 
     program = tuple(getattr(args, "program", ()))
     if args.workload is None and not program:
@@ -129,22 +125,6 @@ def print_script(script: str) -> None:
         console.print_script(script)
     else:
         sys.stdout.write(script)
-
-
-def write_file(path: str, text: str) -> None:
-    """Write atomically: a failed write leaves no partial file."""
-    target = Path(path)
-    if target.is_dir() or not target.name:
-        raise MmmError(f"--out {path!r}: is a directory; name a file")
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(0o755)
-        tmp.replace(target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise MmmError(f"--out {path!r}: cannot write: {exc.strerror}") from None
 
 
 def jobs_db(args: argparse.Namespace, create: bool = False):

@@ -8,6 +8,7 @@ import sys
 
 from mmm_orch.cli import common
 from mmm_orch.errors import MmmError
+from mmm_orch.paths import write_whole
 
 
 def register(sub) -> None:
@@ -41,7 +42,7 @@ def script(args: argparse.Namespace) -> str:
 def cmd_render(args: argparse.Namespace) -> int:
     text = script(args)
     if args.out:
-        common.write_file(args.out, text)
+        write_whole(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         common.print_script(text)

@@ -36,8 +36,8 @@ def _where(args: argparse.Namespace):
     from mmm_orch.config.registry import load_machine
     from mmm_orch.errors import MmmError
     from mmm_orch.jobs.submit import login_target
-    from mmm_orch.plan.checks import check_text
-    from mmm_orch.plan.environment import environment_word
+    from mmm_orch.planning.checks import check_text
+    from mmm_orch.planning.environment import environment_word
 
     machine = load_machine(args.machine)
     check_text(f"machine {machine.name}: python", machine.python)  # a word of the check's bash

@@ -40,31 +40,27 @@ def _stamp(at: float) -> str:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from mmm_orch.hosts import host_for
-    from mmm_orch.jobs import logs, startup
-    from mmm_orch.jobs.track import refresh
+    from mmm_orch import inspection
+    from mmm_orch.jobs import startup
 
     db = common.jobs_db(args)
-    refresh(db, [common.job(db, args.job)])
-    record = common.job(db, args.job)
-    text = logs.head_and_tail(host_for(record.remote), record.log_path) or ""
-    markers = startup.parse_markers(text)
-    rows = startup.timeline(record.submitted_at, markers, record.ended_at)
+    found = inspection.timeline(db, common.job(db, args.job))
+    record = found.record
     if args.json:
-        print(json.dumps({"job": record.id, "state": record.state.value, "events": rows,
-                          "startup_s": markers.startup_s}, indent=2))
+        print(json.dumps({"job": record.id, "state": record.state.value, "events": found.events,
+                          "startup_s": found.startup_s}, indent=2))
         return 0
     print(f"job {record.id}: {record.workload} on {record.machine}, {record.nodes} node(s), "
           f"{record.ranks} ranks, {record.state.value}")
-    width = max((len(row["event"]) for row in rows), default=0)
-    for row in rows:
+    width = max((len(row["event"]) for row in found.events), default=0)
+    for row in found.events:
         gap = "" if row["gap_s"] is None else f"{row['gap_s']:+.1f}s"
         print(f"  {row['event']:<{width}} {_stamp(row['at'])}  {gap}")
-    if markers.startup_s is not None:
-        print(f"  startup (job start to first step): {markers.startup_s:.1f}s")
-    elif not text:
+    if found.startup_s is not None:
+        print(f"  startup (job start to first step): {found.startup_s:.1f}s")
+    elif not found.has_log:
         print(f"  no log yet: {record.log_path}")
-    elif markers.launch_end is not None and markers.first_step is None:
+    elif found.launch_ended and not found.first_step_seen:
         print(f"  no first step: {startup.NO_STEPS}")
     return 0
 
@@ -157,30 +153,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         path = Path(args.log)
         common.check_machine(args.machine, None)
         text, machine, where, header = _read_log(args.log, 256 << 20), args.machine, str(path), path.name
+        signatures = machine_failures(machine) if machine else common_failures()
+        result, blamed = diagnose.diagnose(text, signatures), ""
     else:
-        from mmm_orch.hosts import host_for
-        from mmm_orch.jobs import logs
-        from mmm_orch.jobs.track import refresh
+        from mmm_orch import inspection
         from mmm_orch.jobs.view import exit_text
 
         db = common.jobs_db(args)
-        refresh(db, [common.job(db, args.job)])
-        record = common.job(db, args.job)
-        log = logs.head_and_tail(host_for(record.remote), record.log_path, head=256 << 20,
-                                 last=16 << 20)
-        if log is None:
-            raise MmmError(f"job {record.id} has no log yet ({record.state.value}): {record.log_path}")
-        # The scheduler's own word (a PBS comment, a Slurm reason) can be the whole story.
-        text = log + (f"\nscheduler: {record.reason}\n" if record.reason else "")
+        found = inspection.diagnose(db, common.job(db, args.job))
+        record, result, blamed = found.record, found.result, found.blamed
         machine, where = record.machine, record.log_path
         header = (f"job {record.id}: {record.workload} on {record.machine}, {record.state.value}, "
                   f"exit {exit_text(record)}")
-    signatures = machine_failures(machine) if machine else common_failures()
-    result = diagnose.diagnose(text, signatures)
-    blamed = (not args.log and result.first is not None and result.first.signature.node_fault
-              and bool(result.first.host))
-    if blamed:  # a node that lost a job's ranks: later jobs on the machine avoid it
-        db.blame_node(machine, result.first.host, result.first.line, record.id)
     if args.json:
         print(json.dumps({"log": where, **result.to_dict()}, indent=2))
         return 0
@@ -198,8 +182,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     print(f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}")
     print(f"  source: {first.signature.source}")
     if blamed:
-        print(f"remembered {first.host} as bad on {machine}: later jobs there avoid it "
-              f"(`mmm-orch nodes`; `mmm-orch nodes forget {first.host}`)")
+        print(f"remembered {blamed} as bad on {machine}: later jobs there avoid it "
+              f"(`mmm-orch nodes`; `mmm-orch nodes forget {blamed}`)")
     if result.later:
         print("also seen later: " + ", ".join(f"{name} ({n} lines)" for name, n in result.later.items()))
     if result.fallout:

@@ -235,25 +235,20 @@ def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from mmm_orch import inspection
     from mmm_orch.errors import MmmError
-    from mmm_orch.hosts import host_for
     from mmm_orch.jobs import logs
 
     db = common.jobs_db(args)
     record = common.job(db, args.job)
-    host = host_for(record.remote)
-    start = host.size(record.log_path)
-    if start is not None:
-        if args.tail is not None:
-            text, start = logs.tail(host, record.log_path, args.tail)
-        else:
-            text = host.read_from(record.log_path, 0, start) or b""
+    text, start = inspection.log_text(record, args.tail)
+    if text is not None:
         logs.write(logs.clean(text, args.strip_ansi))
     elif not args.follow:
         raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {record.log_path}; "
                        "use --follow to wait for it")
     if args.follow:
-        return follow(db, args.job, args.strip_ansi, start=start or 0)
+        return follow(db, args.job, args.strip_ansi, start=start)
     return 0
 
 

@@ -13,10 +13,6 @@ from pathlib import Path
 
 from mmm_orch.cli import common
 
-PLOT_HINT = ("figures need matplotlib: pip install 'mmm-orch[plot]' (into the environment "
-             "mmm-orch runs from), then run this command again")
-
-
 def sweep_id(text: str) -> int:
     """A sweep as `status` shows it (s3) or its number (3)."""
     match = re.fullmatch(r"s?(\d{1,18})", text.strip())
@@ -106,71 +102,33 @@ def _selected(args: argparse.Namespace):
     return records, values, default[:100], title
 
 
-def _report_dir(out: Path) -> None:
-    """`report --out` names a directory (made when missing) that the figures and report.html go
-    into: a file, a FIFO or a place that takes no files is refused before anything is written or
-    printed, and a directory made for it is removed again."""
-    import tempfile
-
-    from mmm_orch.errors import MmmError
-
-    if out.exists() and not out.is_dir():
-        what = "a file" if out.is_file() else "a FIFO, socket or device"
-        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {what} is there (report "
-                       "writes a directory of figures and report.html; name a new or empty one)")
-    created = [p for p in (out, *out.parents) if not p.exists()]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()  # it takes files: a read-only place says so here
-    except OSError as exc:
-        for directory in created:  # innermost first
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        doing = "write into" if out.is_dir() else "make"
-        raise MmmError(f"--out {str(out)!r}: cannot {doing} the directory: "
-                       f"{exc.strerror or exc}") from None
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from mmm_orch.errors import MmmError
-    from mmm_orch.report import data, html, table
+    from mmm_orch.reporting import build, data, table
 
     records, values, default, title = _selected(args)
-    jobs = data.collect(records, values)
-    rows = table.rows(jobs)
-    out = Path(args.out or default)
-    _report_dir(out)
-    figures: list[Path] = []
-    hint = PLOT_HINT if importlib.util.find_spec("matplotlib") is None else ""
-    try:  # the files first: a report that cannot be written prints no table
-        if not hint:
-            from mmm_orch.report import figures as draw
-
-            figures = draw.report_figures(rows, jobs, out)
-        page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
-    except OSError as exc:
-        raise MmmError(f"--out {str(out)!r}: cannot write the figures: {exc.strerror}") from None
-    common.write_file(str(out / "report.html"), page)
+    made = build.report(records, values, Path(args.out or default), title)
     if args.json:
-        print(json.dumps(table.as_dicts(rows), indent=2))
+        print(json.dumps(table.as_dicts(made.rows), indent=2))
     else:
-        sys.stdout.write(table.text(rows))
+        sys.stdout.write(table.text(made.rows))
     where = sys.stderr if args.json else sys.stdout
-    for path in figures:
+    for path in made.figures:
         print(f"figure: {path}", file=where)
-    print(f"report: {out / 'report.html'}", file=where)
-    if hint:
-        print(f"mmm-orch: {hint}", file=sys.stderr)
-    if note := data.notes(jobs):
+    print(f"report: {made.page}", file=where)
+    if made.hint:
+        print(f"mmm-orch: {made.hint}", file=sys.stderr)
+    if note := data.notes(made.jobs):
         print(note, file=sys.stderr)
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from mmm_orch.errors import MmmError
-    from mmm_orch.report import data
+    from mmm_orch.reporting import data
 
     if importlib.util.find_spec("matplotlib") is None:
+        from mmm_orch.reporting.build import PLOT_HINT
+
         raise MmmError(PLOT_HINT)
     record = common.job(common.jobs_db(args), args.job)
     out = Path(args.out or f"job-{record.id}.png")
@@ -191,7 +149,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
                        + (f" ({job.left_out})" if job.left_out
                           else f" ({record.run_dir}/{METRICS_FILE} is missing or empty)"
                           if record.run_dir else f" (workload {record.workload} writes none)"))
-    from mmm_orch.report import figures  # matplotlib writes its cache at import: not for a typo
+    from mmm_orch.reporting import figures  # matplotlib writes its cache at import: not for a typo
 
     tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")  # a failed write leaves no half PNG
     try:

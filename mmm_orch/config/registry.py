@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.config import cache
-from mmm_orch.errors import ConfigError, MmmError
+from mmm_orch.errors import ConfigError, UnknownName
 from mmm_orch.paths import search_dirs
 
 
@@ -26,10 +26,11 @@ def names(kind: str) -> list[str]:
     return sorted(_files(kind))
 
 
-def unknown_name(what: str, name: str, choices: list[str]) -> MmmError:
+def unknown_name(what: str, name: str, choices: list[str]) -> UnknownName:
     close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return MmmError(f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})")
+    return UnknownName(what, name, f"one of {', '.join(choices)}",
+                       f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})")
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.dbfile import jobs_root_for
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.submit import cancel, new_tag, submit
-from mmm_orch.plan.model import ChainLink, Plan
+from mmm_orch.planning.model import ChainLink, Plan
 from mmm_orch.schedulers import scheduler_for
 
 

@@ -105,7 +105,8 @@ class JobDB:
         with self._errors("open"):
             # mode=rw: never creates a file (a path removed since would be an empty, unmarked one)
             self.conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True,
-                                        timeout=60, isolation_level=None)
+                                        timeout=60, isolation_level=None,
+                                        check_same_thread=False)  # the API: threads take turns
             _connected[path.absolute()] += 1
         try:
             with self._errors("open"):

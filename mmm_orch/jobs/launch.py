@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from mmm_orch.errors import MmmError
-from mmm_orch.plan import Plan, Request
+from mmm_orch.planning import Plan, Request
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.allocation import Allocation, unique_lines
 from mmm_orch.transport import LocalRunner

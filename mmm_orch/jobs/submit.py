@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,7 +40,7 @@ from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.dbfile import jobs_root_for
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.plan import Plan
+from mmm_orch.planning import Plan
 from mmm_orch.render import render
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef, Submission
@@ -48,6 +49,8 @@ from mmm_orch.transport import Retry
 
 def git_commit(directory: str) -> str | None:
     """HEAD of the git work tree holding `directory`, with '-dirty' for uncommitted changes."""
+    if not any((Path(up) / ".git").exists() for up in (directory, *Path(directory).parents)):
+        return None  # in no work tree: no git to start (a submit loop pays nothing for it)
     try:
         head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10)
@@ -136,6 +139,13 @@ class Interrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _signals_as_interrupts() -> Iterator[None]:
+    """In the main thread. A submit in another thread (the Python API) leaves signals to the
+    program's own main thread: its record, written before the scheduler is asked, is then
+    settled by the next refresh."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
     def interrupt(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
 
@@ -150,7 +160,7 @@ def _signals_as_interrupts() -> Iterator[None]:
 def write_record(directory: Path, values: dict[str, Any]) -> None:
     """The job's own copy of its record (what `mmm-orch db recover` rebuilds from)."""
     tmp = directory / (RECORD_FILE + ".tmp")
-    tmp.write_text(json.dumps(values, indent=1))
+    tmp.write_text(json.dumps(values))  # compact: Python's C encoder (indenting is 10x slower)
     tmp.replace(directory / RECORD_FILE)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from mmm_orch.errors import MmmError
 from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.plan import Plan, Request, resolve
+from mmm_orch.planning import Plan, Request, resolve
 
 _SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
 # Points in one sweep: a scaling study or a search is tens to hundreds of jobs; past this a

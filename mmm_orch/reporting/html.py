@@ -8,7 +8,7 @@ import html
 import time
 from pathlib import Path
 
-from mmm_orch.report.table import Row, cell, shown_columns
+from mmm_orch.reporting.table import Row, cell, shown_columns
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

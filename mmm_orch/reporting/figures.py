@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator  # noqa: E402
 
-from mmm_orch.report.data import JobData  # noqa: E402
-from mmm_orch.report.table import Row  # noqa: E402
+from mmm_orch.reporting.data import JobData  # noqa: E402
+from mmm_orch.reporting.table import Row  # noqa: E402
 
 SIZE = (8.0, 4.5)  # inches; at DPI, 1200 x 675 pixels: a terminal image viewer and a paper
 DPI = 150

@@ -1,6 +1,6 @@
 """What the user asked for (Request) and every decision about one job (Plan), in named sections.
 
-A Plan is immutable and built only by plan/resolve.py from validated inputs; the script
+A Plan is immutable and built only by planning/resolve.py from validated inputs; the script
 templates read its sections (`plan.layout.nodes`, `plan.queue.walltime_hms`, ...) and only
 format them.
 """

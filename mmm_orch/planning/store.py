@@ -11,7 +11,7 @@ import typing
 from typing import Any
 
 from mmm_orch.errors import MmmError
-from mmm_orch.plan.model import Launch, Plan
+from mmm_orch.planning.model import Launch, Plan
 
 # Where each name of the flat plan went: (section, name in it).
 FLAT_NAMES = {

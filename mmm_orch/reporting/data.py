@@ -13,7 +13,7 @@ from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.startup import NO_STEPS
-from mmm_orch.plan.store import section
+from mmm_orch.planning.store import section
 
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 # A step record is ~250 bytes: 64 MiB or 500,000 lines is a quarter million steps and more, read

@@ -10,7 +10,7 @@ from typing import Any
 from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.workload import Workload
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import InvalidValue, MmmError
 
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
 SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
@@ -41,8 +41,8 @@ def check_text(field: str, value: str) -> str:
 
 
 
-def fail(field: str, value: Any, allowed: str) -> MmmError:
-    return MmmError(f"{field} {value!r} is invalid: {allowed}")
+def fail(field: str, value: Any, allowed: str) -> InvalidValue:
+    return InvalidValue(field, value, allowed)
 
 
 def pairs(items: tuple[str, ...], flag: str) -> list[tuple[str, str]]:

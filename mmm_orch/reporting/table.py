@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from mmm_orch.plan.store import section
-from mmm_orch.report.data import JobData
+from mmm_orch.planning.store import section
+from mmm_orch.reporting.data import JobData
 
 DEFINITIONS = (
     "Step time: the median over every step but the first (warm-up). Throughput: the median "

@@ -18,12 +18,12 @@ from mmm_orch.config.common import NODE_NAME
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload, MachineOverride
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.injob.protocol import MODULES
-from mmm_orch.plan import checks
-from mmm_orch.plan.checks import JOB_NAME, SAFE_WORD, fail
-from mmm_orch.plan.environment import env_groups, environment_word
-from mmm_orch.plan.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
+from mmm_orch.planning import checks
+from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
+from mmm_orch.planning.environment import env_groups, environment_word
+from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
                                  Environment, Guard, Launch, Layout, Placement, Plan, QueuePlan,
                                  Request, Transport)
 from mmm_orch.walltime import format_walltime, parse_walltime
@@ -255,7 +255,7 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
         try:
             args[key] = option.coerce(key, value)
         except ValueError as exc:
-            raise MmmError(f"--set {exc}") from None
+            raise InvalidValue(f"--set {key}", value, option.allowed(), f"--set {exc}") from None
     return args
 
 

@@ -11,8 +11,8 @@ from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
 from mmm_orch.config.workload import Workload
 from mmm_orch.errors import MmmError
-from mmm_orch.plan.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
-from mmm_orch.plan.model import EnvEntry, EnvGroup, Request
+from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
+from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
 
 
 def env_groups(machine: Machine, workload: Workload, request: Request, nodes: int,

@@ -1,0 +1,165 @@
+"""A job in the Python API (mmm_orch.api): a handle on a recorded job, in this process or found
+again from another, with the verbs of the command line (status, wait, logs, cancel, timeline,
+diagnose, rerun) going through the same use cases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from mmm_orch.jobs.record import JobRecord
+
+# One connection per database file and process (jobs/db.py): threads take turns with it.
+lock = threading.RLock()
+
+
+def _db(path: str | None):
+    from mmm_orch.jobs.db import open_db
+
+    db = open_db(path)
+    if db is None:
+        from mmm_orch.errors import MmmError
+
+        raise MmmError("no job database yet: nothing was submitted")
+    return db
+
+
+def refresh(jobs: Iterable[Job]) -> list[Job]:
+    """Ask the schedulers about these jobs at once (one query per machine and host, as `status`
+    does; ended jobs are not asked again) and update each."""
+    from mmm_orch.jobs.track import refresh as refresh_records
+
+    jobs = list(jobs)
+    by_db: dict[str | None, list[Job]] = {}
+    for job in jobs:
+        by_db.setdefault(job.db, []).append(job)
+    with lock:
+        for path, group in by_db.items():
+            db = _db(path)
+            refresh_records(db, [job.record for job in group])
+            fresh = {r.id: r for r in db.list(ids=[job.id for job in group])}
+            for job in group:
+                job.record = fresh.get(job.id, job.record)
+    return jobs
+
+
+class Job:
+    """A recorded job. Its fields are as last refreshed (`refresh()`, `wait()`, or the module's
+    refresh() for many at once)."""
+
+    def __init__(self, record: JobRecord, db: str | None = None):
+        self.record = record
+        self.db = db  # the job database's path; None: the default ($MMM_ORCH_DB, XDG state)
+
+    def __eq__(self, other: object) -> bool:  # the same recorded job, however it was found
+        return isinstance(other, Job) and (self.id, self.db) == (other.id, other.db)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.db))
+
+    def __repr__(self) -> str:
+        return (f"Job({self.id}, {self.workload} on {self.machine}, {self.state}, "
+                f"{self.record.scheduler} id {self.native_id or '-'})")
+
+    id = property(lambda self: self.record.id)
+    native_id = property(lambda self: self.record.native_id)
+    machine = property(lambda self: self.record.machine)
+    workload = property(lambda self: self.record.workload)
+    state = property(lambda self: self.record.state.value)
+    exit_code = property(lambda self: self.record.exit_code)
+    reason = property(lambda self: self.record.reason)
+    done = property(lambda self: self.record.terminal)
+    log_path = property(lambda self: self.record.log_path)
+    run_dir = property(lambda self: self.record.run_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.record.to_dict()
+
+    def refresh(self) -> Job:
+        refresh([self])
+        return self
+
+    def wait(self, timeout: float | None = None, poll: float = 2.0, max_poll: float = 30.0) -> Job:
+        """Until the job has ended: refresh every `poll` seconds, backing off to `max_poll`.
+        TimeoutError after `timeout` seconds (the job goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.refresh().done:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} still {self.state} after {timeout} s")
+            pause = poll if deadline is None else min(poll, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            poll = min(max_poll, poll * 1.5)
+        return self
+
+    def logs(self, tail: int | None = None) -> str:
+        """The log so far ('' before the job writes one); its last `tail` lines."""
+        from mmm_orch import inspection
+
+        text, _ = inspection.log_text(self.record, tail)
+        return (text or b"").decode(errors="replace")
+
+    def follow(self) -> Iterator[str]:
+        """The log as it is written (whole lines), until the job ends."""
+        from mmm_orch.hosts import host_for
+        from mmm_orch.jobs import logs
+
+        for chunk in logs.follow(host_for(self.record.remote), self.log_path,
+                                 lambda: self.refresh().done):
+            yield chunk.decode(errors="replace")
+
+    def cancel(self) -> list[str]:
+        """Cancel it (a link of a chain: the chain), as `mmm-orch cancel`; what happened, in
+        words."""
+        from mmm_orch import usecases
+
+        with lock:
+            said = list(usecases.cancel(_db(self.db), [self.record]))
+        self.refresh()
+        return said
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Its events (submitted, job start, launch, first step, ...), each with `at` and
+        `gap_s`, as `mmm-orch timeline`."""
+        from mmm_orch import inspection
+
+        with lock:
+            found = inspection.timeline(_db(self.db), self.record)
+        self.record = found.record
+        return found.events
+
+    def diagnose(self) -> dict[str, Any]:
+        """The first known failure in its log, as `mmm-orch diagnose --json`."""
+        from mmm_orch import inspection
+
+        with lock:
+            found = inspection.diagnose(_db(self.db), self.record)
+        self.record = found.record
+        return {"log": self.log_path, **found.result.to_dict(), "blamed": found.blamed}
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The run's step records (step, loss, dt, throughput, ...), one dict per step."""
+        from mmm_orch import inspection
+
+        return inspection.metrics(self.record)
+
+    def rerun(self, resume: bool = False) -> Job:
+        """Submit its recorded plan again (`resume`: from its run's latest checkpoint)."""
+        from mmm_orch import usecases
+
+        with lock:
+            return Job(usecases.rerun(self.record, resume, self.db), self.db)
+
+    @property
+    def links(self) -> list[Job]:
+        """Every job of its chain or sweep (itself alone when in neither), in order."""
+        if self.record.group_id is None:
+            return [self]
+        with lock:
+            records = _db(self.db).list(group_id=self.record.group_id)
+        return [Job(r, self.db) for r in sorted(records, key=lambda r: (r.group_index or 0, r.id))]
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.record.job_dir)

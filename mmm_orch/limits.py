@@ -1,0 +1,5 @@
+"""Sizes no study needs, refused by the command line and the Python API alike."""
+
+# A chain's links are all queued at once: 200 links of a day's walltime is half a year of
+# training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).
+MAX_LINKS = 200

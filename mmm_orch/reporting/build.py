@@ -1,0 +1,72 @@
+"""A report of jobs (`mmm-orch report`, mmm_orch.report()): their rows, figures where
+matplotlib is installed, and one self-contained report.html, written into a directory."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.errors import MmmError
+from mmm_orch.jobs.record import JobRecord
+from mmm_orch.paths import write_whole
+
+PLOT_HINT = ("figures need matplotlib: pip install 'mmm-orch[plot]' (into the environment "
+             "mmm-orch runs from), then run this command again")
+
+
+@dataclass
+class Report:
+    rows: list[Any]  # table.Row, one per job
+    jobs: list[Any]  # data.JobData: what was read of each job
+    page: Path
+    figures: list[Path] = field(default_factory=list)
+    hint: str = ""  # why there are no figures ("" = there are)
+
+
+def report(records: list[JobRecord], values: list[dict[str, Any]] | None, out: Path,
+           title: str) -> Report:
+    """Read the jobs, and write the figures and report.html into `out` (checked first: a report
+    that cannot be written writes nothing)."""
+    from mmm_orch.reporting import data, html, table
+
+    jobs = data.collect(records, values)
+    rows = table.rows(jobs)
+    _report_dir(out)
+    figures: list[Path] = []
+    hint = PLOT_HINT if importlib.util.find_spec("matplotlib") is None else ""
+    try:
+        if not hint:
+            from mmm_orch.reporting import figures as draw
+
+            figures = draw.report_figures(rows, jobs, out)
+        page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
+    except OSError as exc:
+        raise MmmError(f"--out {str(out)!r}: cannot write the figures: {exc.strerror}") from None
+    write_whole(str(out / "report.html"), page)
+    return Report(rows, jobs, out / "report.html", figures, hint)
+
+
+def _report_dir(out: Path) -> None:
+    """`report --out` names a directory (made when missing) that the figures and report.html go
+    into: a file, a FIFO or a place that takes no files is refused before anything is written or
+    printed, and a directory made for it is removed again."""
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        what = "a file" if out.is_file() else "a FIFO, socket or device"
+        raise MmmError(f"--out {str(out)!r}: cannot make the directory: {what} is there (report "
+                       "writes a directory of figures and report.html; name a new or empty one)")
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()  # it takes files: a read-only place says so here
+    except OSError as exc:
+        for directory in created:  # innermost first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        doing = "write into" if out.is_dir() else "make"
+        raise MmmError(f"--out {str(out)!r}: cannot {doing} the directory: "
+                       f"{exc.strerror or exc}") from None

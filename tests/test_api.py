@@ -1,0 +1,243 @@
+"""The Python API (mmm_orch.api): the command line's semantics from a script. Every bad-input case
+of the CLI corpus that Python can spell raises an MmmError with the same words and leaves nothing
+behind; on the live Slurm and PBS servers: submit, wait, logs, cancel, a sweep, a chain,
+re-attaching from another process, 8 threads submitting at once, and a process killed in the
+middle of a submit; and the example scaling study."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import mmm_orch
+from conftest import REPO
+from mmm_orch.cli import build_parser
+from test_bad_input import CASES, _tree
+
+MACHINE = {"slurm": "slurm-local", "pbs": "pbs-local"}
+SAY_AND_EXIT_3 = "print('hello from the job', flush=True); raise SystemExit(3)"
+
+
+def _pairs(items: list[str]) -> dict[str, str] | None:
+    found = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            return None  # `--env FOO`: a dict cannot hold it
+        found[key] = value
+    return found
+
+
+def api_call(argv: list[str]):
+    """The API call that asks what `mmm-orch ARGV` asks, or None where Python cannot spell the
+    mistake (the parser's own type errors are tested below, in Python's types)."""
+    at = argv.index("--") if "--" in argv else len(argv)
+    program = argv[at + 1:] if at < len(argv) else None
+    try:
+        args = build_parser().parse_args(argv[:at])
+    except SystemExit:
+        return None
+    if args.command not in ("render", "submit", "sweep") or getattr(args, "out", None):
+        return None
+    options, env = _pairs(args.sets), _pairs(args.envs)
+    if options is None or env is None or program == []:
+        return None
+    common = dict(command=program, queue=args.queue, walltime=args.walltime,
+                  account=args.account, name=args.name, env=env, presets=args.presets,
+                  no_presets=args.no_presets, spare_nodes=args.spare_nodes,
+                  stage_env=args.stage_env, workdir=getattr(args, "workdir", None),
+                  template=args.template)
+    if args.command == "render":
+        return lambda: mmm_orch.render(args.machine, args.workload, nodes=args.nodes,
+                                       options=options, **common)
+    if args.command == "submit":
+        return lambda: mmm_orch.submit(args.machine, args.workload, nodes=args.nodes,
+                                       options=options, chain=args.chain or 0, host=args.host,
+                                       **common)
+    grid = {key: value.split(",") for key, value in options.items()}
+    nodes = args.nodes.split(",") if args.nodes else None
+    return lambda: mmm_orch.sweep(args.machine, args.workload, nodes=nodes, grid=grid,
+                                  host=args.host, **common)
+
+
+SPELLED = [(case[0], api_call(case[1]), case[2]) for case in CASES]
+SPELLED = [case for case in SPELLED if case[1] is not None]
+
+
+def test_most_of_the_corpus_has_a_python_spelling():
+    planning = [c for c in CASES if c[1][0] in ("render", "submit", "sweep")]
+    assert len(SPELLED) >= 0.9 * len(planning) and len(SPELLED) >= 150, (len(SPELLED), len(planning))
+
+
+@pytest.mark.parametrize("call,fragments", [c[1:] for c in SPELLED], ids=[c[0] for c in SPELLED])
+def test_each_refusal_raises_the_same_words_and_leaves_nothing(tmp_path, call, fragments):
+    before = _tree(tmp_path, tmp_path / "cache")
+    with pytest.raises(mmm_orch.MmmError) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message.strip()
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert _tree(tmp_path, tmp_path / "cache") == before
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda: mmm_orch.plan("local", "fsdp", nodes="two"), "nodes"),
+    (lambda: mmm_orch.plan("local", "fsdp", nodes=True), "nodes"),
+    (lambda: mmm_orch.plan("local", "fsdp", nodes=0), "nodes"),
+    (lambda: mmm_orch.plan("local", "fsdp", spare_nodes=-1), "spare_nodes"),
+    (lambda: mmm_orch.plan("local", "fsdp", options=["epochs=1"]), "options"),
+    (lambda: mmm_orch.plan("local", "fsdp", env={1: "x"}), "env"),
+    (lambda: mmm_orch.plan("local", "fsdp", presets="nccl"), "presets"),
+    (lambda: mmm_orch.plan("local", command="python3 x.py"), "command"),
+    (lambda: mmm_orch.plan("local"), "workload"),
+    (lambda: mmm_orch.plan(None, "fsdp"), "machine"),
+    (lambda: mmm_orch.plan("local", "fsdp", stage_env="yes"), "stage_env"),
+    (lambda: mmm_orch.submit("local", "fsdp", chain=201), "chain"),
+    (lambda: mmm_orch.submit("local", "fsdp", chain=-1), "chain"),
+    (lambda: mmm_orch.sweep("local", "fsdp", nodes="1,2"), "nodes"),
+    (lambda: mmm_orch.sweep("local", "fsdp", grid={"lr": "1e-3"}), "grid lr"),
+    (lambda: mmm_orch.jobs(state="finished"), "state"),
+    (lambda: mmm_orch.plan("local", "fsdp", options={"epochs": "x"}), "--set epochs"),
+    (lambda: mmm_orch.plan("nowhere", "fsdp"), "machine"),
+])
+def test_a_wrong_type_or_value_is_an_invalid_value_naming_its_field(tmp_path, call, field):
+    before = _tree(tmp_path, tmp_path / "cache")
+    with pytest.raises(mmm_orch.InvalidValue) as raised:
+        call()
+    assert raised.value.field == field and raised.value.allowed
+    assert _tree(tmp_path, tmp_path / "cache") == before
+
+
+def test_import_is_instant_and_the_plan_is_the_clis():
+    code = ("import sys, mmm_orch; print(sorted(m for m in ('torch', 'mmm_orch.api', "
+            "'mmm_orch.planning', 'jinja2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+    assert (Path(mmm_orch.__file__).parent / "py.typed").is_file()
+    script = mmm_orch.render("perlmutter", "fsdp_tp", nodes=2, account="m1234",
+                             options={"tp": 2, "steps": 10})
+    cli = subprocess.run([sys.executable, "-m", "mmm_orch", "render", "perlmutter", "fsdp_tp", "-N",
+                          "2", "-A", "m1234", "--set", "tp=2", "--set", "steps=10"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and script == cli.stdout
+    plan = mmm_orch.plan("perlmutter", "fsdp_tp", nodes=2, account="m1234", options={"tp": 2})
+    assert plan.layout.mesh == {"dp": 4, "tp": 2, "pp": 1} and plan.queue.account == "m1234"
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_submit_wait_logs_cancel_and_find_again_from_another_process(request, isolated, kind,
+                                                                     leftovers_cancelled):
+    request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
+    job = mmm_orch.submit(MACHINE[kind], command=[sys.executable, "-c", SAY_AND_EXIT_3])
+    assert job.id == 1 and job.native_id and job.state in ("pending", "running")
+    assert job.wait(timeout=300, poll=0.5) is job
+    assert (job.state, job.exit_code) == ("failed", 3), job.logs()
+    assert "hello from the job" in job.logs() and job.logs(tail=1).count("\n") <= 1
+    assert [e["event"] for e in job.timeline()][:2] == ["submitted", "job start"]
+
+    sleeper = mmm_orch.submit(MACHINE[kind], command=["sleep", "600"])
+    found = subprocess.run(
+        [sys.executable, "-c", "import mmm_orch, json; j = mmm_orch.job(2); "
+         "print(json.dumps([j.native_id, [x.id for x in mmm_orch.jobs(state='failed')]]))"],
+        capture_output=True, text=True, timeout=120)
+    assert json.loads(found.stdout) == [sleeper.native_id, [1]], found.stderr
+    assert any("cancel" in line for line in sleeper.cancel())
+    assert sleeper.wait(timeout=120, poll=0.5).state == "cancelled"
+    assert [j.state for j in mmm_orch.refresh(mmm_orch.jobs())] == ["failed", "cancelled"]
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_a_sweep_and_a_chain_on_slurm(isolated):
+    study = mmm_orch.sweep("slurm-local", "dist_check", nodes=[1, 2])
+    assert [p["nodes"] for p in study.points] == [1, 2] and len(study.jobs) == 2
+    for job in study.jobs:
+        assert job.wait(timeout=300, poll=0.5).state == "completed", job.logs()
+    rows = mmm_orch.report(study)
+    assert [(r["job"], r["nodes"], r["state"]) for r in rows] == [(1, 1, "completed"),
+                                                                  (2, 2, "completed")]
+    assert rows[1]["busbw_gbps"] is not None  # dist_check's all-reduce table was read
+
+    (isolated / ".mmm-orch" / "workloads").mkdir(parents=True)
+    (isolated / ".mmm-orch" / "workloads" / "mine.yaml").write_text(
+        "name: mine\nresumable: true\n")
+    program = [sys.executable, "-c", "import os; os.makedirs(os.environ['MMM_ORCH_RUN_DIR'], "
+               "exist_ok=True); print('step=1 loss=1', flush=True)"]
+    links = mmm_orch.submit("slurm-local", "mine", command=program, chain=2)
+    assert [j.id for j in links] == [3, 4] and links[0].links == links
+    assert links[0].wait(timeout=300, poll=0.5).state == "completed", links[0].logs()
+    assert links[1].wait(timeout=120, poll=0.5).state == "cancelled"  # the chain finished first
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_eight_threads_submitting_at_once_record_every_job_once(isolated):
+    made, errors = [], []
+
+    def one(i: int) -> None:
+        try:
+            made.append(mmm_orch.submit("slurm-local", command=["true"], name=f"t{i}"))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert sorted(j.id for j in made) == list(range(1, 9))
+    assert len({j.native_id for j in made}) == 8
+    for job in mmm_orch.refresh(made):
+        assert job.wait(timeout=300, poll=0.5).state == "completed"
+    rows = subprocess.run([sys.executable, "-m", "mmm_orch", "status", "--all", "--json"],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert sorted(r["name"] for r in json.loads(rows)) == sorted(f"t{i}" for i in range(8))
+
+
+KILLING_SBATCH = """#!/bin/bash
+# The real sbatch, then the submitting process killed before it reads the answer.
+out=$(/usr/bin/sbatch "$@"); echo "$out"; kill -9 $PPID
+"""
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_a_process_killed_mid_submit_leaves_one_record_the_next_refresh_settles(isolated):
+    sbatch = isolated / "sbatch"
+    sbatch.write_text(KILLING_SBATCH)
+    sbatch.chmod(0o755)
+    (isolated / ".mmm-orch" / "machines").mkdir(parents=True)
+    (isolated / ".mmm-orch" / "machines" / "slurm-killed.yaml").write_text(
+        f"extends: slurm-local\nname: slurm-killed\nscheduler: {{commands: {{submit: {sbatch}}}}}\n")
+    child = subprocess.run([sys.executable, "-c", "import mmm_orch; mmm_orch.submit("
+                            "'slurm-killed', command=['sleep', '600'], queue='parked')"],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    (job,) = mmm_orch.jobs()
+    assert job.state == "submitting" and not job.native_id
+    job.refresh()
+    assert job.state == "pending" and job.native_id, job
+    assert job.native_id in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
+                                           text=True).stdout.split()
+    assert [j.id for j in mmm_orch.jobs()] == [1]
+    job.cancel()
+    assert job.wait(timeout=120, poll=0.5).state == "cancelled"
+
+
+@pytest.mark.parametrize("machine,nodes", [("local", "1"), ("slurm-local", "1,2")])
+def test_the_example_scaling_study_runs(request, isolated, machine, nodes):
+    if machine != "local":
+        request.getfixturevalue("slurm_cluster")
+        request.getfixturevalue("leftovers_cancelled")
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "scaling_study.py"),
+                           "--machine", machine, "--nodes", nodes],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" completed (exit 0)") == 2 * len(nodes.split(","))
+    assert (isolated / "scaling-report" / "report.html").is_file()
+    assert "samples/s per device" in proc.stdout
