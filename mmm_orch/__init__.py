@@ -15,7 +15,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from mmm_orch.version import __version__
 
 _API = ("Job", "Sweep", "job", "jobs", "plan", "refresh", "render", "report", "submit", "sweep")
 _ERRORS = ("MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",

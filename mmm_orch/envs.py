@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from mmm_orch import __version__
+from mmm_orch.version import __version__
 
 REPORT = "MMM_ORCH_ENV_REPORT "  # marks the line the report script prints
 # Run by the job's python after the setup lines and the activation: what a job would see.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command from the README: set up (.venv), start the test schedulers, run the suite from
 # the virtual environment. Tests that wait on a scheduler mostly sleep, so pytest-xdist runs them
-# side by side (MMM_ORCH_TEST_WORKERS, default 4 on CI's 2 cores; tests sharing a module fixture
+# side by side (MMM_ORCH_TEST_WORKERS, default 6 on CI's 2 cores; tests sharing a module fixture
 # are kept on one worker by an xdist_group); the few that stop a shared scheduler (marked
 # `serial`) run first, alone.
 set -euo pipefail
@@ -21,5 +21,5 @@ run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial 
     "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || failed=$rc; }
 }
 run -m serial -p no:xdist "$@"
-run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-4}" --dist loadgroup --durations=40 "$@"
+run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-6}" --dist loadgroup --durations=40 "$@"
 exit "$failed"

@@ -20,13 +20,15 @@ from test_local_jobs import wait_terminal
 
 PACKAGE = REPO / "mmm_orch"
 INJOB = PACKAGE / "injob"
-# Low to high: a module may import from its own layer and the ones before it, never after.
-LAYERS = ["mmm_orch", "mmm_orch.errors", "mmm_orch.paths", "mmm_orch.walltime", "mmm_orch.injob",
-          "mmm_orch.transport", "mmm_orch.config", "mmm_orch.schedulers", "mmm_orch.ssh",
-          "mmm_orch.hosts", "mmm_orch.sandbox", "mmm_orch.envs", "mmm_orch.planning",
-          "mmm_orch.render", "mmm_orch.console", "mmm_orch.jobs",
-          "mmm_orch.reporting", "mmm_orch.usecases", "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli",
-          "mmm_orch.__main__"]
+# Low to high: a module may import from its own layer and the ones before it, never after. The
+# package itself (`import mmm_orch`: the Python API's names) is the top.
+LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
+          "mmm_orch.walltime", "mmm_orch.injob", "mmm_orch.transport", "mmm_orch.config",
+          "mmm_orch.schedulers", "mmm_orch.ssh", "mmm_orch.hosts", "mmm_orch.sandbox",
+          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.render", "mmm_orch.console",
+          "mmm_orch.jobs", "mmm_orch.reporting", "mmm_orch.usecases", "mmm_orch.inspection",
+          "mmm_orch.api_job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
+          "mmm_orch.cli", "mmm_orch.__main__", "mmm_orch"]
 
 
 def _modules() -> dict[str, Path]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from mmm_orch import __version__
+from mmm_orch.version import __version__
 from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, launch_cmds,
                           nodes_cmds, sweep_cmds)
 from mmm_orch.cli.common import ArgParser

@@ -66,9 +66,10 @@ def _run(target: str, script: str):
 def cmd_create(args: argparse.Namespace) -> int:
     import posixpath
 
-    from mmm_orch import __version__, envs
+    from mmm_orch import envs
     from mmm_orch.errors import MmmError
     from mmm_orch.hosts import host_for
+    from mmm_orch.version import __version__
 
     machine, target, word = _where(args)
     where = f" on {target}" if target else ""
@@ -97,8 +98,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from mmm_orch import __version__, envs
+    from mmm_orch import envs
     from mmm_orch.errors import MmmError
+    from mmm_orch.version import __version__
 
     machine, target, word = _where(args)
     where = f" on {target}" if target else ""

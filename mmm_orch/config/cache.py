@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from mmm_orch import __version__
+from mmm_orch.version import __version__
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
 _MODEL_SOURCES = ("common.py", "machine.py", "workload.py", "cache.py")

@@ -13,7 +13,7 @@ import shlex
 import sys
 from typing import Any
 
-from mmm_orch import __version__
+from mmm_orch.version import __version__
 from mmm_orch.config.common import NODE_NAME
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
