@@ -15,7 +15,6 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from mmm_orch.version import __version__
 
 _API = ("Job", "Sweep", "job", "jobs", "plan", "refresh", "render", "report", "submit", "sweep")
 _ERRORS = ("MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",
@@ -45,6 +44,10 @@ class _Package(types.ModuleType):
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # (in-job code imports this package: it loads nothing more)
+        from mmm_orch.version import __version__
+
+        return __version__
     if name in _ERRORS:
         from mmm_orch import errors
 

@@ -21,8 +21,10 @@ from mmm_orch.planning import Request
 from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
-RANKS = ("import os, socket; print('rank', os.environ.get('SLURM_PROCID', os.environ.get('PMI_RANK')),"
-         " socket.gethostname(), os.environ.get('SLURMD_NODENAME', ''), flush=True)")
+# One write of one whole line (ranks share the log; see test_own_command.RANKS).
+RANKS = ("import os, socket; os.write(1, ('rank %s %s %s\\n' % (os.environ.get('SLURM_PROCID', "
+         "os.environ.get('PMI_RANK')), socket.gethostname(), os.environ.get('SLURMD_NODENAME', "
+         "''))).encode())")
 
 
 @pytest.mark.parametrize("text,names", [

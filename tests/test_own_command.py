@@ -14,8 +14,11 @@ import pytest
 
 from conftest import TERMINAL, assert_nothing_recorded, wait_state, write_spec
 
-RANKS = ("import os, socket; print('rank', os.environ.get('RANK', os.environ.get('SLURM_PROCID')),"
-         " os.environ.get('SLURMD_NODENAME', socket.gethostname()), flush=True)")
+# One write of one whole line: ranks share the log, and under torchrun Python's stdout is
+# unbuffered, so print('rank', r) would be three writes that another rank's can split.
+RANKS = ("import os, socket; os.write(1, ('rank %s %s\\n' % (os.environ.get('RANK', "
+         "os.environ.get('SLURM_PROCID')), os.environ.get('SLURMD_NODENAME', "
+         "socket.gethostname()))).encode())")
 
 
 def test_render_shows_the_command_quoted_under_the_launcher(cli):

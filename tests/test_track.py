@@ -20,6 +20,12 @@ SUCCEEDED = LAUNCHED + "[mmm-orch] launch_end=9.5 exit_code=0\n"
     (LAUNCHED, True, JobState.CANCELLED),
     (SUCCEEDED, True, JobState.COMPLETED),  # it finished before the cancel reached it
     ("", False, JobState.COMPLETED),  # nobody cancelled it: the scheduler's word stands
+    ("some output of a template without markers\n", False, JobState.COMPLETED),
+    # A raw qdel racing the job's end (PBS substate 92, Exit_status 0; seen once in ~40 runs of
+    # test_raw_qdel_while_running_ends_cancelled): the launch began and the script never said
+    # how it ended, which it always does when it exits by itself.
+    (LAUNCHED + "step=3\n", False, JobState.CANCELLED),
+    (SUCCEEDED, False, JobState.COMPLETED),
     (LAUNCHED + "[mmm-orch] job script: stopped by SIGTERM: exit 143\n", False, JobState.CANCELLED),
 ])
 def test_a_success_after_a_cancel_is_read_from_the_log(tmp_path, log, cancel_sent, state):

@@ -112,12 +112,25 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     if status.state is JobState.TIMEOUT:
         return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
                                    else "no checkpoint: it cannot be resumed")
-    if (cancel_sent and status.state is JobState.COMPLETED
-            and parse_markers(text).launch_exit != 0):
-        return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
-                                   reason="cancelled; the scheduler recorded a success, "
-                                   "but the launch never finished")
+    if status.state is JobState.COMPLETED and parse_markers(text).launch_exit != 0:
+        if cancel_sent:
+            return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
+                                       reason="cancelled; the scheduler recorded a success, "
+                                       "but the launch never finished")
+        if _launched(host, record):  # and never ended: the script cannot have exited 0 itself
+            return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
+                                       reason="ended from outside while its launch ran (a qdel "
+                                       "racing the job's end); the scheduler recorded a success")
     return status
+
+
+def _launched(host: Host, record: JobRecord) -> bool:
+    """The job script printed its launch's start (near the top of its log): one of our scripts,
+    which always prints the launch's end before it exits by itself."""
+    from mmm_orch.jobs.logs import head_and_tail
+
+    head = head_and_tail(host, record.log_path, head=1 << 16, last=0) or ""
+    return parse_markers(head).launch_start is not None
 
 
 def _failover(status: JobStatus, record: JobRecord, host: Host) -> tuple[JobStatus, list[dict]]:
