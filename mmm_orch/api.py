@@ -2,7 +2,7 @@
 
     import mmm_orch
 
-    job = mmm_orch.submit("polaris", "fsdp_tp", nodes=2, account="MYPROJ", options={"tp": 2})
+    job = mmm_orch.submit("slurm-local", "fsdp_tp", nodes=2, options={"tp": 2})
     job.wait()
     print(job.state, job.exit_code, job.logs(tail=20))
 
@@ -217,16 +217,13 @@ def report(targets: Sweep | Iterable[Job], out: str | Path | None = None) -> lis
     efficiency), as `mmm-orch report` computes them; with `out`, also its directory of figures
     (where matplotlib is installed) and report.html."""
     from mmm_orch.api_job import _db
-    from mmm_orch.reporting import build, data, table
+    from mmm_orch.reporting import build, table
 
     chosen = targets.jobs if isinstance(targets, Sweep) else list(targets)
     values = targets.points if isinstance(targets, Sweep) else None
+    title = f"sweep {targets.id}" if isinstance(targets, Sweep) else \
+        "jobs " + ", ".join(str(each.id) for each in chosen)
     with lock:
         records = [_db(each.db).get(each.id, events=False) or each.record for each in chosen]
-        if out is None:
-            rows = table.rows(data.collect(records, values))
-        else:
-            title = f"sweep {targets.id}" if isinstance(targets, Sweep) else \
-                "jobs " + ", ".join(str(each.id) for each in chosen)
-            rows = build.report(records, values, Path(out), title).rows
-    return table.as_dicts(rows)
+        made = build.report(records, values, None if out is None else Path(out), title)
+    return table.as_dicts(made.rows)

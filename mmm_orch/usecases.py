@@ -162,8 +162,6 @@ def launch_in_a_new_allocation(request: Request, launch_words: list[str],
                                program: tuple[str, ...], db: str | None = None) -> int:
     """Run allocation_for_launch's command in the foreground; the launched job's exit code (the
     launch inside reports it in a file: qsub -I returns 0 whatever ran in it)."""
-    import json
-
     from mmm_orch.jobs import launch as inside
     from mmm_orch.jobs.dbfile import jobs_root_for
     from mmm_orch.jobs.submit import new_tag
@@ -172,14 +170,12 @@ def launch_in_a_new_allocation(request: Request, launch_words: list[str],
     planned, argv = allocation_for_launch(request, launch_words, program, str(report), db)
     report.parent.mkdir(parents=True, exist_ok=True)
     inside.run_allocation(planned, argv)
-    try:
-        code = json.loads(report.read_text())["exit_code"]
-        report.unlink()
-    except (OSError, ValueError, KeyError, TypeError):
+    code = inside.read_exit_report(report)
+    if code is None:
         raise SchedulerError(f"--allocate: the allocation ended without the launch's report "
                              f"({report}): the scheduler refused it or ended it first; see its "
-                             "output above") from None
-    return code if isinstance(code, int) else 1
+                             "output above")
+    return code
 
 
 def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:

@@ -4,8 +4,6 @@ this shell is in, in the foreground, recorded as a job."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
 import signal
 import sys
@@ -74,13 +72,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, code: int) -> None:
-    """For `launch --allocate` outside: the launched job's exit code (its scheduler's
-    interactive command does not return it)."""
-    if args.report_to:
-        partial = f"{args.report_to}.partial"
-        with open(partial, "w", encoding="utf-8") as out:
-            json.dump({"exit_code": code}, out)
-        os.replace(partial, args.report_to)
+    if args.report_to:  # for `launch --allocate` outside the allocation
+        from mmm_orch.jobs.launch import write_exit_report
+
+        write_exit_report(args.report_to, code)
 
 
 def _in_the_foreground(args: argparse.Namespace, record) -> int:

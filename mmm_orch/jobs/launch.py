@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -38,6 +39,8 @@ def which_machine(named: str, allocation: Allocation | None, hostname: str) -> s
     """The machine `launch` runs on: `named` when given (refused when this allocation's nodes
     match other profiles' hostnames and not its own), else the one profile whose hostnames match
     the allocation's first node, or this host outside any; `local` where none does outside one."""
+    if named and allocation is None:
+        return named  # no nodes to contradict it: the profiles need not be read
     matching, declaring = _matching_profiles(allocation, hostname)
     where = (f"{allocation.scheduler} job {allocation.job_id} (first node "
              f"{allocation.nodes[0] if allocation.nodes else 'none'})" if allocation
@@ -162,6 +165,25 @@ def allocate_argv(plan: Plan, command: list[str] | None = None) -> list[str]:
 
 def allocation_hint(plan: Plan) -> str:
     return shlex.join(allocate_argv(plan))
+
+
+def write_exit_report(path: str, code: int) -> None:
+    """What `launch --report-to PATH` leaves for `launch --allocate` outside the allocation: the
+    launched job's exit code (salloc passes it on; qsub -I returns 0 whatever ran in it)."""
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump({"exit_code": code}, out)
+    os.replace(partial, path)
+
+
+def read_exit_report(path: Path) -> int | None:
+    """The exit code write_exit_report left at `path` (the file removed), or None."""
+    try:
+        code = json.loads(path.read_text())["exit_code"]
+        path.unlink()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, int) else None
 
 
 def run_allocation(plan: Plan, argv: list[str]) -> None:

@@ -112,12 +112,13 @@ def _as_the_job_ended(status: JobStatus, record: JobRecord, host: Host,
     if status.state is JobState.TIMEOUT:
         return dataclasses.replace(status, reason=f"resumable at step {saved}" if saved
                                    else "no checkpoint: it cannot be resumed")
-    if status.state is JobState.COMPLETED and parse_markers(text).launch_exit != 0:
+    markers = parse_markers(text)
+    if status.state is JobState.COMPLETED and markers.launch_exit != 0:
         if cancel_sent:
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                        reason="cancelled; the scheduler recorded a success, "
                                        "but the launch never finished")
-        if _launched(host, record):  # and never ended: the script cannot have exited 0 itself
+        if markers.launch_start is not None or _launched(host, record):  # and never ended: the script cannot have exited 0 itself
             return dataclasses.replace(status, state=JobState.CANCELLED, exit_code=None,
                                        reason="ended from outside while its launch ran (a qdel "
                                        "racing the job's end); the scheduler recorded a success")

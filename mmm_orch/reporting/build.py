@@ -21,19 +21,21 @@ PLOT_HINT = ("figures need matplotlib: pip install 'mmm-orch[plot]' (into the en
 class Report:
     rows: list[Any]  # table.Row, one per job
     jobs: list[Any]  # data.JobData: what was read of each job
-    page: Path
+    page: Path | None  # None: nothing was written
     figures: list[Path] = field(default_factory=list)
     hint: str = ""  # why there are no figures ("" = there are)
 
 
-def report(records: list[JobRecord], values: list[dict[str, Any]] | None, out: Path,
+def report(records: list[JobRecord], values: list[dict[str, Any]] | None, out: Path | None,
            title: str) -> Report:
     """Read the jobs, and write the figures and report.html into `out` (checked first: a report
-    that cannot be written writes nothing)."""
+    that cannot be written writes nothing); with no `out`, only the rows."""
     from mmm_orch.reporting import data, html, table
 
     jobs = data.collect(records, values)
     rows = table.rows(jobs)
+    if out is None:
+        return Report(rows, jobs, None)
     _report_dir(out)
     figures: list[Path] = []
     hint = PLOT_HINT if importlib.util.find_spec("matplotlib") is None else ""
