@@ -101,11 +101,14 @@ MMM_INPROCESS = r"""
 import json, sys, time
 import mmm_orch
 
-kind, count = sys.argv[1], int(sys.argv[2])
+kind, count, planned = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "planned"
 machine = {"pbs": "pbs-local", "slurm": "slurm-local"}[kind]
-mmm_orch.plan(machine, "noop", queue="parked")  # what the first call loads once (profiles)
+plan = mmm_orch.plan(machine, "noop", queue="parked")  # what the first call loads once (profiles)
 start = time.perf_counter()
-jobs = [mmm_orch.submit(machine, "noop", queue="parked") for _ in range(count)]
+if planned:  # planned once before the clock, as PSI/J's Job objects are made before it
+    jobs = [mmm_orch.submit(plan) for _ in range(count)]
+else:  # planned for every job, as `submit(machine, workload, ...)` does
+    jobs = [mmm_orch.submit(machine, "noop", queue="parked") for _ in range(count)]
 print(json.dumps({"per_job_ms": (time.perf_counter() - start) / count * 1e3,
                   "ids": [job.native_id for job in jobs],
                   "recorded": len(mmm_orch.jobs())}))
@@ -125,7 +128,7 @@ def inprocess_round(tool: str, python: Path, kind: str, count: int, work: Path) 
         argv = [str(python / "python"), "-c", PSIJ_INPROCESS, kind, str(count), str(work / "psij")]
     else:
         _noop_workload(work)
-        argv = [str(python / "python"), "-c", MMM_INPROCESS, kind, str(count)]
+        argv = [str(python / "python"), "-c", MMM_INPROCESS, kind, str(count), tool.split()[-1]]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
     if proc.returncode != 0:
         raise SystemExit(f"{tool} on {kind}: {proc.stderr[-2000:]}")
@@ -136,10 +139,10 @@ def inprocess(args: argparse.Namespace, mmm: Path, psij: Path) -> None:
     rounds: dict[str, list[dict]] = {}
     for run in range(args.runs):
         for kind in ("pbs", "slurm"):
-            tools = ["mmm-orch api", "psij"] if run % 2 == 0 else ["psij", "mmm-orch api"]
-            for tool in tools:
+            tools = ["mmm-orch api", "mmm-orch api planned", "psij"]
+            for tool in tools if run % 2 == 0 else reversed(tools):
                 with tempfile.TemporaryDirectory() as tmp:
-                    result = inprocess_round("psij" if tool == "psij" else "mmm",
+                    result = inprocess_round("psij" if tool == "psij" else tool,
                                              psij if tool == "psij" else mmm, kind, args.jobs,
                                              Path(tmp))
                 delete(result.pop("ids"), kind)

@@ -126,19 +126,29 @@ def render(machine: str, workload: str | None = None, *, template: str | None = 
         return usecases.script(request, db, template)
 
 
-def submit(machine: str, workload: str | None = None, *, chain: int = 0, host: str | None = None,
-           template: str | None = None, env_check: bool = True, db: str | None = None,
-           **options: Any) -> Job | list[Job]:
+def submit(machine: str | Plan, workload: str | None = None, *, chain: int = 0,
+           host: str | None = None, template: str | None = None, env_check: bool = True,
+           db: str | None = None, **options: Any) -> Job | list[Job]:
     """Submit as `mmm-orch submit` does and return the Job; with `chain=N`, the N links' Jobs.
-    `host`: a login host to submit through over SSH. The job is recorded before the scheduler is
-    asked: a process killed meanwhile leaves a record the next refresh settles."""
+    `machine` may be a plan made by `plan()`: what was reviewed is what is submitted, and a loop
+    that submits one plan many times plans once. `host`: a login host to submit through over
+    SSH. The job is recorded before the scheduler is asked: a process killed meanwhile leaves a
+    record the next refresh settles."""
     from mmm_orch import usecases
 
     if chain:
         _count("chain", chain, 1, MAX_LINKS)
-    request = PlanOptions(machine, workload, **options).request()
+    if isinstance(machine, Plan):
+        if workload is not None or options:
+            given = "workload" if workload is not None else sorted(options)[0]
+            raise InvalidValue(given, workload if workload is not None else options[given],
+                               "nothing beside a plan: its options were fixed by plan()")
+        request = None
+    else:
+        request = PlanOptions(machine, workload, **options).request()
     with lock:
-        prepared = usecases.prepare(request, db, template, host, env_check, chain)
+        prepared = (usecases.prepare(request, db, template, host, env_check, chain) if request
+                    else usecases.prepare_plan(machine, template, host, env_check, chain))
         if chain:
             return [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
         return Job(usecases.submit(prepared, db), db)

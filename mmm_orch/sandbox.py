@@ -127,12 +127,24 @@ class Sandbox(ImmutableSandboxedEnvironment):
         super().__init__(loader=SandboxLoader(directories), undefined=jinja2.StrictUndefined,
                          autoescape=False, **options)
         self.deadline = _Deadline()
+        self._safe: dict[tuple[type, str], bool] = {}
         self.globals.pop("namespace", None)
         self.globals["range"] = self._range
         self.globals["_mmm_bounded_iter"] = self._bounded_iter
         self.globals["_mmm_concat"] = self._concat
         self.filters["sh"] = lambda value: shlex.quote(str(value))
         self.filters = {name: self._guarded_filter(name, f) for name, f in self.filters.items()}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        """Jinja's answer depends on the object's type and the name only: asked once for each
+        (a job script reads about 150 attributes of the plan)."""
+        key = (type(obj), attr)
+        safe = self._safe.get(key)
+        if safe is None:
+            if len(self._safe) > 4096:  # the names a template can spell bound it; be sure anyway
+                self._safe.clear()
+            safe = self._safe[key] = super().is_safe_attribute(obj, attr, value)
+        return safe
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         return _Bounded().visit(super()._parse(source, name, filename))

@@ -53,9 +53,15 @@ def prepare(request: Request, db: str | None = None, template: str | None = None
             host: str | None = None, env_check: bool = True, chain: int = 0) -> Prepared:
     """Everything that can be checked before a submission writes anything: the plan, a chain's
     conditions, the template, the login host, and the job's Python there."""
+    return prepare_plan(plan(request, db), template, host, env_check, chain)
+
+
+def prepare_plan(checked: Plan, template: str | None = None, host: str | None = None,
+                 env_check: bool = True, chain: int = 0) -> Prepared:
+    """`prepare` for a plan already made (the Python API's `submit(plan)`: what was reviewed is
+    what is submitted)."""
     from mmm_orch.jobs.submit import target_for
 
-    checked = plan(request, db)
     remote = target_for(checked, host)
     # One job with the packaged templates is rendered once, at submission (a failure there
     # undoes everything); a template of the user's, and a chain's links, are tried first.

@@ -106,6 +106,8 @@ def test_each_refusal_raises_the_same_words_and_leaves_nothing(tmp_path, call, f
     (lambda: mmm_orch.jobs(state="finished"), "state"),
     (lambda: mmm_orch.plan("local", "fsdp", options={"epochs": "x"}), "--set epochs"),
     (lambda: mmm_orch.plan("nowhere", "fsdp"), "machine"),
+    (lambda: mmm_orch.submit(mmm_orch.plan("local", "fsdp"), nodes=2), "nodes"),
+    (lambda: mmm_orch.submit(mmm_orch.plan("local", "fsdp"), "fsdp"), "workload"),
 ])
 def test_a_wrong_type_or_value_is_an_invalid_value_naming_its_field(tmp_path, call, field):
     before = _tree(tmp_path, tmp_path / "cache")
@@ -129,6 +131,17 @@ def test_import_is_instant_and_the_plan_is_the_clis():
     assert cli.returncode == 0 and script == cli.stdout
     plan = mmm_orch.plan("perlmutter", "fsdp_tp", nodes=2, account="m1234", options={"tp": 2})
     assert plan.layout.mesh == {"dp": 4, "tp": 2, "pp": 1} and plan.queue.account == "m1234"
+
+
+def test_a_plan_made_once_is_submitted_as_reviewed_each_time_a_new_job(isolated):
+    plan = mmm_orch.plan("local", command=[sys.executable, "-c", "print('planned once')"])
+    jobs = [mmm_orch.submit(plan) for _ in range(2)]
+    assert [job.id for job in jobs] == [1, 2]
+    assert jobs[0].record.job_dir != jobs[1].record.job_dir
+    for job in jobs:
+        assert job.wait(timeout=120, poll=0.2).state == "completed", job.logs()
+        assert "planned once" in job.logs()
+        assert "planned once" in mmm_orch.job(job.id).record.script
 
 
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import posixpath
 import secrets
 import shutil
@@ -114,9 +115,17 @@ def new_tag() -> str:
 
 
 def submitter() -> str:
-    """Who is submitting: host, pid and start time (a reused pid never matches)."""
-    me = psutil.Process()
-    return json.dumps({"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()})
+    """Who is submitting: host, pid and start time (a reused pid never matches). Found once per
+    process (a fork is another process: the pid is the key)."""
+    pid = os.getpid()
+    if _submitter.get("pid") != pid:
+        me = psutil.Process(pid)
+        _submitter.update(pid=pid, text=json.dumps(
+            {"host": socket.gethostname(), "pid": pid, "started": me.create_time()}))
+    return _submitter["text"]
+
+
+_submitter: dict[str, Any] = {}
 
 
 def submitter_alive(text: str) -> bool | None:
