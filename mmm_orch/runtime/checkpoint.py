@@ -119,14 +119,22 @@ class Checkpointer:
         return json.loads((path / "train.json").read_text())
 
 
+_ACCELERATORS = ("cuda", "xpu")  # the device types whose generators draw dropout masks there
+
+
 def _rng_state() -> dict[str, torch.Tensor]:
+    """The CPU generator's state and that of every accelerator in use (CUDA/ROCm, XPU)."""
     state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+    for kind in _ACCELERATORS:
+        module = getattr(torch, kind, None)
+        if module is not None and module.is_available() and module.is_initialized():
+            state[kind] = module.get_rng_state()
     return state
 
 
 def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    for kind in _ACCELERATORS:
+        module = getattr(torch, kind, None)
+        if kind in state and module is not None and module.is_available():
+            module.set_rng_state(state[kind])

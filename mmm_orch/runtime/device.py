@@ -84,11 +84,20 @@ def _xpu_backend() -> str:
 
     if getattr(dist, "is_xccl_available", lambda: False)():
         return "xccl"
+    return _registered("ccl")
+
+
+def _registered(backend: str) -> str:
+    """`backend`, its bindings imported first when torch does not ship it: 'ccl' exists only once
+    oneccl_bindings_for_pytorch is imported, however it was chosen (MMM_BACKEND or the default)."""
+    if backend != "ccl":
+        return backend
     try:
         import oneccl_bindings_for_pytorch  # noqa: F401 - registers the 'ccl' backend
     except ImportError:
-        raise RuntimeError("XPU without xccl in this torch and without oneccl_bindings_for_pytorch")
-    return "ccl"
+        raise RuntimeError("backend ccl needs oneccl_bindings_for_pytorch, which this Python "
+                           "cannot import (on torch >= 2.8 XPU builds, use xccl)") from None
+    return backend
 
 
 def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
@@ -100,7 +109,8 @@ def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
         device_type = "cuda"  # ROCm builds of torch use the cuda device type
     if device_type not in _BACKENDS:
         raise RuntimeError(f"MMM_DEVICE={device_type!r}: expected cuda, rocm, xpu, mps or cpu")
-    backend = env.get("MMM_BACKEND") or (_xpu_backend() if device_type == "xpu" else _BACKENDS[device_type])
+    backend = (_registered(env["MMM_BACKEND"]) if env.get("MMM_BACKEND") else
+               _xpu_backend() if device_type == "xpu" else _BACKENDS[device_type])
     if device_type in ("cpu", "mps"):
         return Device(device_type, None, backend)
     count = _count(device_type)

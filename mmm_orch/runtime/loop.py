@@ -63,6 +63,17 @@ def classifier_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ti
     return loss, timer.stop()
 
 
+def draw_per_rank(seed: int, rank: int) -> None:
+    """Once the model is built from the seed every rank shares: each rank its own random stream
+    from here on, so dropout masks differ across ranks as they do across the samples of one
+    large batch; reproducible from the seed and the rank (and saved in checkpoints)."""
+    torch.manual_seed(draw_seed(seed, rank))
+
+
+def draw_seed(seed: int, rank: int) -> int:
+    return seed * 1_000_003 + rank + 1
+
+
 def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
     """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
     if rt.world_size % tp:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, autocast, classifier_step, mesh, param_dtype,
-                                   run_dir)
+from mmm_orch.runtime.loop import (StepTimer, autocast, classifier_step, draw_per_rank,
+                                   mean_across, mesh, param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     model = MnistCNN().to(rt.device.torch)
     parallelize.fsdp(model, [model.conv1, model.conv2, model.fc1, model.fc2], dp_mesh,
                      param_dtype(rt, cfg.dtype))
+    draw_per_rank(cfg.seed, rt.rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             picked = order[batch_indices(batch, rt.rank, cfg.batch_size, rt.world_size) % len(train)]
             loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *train.batch(picked))
             epoch_loss += loss.detach()
-            logger.step(step, epoch=epoch, loss=loss.item(), **times,
+            logger.step(step, epoch=epoch, loss=mean_across(loss), **times,
                         samples_per_s=cfg.batch_size / times["dt"],
                         mem_gib=rt.device.memory_gib())
             stop = checkpointer.after_step(step, model, optimizer,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
-from mmm_orch.runtime.loop import StepTimer, mean_across, mesh, param_dtype, run_dir
+from mmm_orch.runtime.loop import StepTimer, draw_per_rank, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     model.to(rt.device.torch)
     parallelize.tensor_parallel_llama(model, tp_mesh)
     parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
