@@ -78,12 +78,22 @@ def losses(jobs: list[JobData], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=SIZE)
     for data in drawn:
         points = [(s["step"], s["loss"]) for s in data.steps if "loss" in s]
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=f"job {data.record.id}: {data.label}")
-    ax.set_title("training loss")
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points],
+                        label=f"job {data.record.id}: {data.label}")
+        _validation(ax, data, line.get_color())
+    ax.set_title("training loss (dashed: validation)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _validation(ax, data: JobData, color: str) -> None:
+    """The job's validation losses, where it has any, dashed in its training curve's color."""
+    points = [(s["step"], s["val_loss"]) for s in data.steps if "val_loss" in s]
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", marker="o",
+                markersize=3, color=color)
 
 
 def step_times(jobs: list[JobData], path: Path) -> Path | None:
@@ -143,8 +153,9 @@ def job_curves(data: JobData, path: Path) -> Path | None:
     unit = next((k for k in ("tokens_per_s", "samples_per_s") if k in data.steps[-1]), "")
     fig, (left, right) = plt.subplots(1, 2, figsize=SIZE)
     steps = [s["step"] for s in data.steps]
-    left.plot(steps, [s.get("loss") for s in data.steps])
-    left.set_title("training loss")
+    line, = left.plot(steps, [s.get("loss") for s in data.steps])
+    _validation(left, data, line.get_color())
+    left.set_title("training loss (dashed: validation)")
     left.set_xlabel("step")
     left.set_ylabel("loss")
     if unit:

@@ -18,7 +18,7 @@ DEFINITIONS = (
 COLUMNS = [("job", "job"), ("point", "point"), ("nodes", "nodes"), ("ranks", "ranks"),
            ("mesh", "mesh"), ("state", "state"), ("steps", "steps"), ("step_ms", "step ms"),
            ("throughput", "per device"), ("mfu", "MFU %"), ("startup_s", "startup s"),
-           ("final_loss", "final loss"), ("weak", "weak eff"), ("strong", "strong eff"),
+           ("final_loss", "final loss"), ("val_loss", "val loss"), ("weak", "weak eff"), ("strong", "strong eff"),
            ("latency_us", "lat us (min size)"), ("busbw_gbps", "busbw GB/s (max size)")]
 
 
@@ -37,6 +37,7 @@ class Row:
     mfu: float | None
     startup_s: float | None
     final_loss: float | None
+    val_loss: float | None = None  # the last validation (trainers with --eval-every)
     weak: float | None = None
     strong: float | None = None
     latency_us: float | None = None
@@ -63,6 +64,7 @@ def row(data: JobData) -> Row:
                unit=unit.replace("_per_s", "/s"), mfu=_median([s.get("mfu") for s in timed]),
                startup_s=data.startup_s,
                final_loss=steps[-1].get("loss") if steps else None,
+               val_loss=next((s["val_loss"] for s in reversed(steps) if "val_loss" in s), None),
                latency_us=sizes[0]["latency_us"] if sizes else None,
                busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None)
 
@@ -92,8 +94,8 @@ def cell(r: Row, key: str) -> str:
         return "-"
     if key == "throughput":
         return f"{value:,.1f} {r.unit}"
-    if key in ("weak", "strong", "final_loss"):
-        return f"{value:.3f}" if key == "final_loss" else f"{value:.2f}"
+    if key in ("weak", "strong", "final_loss", "val_loss"):
+        return f"{value:.3f}" if key in ("final_loss", "val_loss") else f"{value:.2f}"
     if isinstance(value, float):
         return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
     return str(value)

@@ -25,10 +25,11 @@ from mmm_orch.runtime import stop
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool):
+    def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool,
+                 keep: int = 0):
         self.run_dir = run_dir
         self.root = run_dir / protocol.CHECKPOINTS_DIR
-        self.every, self.device, self.is_main = every, device, is_main
+        self.every, self.device, self.is_main, self.keep = every, device, is_main, keep
         self.stopped = False
         self.last_save_s = 0.0
         stop.catch()  # the trainers' entry points catch earlier; this covers any other caller
@@ -62,9 +63,20 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)
             staging.rename(final)
             protocol.point_latest(self.run_dir, step)
+            self._prune(step)
         dist.barrier()
         self.last_save_s = time.perf_counter() - started
         return final
+
+    def _prune(self, newest: int) -> None:
+        """Keep the newest `keep` complete checkpoints (`latest` names the newest: never pruned)."""
+        if self.keep <= 0:
+            return
+        steps = sorted(step for path in self.root.iterdir()
+                       if (step := protocol.checkpoint_step(path.name)) is not None)
+        for step in steps[:-self.keep]:
+            if step != newest:
+                shutil.rmtree(self.root / protocol.checkpoint_name(step), ignore_errors=True)
 
     def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    train_state: dict[str, Any], logger: Any) -> bool:

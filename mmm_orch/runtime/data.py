@@ -1,5 +1,5 @@
-"""Training data: learnable synthetic sets (a fixed pattern per sample, not noise), a memory-mapped
-pre-tokenized token file, and MNIST IDX files.
+"""Training data: learnable synthetic sets (a fixed pattern per sample, not noise) and MNIST IDX
+files (tokenized text: runtime/dataset.py); which samples each rank reads at each step.
 
 Every sample is a pure function of its global index, and each data-parallel rank reads its own
 contiguous slice of the global batch for a step. So data differs across dp ranks, is identical
@@ -10,18 +10,59 @@ with the global batch sees the very same samples as a run on many.
 from __future__ import annotations
 
 import gzip
-import mmap
-import warnings
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 
 def batch_indices(step: int, dp_rank: int, batch_size: int, dp_size: int) -> torch.Tensor:
-    """Global sample indices of `dp_rank`'s share of step `step` (0-based)."""
-    start = step * batch_size * dp_size + dp_rank * batch_size
+    """Global sample indices of `dp_rank`'s share of step `step` (0-based), one forward a step."""
+    return micro_batch_indices(step * batch_size * dp_size, 0, dp_rank, batch_size, dp_size)
+
+
+def micro_batch_indices(consumed: int, micro: int, dp_rank: int, batch_size: int,
+                        dp_size: int) -> torch.Tensor:
+    """Global sample indices of `dp_rank`'s micro-batch `micro` of the step that begins after
+    `consumed` samples. A step covers samples [consumed, consumed + global batch) whatever the
+    split into ranks and micro-batches, so the same global batch on 1 node or on 8 trains on the
+    same samples, and a run resumed on another node count continues where it stopped."""
+    start = consumed + (micro * dp_size + dp_rank) * batch_size
     return torch.arange(start, start + batch_size)
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """A step's samples, [consumed, consumed + size): `accumulation` micro-batches of
+    `batch_size` samples on each of `dp` data-parallel ranks."""
+
+    batch_size: int
+    dp: int
+    dp_rank: int
+    accumulation: int
+
+    @classmethod
+    def of(cls, global_batch: int, batch_size: int, dp: int, dp_rank: int) -> GlobalBatch:
+        """`global_batch` samples a step (0: one micro-batch a rank); ValueError when the ranks
+        cannot split it evenly."""
+        per_forward = batch_size * dp
+        if global_batch % per_forward:
+            raise ValueError(f"--global-batch {global_batch} is not a multiple of batch_size "
+                             f"{batch_size} x {dp} data-parallel ranks = {per_forward}")
+        return cls(batch_size, dp, dp_rank, global_batch // per_forward or 1)
+
+    @property
+    def size(self) -> int:
+        return self.batch_size * self.dp * self.accumulation
+
+    def describe(self) -> dict[str, int]:
+        """For the run's config record: the same on every rank."""
+        return {"global_batch": self.size, "accumulation": self.accumulation}
+
+    def micro(self, consumed: int, micro: int) -> torch.Tensor:
+        """This rank's sample indices in micro-batch `micro` of the step after `consumed`."""
+        return micro_batch_indices(consumed, micro, self.dp_rank, self.batch_size, self.dp)
 
 
 class SyntheticTokens:
@@ -38,29 +79,6 @@ class SyntheticTokens:
         positions = torch.arange(self.seq_len + 1)
         tokens = (start[:, None] + stride[:, None] * positions[None, :]) % self.vocab_size
         return tokens[:, :-1], tokens[:, 1:]
-
-
-class TokenFile:
-    """One stream of pre-tokenized uint16/uint32 tokens; sample i is window i (wrapping around)."""
-
-    def __init__(self, path: str, dtype: str, seq_len: int):
-        self._file = open(path, "rb")
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
-        with warnings.catch_warnings():
-            # The map is read-only and the tensor is only read: no copy of the file is needed.
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            self.tokens = torch.frombuffer(self._map, dtype=torch_dtype)
-        self.seq_len = seq_len
-        self.windows = (self.tokens.numel() - 1) // seq_len
-        if self.windows < 1:
-            raise ValueError(f"{path}: {self.tokens.numel()} tokens, fewer than one sequence of "
-                             f"{seq_len + 1}")
-
-    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = (indices % self.windows) * self.seq_len
-        rows = torch.stack([self.tokens[s:s + self.seq_len + 1].to(torch.long) for s in starts.tolist()])
-        return rows[:, :-1], rows[:, 1:]
 
 
 class SyntheticImages:

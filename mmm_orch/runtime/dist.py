@@ -100,6 +100,14 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def refuse(rt: Runtime, trainer: str, message: str) -> NoReturn:
+    """Stop every rank with exit 2 over what they all found wrong (options, data); the main
+    rank says what."""
+    if rt.is_main:
+        print(f"[{trainer}] error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def run_main(main: Callable[[], int]) -> NoReturn:
     """A trainer's entry point: its exit code, including a SystemExit raised on the way (bad
     options, a run that cannot resume), leaves through exit_process."""

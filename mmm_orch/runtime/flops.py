@@ -30,3 +30,16 @@ def transformer_flops_per_token(params: int, embedding_params: int, n_layers: in
     """Training FLOPs per token: 6 per non-embedding parameter plus attention scores,
     12 * layers * heads * head_dim * seq_len (the PaLM appendix B count, as torchtitan uses)."""
     return 6 * (params - embedding_params) + 12 * n_layers * n_heads * head_dim * seq_len
+
+
+class TokenRate:
+    """A step's tokens per second per device, and its MFU where the device's peak is known."""
+
+    def __init__(self, flops_per_token: float, device_name: str, world_size: int):
+        self.flops_per_token, self.world_size = flops_per_token, world_size
+        self.peak = peak_flops(device_name)
+
+    def __call__(self, tokens: int, seconds: float) -> dict[str, float | None]:
+        per_device = tokens / seconds / self.world_size
+        return {"tokens_per_s": per_device,
+                "mfu": 100 * self.flops_per_token * per_device / self.peak if self.peak else None}

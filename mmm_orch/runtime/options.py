@@ -21,6 +21,8 @@ class RunOptions:
     output_dir: str = "outputs"
     run_name: str = ""
     checkpoint_every: int = 0
+    keep_checkpoints: int = field(default=0, metadata={
+        "help": "keep the newest K checkpoints, removing older ones (0 = keep all)"})
     resume: bool = field(default=False, metadata={
         "help": "continue from the run's latest checkpoint; an error when there is none"})
     allow_fresh: bool = field(default=False, metadata={

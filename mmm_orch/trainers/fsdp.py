@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
+                                cfg.keep_checkpoints)
     step = 0
     if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]

@@ -60,14 +60,15 @@ def main(argv: list[str] | None = None) -> int:
                      n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size, max_seq_len=cfg.seq_len,
                      multiple_of=32)
     model = Transformer(args)
-    model.init_weights(torch.Generator().manual_seed(cfg.seed))
+    model.init_weights(cfg.seed)
     model.to(rt.device.torch)
     parallelize.tensor_parallel_llama(model, tp_mesh)
     parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
+                                cfg.keep_checkpoints)
     step = 0
     if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]

@@ -1,7 +1,8 @@
 """Llama 3 pre-training, torchtitan-style: the model is built on the meta device, then tensor
 parallel, optional compile, activation checkpointing and FSDP2 are applied before its weights
-are materialised. AdamW with warmup and cosine decay, gradient clipping, synthetic tokens or a
-pre-tokenized token file, DCP checkpoints, tokens/s per device and MFU.
+are materialised. AdamW with warmup and cosine decay, gradient clipping, a global batch held by
+gradient accumulation, synthetic tokens or a tokenized dataset (shuffled per epoch, validation
+loss on its held-out split), DCP checkpoints, tokens/s per device and MFU.
 
     python -m mmm_orch.trainers.llama3 --config debug --tiny --steps 20
 """
@@ -9,7 +10,9 @@ pre-tokenized token file, DCP checkpoints, tokens/s per device and MFU.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
@@ -21,11 +24,15 @@ import torch.nn.functional as F
 
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
-from mmm_orch.runtime.data import SyntheticTokens, TokenFile, batch_indices
-from mmm_orch.runtime.flops import peak_flops, transformer_flops_per_token
-from mmm_orch.runtime.loop import StepTimer, mean_across, mesh, param_dtype, run_dir, warmup_cosine
+from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
+from mmm_orch.runtime.dataset import SampleLog, TokenDataset
+from mmm_orch.runtime.dist import refuse
+from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
+from mmm_orch.runtime.loop import (StepTimer, draw_per_rank, mean_across, mesh, param_dtype,
+                                   run_dir, warmup_cosine)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
+from mmm_orch.runtime.validation import SYNTHETIC_HELD_OUT, Offset, validation_loss
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 
@@ -73,8 +80,20 @@ class Config(RunOptions):
     lr: float | None = None
     ac: Literal["none", "selective", "full"] | None = None
     compile: bool = False
-    data_path: str = field(default="", metadata={"help": "pre-tokenized token file"})
-    token_dtype: Literal["uint16", "uint32"] = "uint32"
+    data_path: str = field(default="", metadata={
+        "help": "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
+                "synthetic tokens if empty"})
+    token_dtype: Literal["uint16", "uint32"] = field(default="uint32", metadata={
+        "help": "a flat token file's id type (a dataset's manifest says its own)"})
+    global_batch: int = field(default=0, metadata={
+        "help": "samples a step on any node count, by gradient accumulation (0: batch_size x dp)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip to this norm (0: no clip)"})
+    eval_every: int = field(default=0, metadata={
+        "help": "validation loss every N steps and at the last (0: never)"})
+    eval_samples: int = field(default=64, metadata={
+        "help": "held-out samples a validation reads (the same ones each time, on any layout)"})
+    log_sample_ids: bool = field(default=False, metadata={
+        "help": "write the samples and windows each rank trained on (samples/dp-R.jsonl)"})
     tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
 
 
@@ -92,7 +111,6 @@ def build_model(cfg: Config, args, ac, rt, dp_mesh, tp_mesh) -> tuple[Transforme
     """The model on the meta device, parallelized (TP, then compile, activation checkpointing,
     FSDP), then materialized and initialized on this rank's device; and its parameter counts
     (all, embedding), taken before sharding."""
-    torch.manual_seed(cfg.seed)  # the same on every rank: DTensor init draws consistently
     with torch.device("meta"):
         model = Transformer(args)
     counts = model.count_params()
@@ -102,7 +120,7 @@ def build_model(cfg: Config, args, ac, rt, dp_mesh, tp_mesh) -> tuple[Transforme
     parallelize.activation_checkpointing(model.layers, ac)
     parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
     model.to_empty(device=rt.device.torch)
-    model.init_weights()
+    model.init_weights(cfg.seed)
     return model, counts
 
 
@@ -112,55 +130,103 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime_dist.setup()
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
+    try:
+        batches = GlobalBatch.of(cfg.global_batch, batch_size, dp_mesh.size(),
+                                 dp_mesh.get_local_rank())
+        train, val = open_data(cfg, args.vocab_size, seq_len)
+    except ValueError as exc:  # every rank finds the same: the main one says it, all stop
+        refuse(rt, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
     model, (params, embedding_params) = build_model(cfg, args, ac, rt, dp_mesh, tp_mesh)
+    draw_per_rank(cfg.seed, rt.rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
-    step = 0
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
+                                cfg.keep_checkpoints)
+    step = consumed = 0  # consumed: the global index of the next sample to train on
     if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
+        consumed = state.get("samples", step * batches.size)
         scheduler.load_state_dict(state["scheduler"])
-    data = (TokenFile(cfg.data_path, cfg.token_dtype, seq_len) if cfg.data_path
-            else SyntheticTokens(args.vocab_size, seq_len, cfg.seed))
     logger = MetricLogger(out, {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
-                                "params": params, "world_size": rt.world_size},
+                                "params": params, "world_size": rt.world_size,
+                                **batches.describe()},
                           enabled=rt.is_main, resumed_from=step)
-    flops_per_token = transformer_flops_per_token(params, embedding_params, args.n_layers,
-                                                  args.n_heads, args.head_dim, seq_len)
-    peak = peak_flops(rt.device.name())
-    timer = StepTimer(rt)
+    samples = SampleLog.where(cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches)
+    rate = TokenRate(transformer_flops_per_token(params, embedding_params, args.n_layers,
+                                                 args.n_heads, args.head_dim, seq_len),
+                     rt.device.name(), rt.world_size)
+    timer, device = StepTimer(rt), rt.device.torch
     if step:
-        logger.event("resume", step=step, checkpoint=str(checkpointer.root))
+        logger.event("resume", step=step, samples=consumed, checkpoint=str(checkpointer.root))
 
     while step < cfg.steps:
         step += 1
-        timer.start()
-        inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(), batch_size,
-                                                  dp_mesh.size()))
-        inputs, labels = inputs.to(rt.device.torch), labels.to(rt.device.torch)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        timer.forward_done()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        loss = train_step(model, train, batches, consumed, timer, device, step, samples)
+        consumed += batches.size
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                   cfg.max_grad_norm or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         times = timer.stop()
 
-        tokens_per_s = batch_size * seq_len * dp_mesh.size() / times["dt"] / rt.world_size
-        mfu = 100 * flops_per_token * tokens_per_s / peak if peak else None
+        validated = {"val_loss": validation_loss(model, val, cfg.eval_samples, batch_size,
+                                                 dp_mesh, device)} \
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) else {}
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
                     grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
-                    tokens_per_s=tokens_per_s, mfu=mfu, mem_gib=rt.device.memory_gib())
-        if checkpointer.after_step(step, model, optimizer, {"scheduler": scheduler.state_dict()},
+                    **rate(batches.size * seq_len, times["dt"]), mem_gib=rt.device.memory_gib(),
+                    **validated)
+        if checkpointer.after_step(step, model, optimizer,
+                                   {"scheduler": scheduler.state_dict(), "samples": consumed},
                                    logger):
             break
     logger.close()
     runtime_dist.teardown()
     return checkpointer.exit_code(step, cfg.steps)
+
+
+def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTimer,
+               device: torch.device, step: int, samples: SampleLog | None) -> torch.Tensor:
+    """Forward and backward over the step's micro-batches; this rank's mean loss over its
+    tokens. The timer's forward mark is at the last micro-batch's loss."""
+    timer.start()
+    total = torch.zeros((), device=device)
+    for micro in range(batches.accumulation):
+        indices = batches.micro(consumed, micro)
+        inputs, labels = data.batch(indices)
+        last = micro == batches.accumulation - 1
+        model.set_requires_gradient_sync(last)  # FSDP: reduce the gradients once a step
+        logits = model(inputs.to(device))
+        # Every sample has seq_len labels, so the micro-batches' mean losses over their number
+        # is the mean over the step's tokens (FSDP averages it over the dp ranks).
+        loss = F.cross_entropy(logits.flatten(0, 1).float(),
+                               labels.to(device).flatten()) / batches.accumulation
+        if last:
+            timer.forward_done()
+        loss.backward()
+        total += loss.detach()
+        if samples is not None:
+            samples.add(step, indices, data)
+    return total
+
+
+def open_data(cfg: Config, vocab_size: int, seq_len: int):
+    """(training data, validation data): a tokenized dataset's splits, a flat file (no held-out
+    part: --eval-every needs a dataset), or synthetic tokens (validated on samples far past any
+    a run trains on)."""
+    if not cfg.data_path:
+        data = SyntheticTokens(vocab_size, seq_len, cfg.seed)
+        return data, Offset(data, SYNTHETIC_HELD_OUT)
+    train = TokenDataset(cfg.data_path, seq_len, vocab_size, seed=cfg.seed, dtype=cfg.token_dtype)
+    if not cfg.eval_every:
+        return train, None
+    if not Path(cfg.data_path).is_dir():
+        raise ValueError(f"--eval-every {cfg.eval_every}: {cfg.data_path} is a flat token file "
+                         "with no validation split; tokenize the text into a dataset")
+    return train, TokenDataset(cfg.data_path, seq_len, vocab_size, split="val", shuffle=False)
 
 
 def _full(value: torch.Tensor) -> float:

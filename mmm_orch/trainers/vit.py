@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.05)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main)
+    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
+                                cfg.keep_checkpoints)
     step = 0
     if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]

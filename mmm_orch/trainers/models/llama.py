@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmm_orch.trainers.models.init import draw_whole
+
 
 @dataclass(frozen=True)
 class LlamaArgs:
@@ -113,22 +115,36 @@ class Transformer(nn.Module):
                                                        args.rope_theta), persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> None:
+    def init_weights(self, seed: int = 0) -> None:
+        """Every parameter drawn whole from its own generator (models/init.py): the same weights
+        on any mesh."""
         self.freqs = rope_frequencies(self.args.head_dim, self.args.max_seq_len,
                                       self.args.rope_theta).to(self.freqs.device)
-        nn.init.normal_(self.tok_embeddings.weight, std=1.0, generator=generator)
-        for block in self.layers.values():
-            for norm in (block.attention_norm, block.ffn_norm):
-                nn.init.ones_(norm.weight)
-            for linear in (block.attention.wq, block.attention.wk, block.attention.wv,
-                           block.feed_forward.w1):
-                nn.init.trunc_normal_(linear.weight, std=0.02, generator=generator)
-            for linear in (block.attention.wo, block.feed_forward.w2, block.feed_forward.w3):
-                nn.init.trunc_normal_(linear.weight, std=block.init_std, generator=generator)
-        nn.init.ones_(self.norm.weight)
-        bound = 3 / self.args.dim ** 0.5
-        nn.init.trunc_normal_(self.output.weight, std=self.args.dim ** -0.5, a=-bound, b=bound,
-                              generator=generator)
+
+        def normal(std: float, bound: float | None = None):
+            if bound is None:
+                return lambda t, g: nn.init.trunc_normal_(t, std=std, generator=g)
+            return lambda t, g: nn.init.trunc_normal_(t, std=std, a=-bound, b=bound, generator=g)
+
+        def ones(t: torch.Tensor, _: torch.Generator) -> None:
+            nn.init.ones_(t)
+
+        draw_whole(self.tok_embeddings.weight, seed, "tok_embeddings.weight",
+                   lambda t, g: nn.init.normal_(t, std=1.0, generator=g))
+        for index, block in self.layers.items():
+            prefix = f"layers.{index}."
+            draw_whole(block.attention_norm.weight, seed, prefix + "attention_norm.weight", ones)
+            draw_whole(block.ffn_norm.weight, seed, prefix + "ffn_norm.weight", ones)
+            for name, std in (("attention.wq", 0.02), ("attention.wk", 0.02),
+                              ("attention.wv", 0.02), ("feed_forward.w1", 0.02),
+                              ("attention.wo", block.init_std), ("feed_forward.w2", block.init_std),
+                              ("feed_forward.w3", block.init_std)):
+                module, linear = name.split(".")
+                draw_whole(getattr(getattr(block, module), linear).weight, seed,
+                           f"{prefix}{name}.weight", normal(std))
+        draw_whole(self.norm.weight, seed, "norm.weight", ones)
+        draw_whole(self.output.weight, seed, "output.weight",
+                   normal(self.args.dim ** -0.5, 3 / self.args.dim ** 0.5))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)

@@ -1,0 +1,176 @@
+"""Text in, token ids out: the tokenizers a user points at and the documents of a corpus.
+
+Tokenizers (the format found from the file, nothing downloaded):
+- a Hugging Face `tokenizer.json` (or a directory holding one): the `tokenizers` package;
+- a tiktoken BPE file (lines of `<base64 token> <rank>`), such as Llama 3's `tokenizer.model`:
+  Llama 3's split pattern and its 256 special tokens after the base vocabulary, BOS
+  <|begin_of_text|> and EOS <|end_of_text|> first among them (meta-llama/llama3,
+  llama/tokenizer.py);
+- a SentencePiece model (any other file): the `sentencepiece` package, its own BOS and EOS.
+
+Documents: `.txt`/`.md` files are split at blank lines (a paragraph is a document), `.jsonl`
+files give one document per line (the field `text_field`), `.parquet` files one per row (the
+column `text_field`). A directory stands for the files in it, in name order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+# meta-llama/llama3, llama/tokenizer.py: Tokenizer.pat_str and num_reserved_special_tokens.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIAL_TOKENS = 256
+# Names Hugging Face tokenizers give their document markers, most common first.
+EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[SEP]")
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
+TEXT_SUFFIXES = (".txt", ".md")
+INPUT_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
+
+
+class TextError(ValueError):
+    """A corpus or tokenizer that cannot be read as asked; the message names the file and fix."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    kind: str           # huggingface, tiktoken, sentencepiece
+    path: str
+    sha256: str
+    vocab_size: int
+    bos_id: int | None  # None: the tokenizer has no BOS; documents start without one
+    eos_id: int
+    encode: Callable[[str], list[int]]
+
+    def document(self, text: str) -> list[int]:
+        """A document's ids between its BOS (where there is one) and its EOS."""
+        return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text) + [self.eos_id]
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "path": self.path, "sha256": self.sha256,
+                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+
+def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
+    """The tokenizer in `path`; `eos`/`bos` name a Hugging Face tokenizer's markers when they
+    are not among the usual names."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise TextError(f"tokenizer {path!r}: no such file (a tokenizer.json, a tiktoken BPE file "
+                        "such as Llama 3's tokenizer.model, or a SentencePiece model)")
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    with open(file, "rb") as handle:
+        head = handle.read(4096)
+    if file.suffix == ".json":
+        return _huggingface(file, digest, eos, bos)
+    if re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", head):
+        return _tiktoken(file, digest)
+    return _sentencepiece(file, digest)
+
+
+def _huggingface(file: Path, digest: str, eos: str, bos: str) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tokenizer = HFTokenizer.from_file(str(file))
+
+    def marker(given: str, names: tuple[str, ...], what: str) -> int | None:
+        for name in (given,) if given else names:
+            found = tokenizer.token_to_id(name)
+            if found is not None:
+                return found
+        if given:
+            raise TextError(f"tokenizer {file}: no token {given!r} for the {what}")
+        return None
+
+    eos_id = marker(eos, EOS_NAMES, "end of a document")
+    if eos_id is None:
+        raise TextError(f"tokenizer {file}: none of {', '.join(EOS_NAMES)} is in its vocabulary: "
+                        "name its end-of-document token with --eos-token")
+    return Tokenizer("huggingface", str(file.resolve()), digest, tokenizer.get_vocab_size(True),
+                     marker(bos, BOS_NAMES, "start of a document"), eos_id,
+                     lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _tiktoken(file: Path, digest: str) -> Tokenizer:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(file))
+    base = len(ranks)
+    names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
+        f"<|reserved_special_token_{i}|>" for i in range(LLAMA3_SPECIAL_TOKENS - 2)]
+    encoding = tiktoken.Encoding(name=file.stem, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
+                                 special_tokens={n: base + i for i, n in enumerate(names)})
+    # Text that spells a special token is text: encode it as such, never as the marker.
+    return Tokenizer("tiktoken", str(file.resolve()), digest, base + LLAMA3_SPECIAL_TOKENS, base, base + 1,
+                     lambda text: encoding.encode(text, disallowed_special=()))
+
+
+def _sentencepiece(file: Path, digest: str) -> Tokenizer:
+    import sentencepiece
+
+    try:
+        model = sentencepiece.SentencePieceProcessor(model_file=str(file))
+    except (RuntimeError, OSError) as exc:
+        raise TextError(f"tokenizer {file}: not a tokenizer.json, tiktoken BPE file or "
+                        f"SentencePiece model ({exc})") from None
+    if model.eos_id() < 0:
+        raise TextError(f"tokenizer {file}: this SentencePiece model has no EOS piece")
+    return Tokenizer("sentencepiece", str(file.resolve()), digest, model.get_piece_size(),
+                     model.bos_id() if model.bos_id() >= 0 else None, model.eos_id(),
+                     lambda text: model.encode(text))
+
+
+def input_files(inputs: list[str]) -> list[Path]:
+    """The corpus's files, directories expanded in name order; each must be a known format."""
+    files: list[Path] = []
+    for given in inputs:
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
+            if not found:
+                raise TextError(f"input {given!r}: no {', '.join(INPUT_SUFFIXES)} files in it")
+            files += found
+        elif path.is_file():
+            if path.suffix not in INPUT_SUFFIXES:
+                raise TextError(f"input {given!r}: suffix {path.suffix or '(none)'!r}; allowed: "
+                                f"{', '.join(INPUT_SUFFIXES)}")
+            files.append(path)
+        else:
+            raise TextError(f"input {given!r}: no such file or directory")
+    return files
+
+
+def documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
+    """Every document of the corpus, in order (files in the order given)."""
+    for file in files:
+        if file.suffix in TEXT_SUFFIXES:
+            text = file.read_text(encoding="utf-8", errors="replace")
+            yield from (p.strip() for p in re.split(r"\n\s*\n", text) if p.strip())
+        elif file.suffix == ".jsonl":
+            with open(file, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        yield _field(json.loads(line), text_field, f"{file}:{number}")
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.ParquetFile(file)
+            if text_field not in table.schema_arrow.names:
+                raise TextError(f"{file}: no column {text_field!r} (columns: "
+                                f"{', '.join(table.schema_arrow.names)}); name it with --text-field")
+            for chunk in table.iter_batches(columns=[text_field]):
+                yield from (t for t in chunk.column(0).to_pylist() if t)
+
+
+def _field(row: object, name: str, where: str) -> str:
+    if not isinstance(row, dict) or not isinstance(row.get(name), str):
+        raise TextError(f"{where}: no text field {name!r}; name it with --text-field")
+    return row[name]

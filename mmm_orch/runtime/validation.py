@@ -1,0 +1,48 @@
+"""Validation loss of a language model on held-out samples, the same ones at every evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mmm_orch.runtime.data import micro_batch_indices
+
+SYNTHETIC_HELD_OUT = 10**12  # synthetic samples from this global index on are never trained on
+
+
+class Offset:
+    """Samples of `data` from `first` on: sample i is data's sample first + i."""
+
+    def __init__(self, data, first: int):
+        self.data, self.first = data, first
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(indices + self.first)
+
+
+@torch.no_grad()
+def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int, dp_mesh,
+                    device: torch.device) -> float:
+    """Mean loss per token over held-out samples 0 .. samples - 1 of `data`, split over the
+    data-parallel ranks in micro-batches (every rank of a TP group on the same ones): the same
+    samples, so the same number, on any layout. Every rank runs the same number of forwards
+    (FSDP gathers parameters in each); a slot past the last sample counts with weight 0."""
+    samples = min(samples, getattr(data, "windows", samples))  # a small split: each once
+    model.eval()
+    totals = torch.zeros(2, device=device)  # loss summed over tokens, tokens
+    dp, per_forward = dp_mesh.size(), batch_size * dp_mesh.size()
+    for micro in range(math.ceil(samples / per_forward)):
+        indices = micro_batch_indices(0, micro, dp_mesh.get_local_rank(), batch_size, dp)
+        kept = (indices < samples).to(device)
+        inputs, labels = data.batch(torch.where(indices < samples, indices, 0))
+        logits = model(inputs.to(device))
+        per_token = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(),
+                                    reduction="none").view(labels.shape)
+        totals[0] += (per_token.sum(1) * kept).sum()
+        totals[1] += kept.sum() * labels.shape[1]
+    dist.all_reduce(totals, group=dp_mesh.get_group())
+    model.train()
+    return (totals[0] / totals[1]).item()
