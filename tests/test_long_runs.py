@@ -102,8 +102,11 @@ def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster
     rows = json.loads(cli("status", "--all", "--json").out)
     assert rows[0]["state"] == "failed"
     assert [r["state"] for r in rows[1:]] == ["cancelled", "cancelled"]
-    assert all(r["started_at"] is None for r in rows[1:])  # no further link ran
-    assert "FileNotFoundError" in cli("diagnose", "1").out or "No such file" in cli("logs", "1").out
+    assert all(r["started_at"] is None for r in rows[1:]), [  # no further link ran
+        (r["native_id"], r["state"], r["started_at"], r["ended_at"], r["reason"]) for r in rows]
+    # The trainer refuses the data before any step: one line, exit 2 (not a traceback).
+    assert "[llama3] error: /nonexistent/tokens: no such dataset directory or token file" in \
+        cli("logs", "1").out and "exit 2" in line
 
 
 def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,

@@ -62,6 +62,18 @@ def test_sacct_parsable_without_header():
     assert jobs["765096"].reason == "step 765096.0: CANCELLED by 54386"
 
 
+def test_sacct_a_job_cancelled_while_pending_never_started():
+    """Recorded on the test cluster: a chain whose first link failed cancelled the two links
+    waiting on it. Slurm gives them a Start, the time of the cancel, but no nodes."""
+    jobs = slurm_parse.parse_sacct_parsable(
+        text("slurm/sacct_n_P2_22.05_slurm_local_cancelled_while_pending.txt"),
+        slurm_parse.SACCT_FIELDS)
+    assert (jobs["5491"].state, jobs["5491"].started_at) == (S.FAILED, 1795608342)
+    for waiting in ("5492", "5493"):
+        assert (jobs[waiting].state, jobs[waiting].started_at, jobs[waiting].ended_at) == \
+            (S.CANCELLED, None, 1795608344)
+
+
 def test_sacct_parsable_frontier_oom_step_is_the_reason():
     jobs = slurm_parse.parse_sacct_parsable(text("slurm/sacct_P_header_frontier_failed_oom_step.txt"))
     job = jobs["4979526"]

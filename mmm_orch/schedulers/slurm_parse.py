@@ -167,8 +167,15 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
         out[job_id] = JobStatus(native_id=job_id, state=state, native_state=row.get("state", ""),
                                 exit_code=code if state.terminal else None,
                                 signal=sig if state.terminal else None, reason=reason,
-                                started_at=epoch(row.get("start")), ended_at=epoch(row.get("end")))
+                                started_at=None if _never_ran(row) else epoch(row.get("start")),
+                                ended_at=epoch(row.get("end")))
     return out
+
+
+def _never_ran(row: dict[str, str]) -> bool:
+    """A job cancelled while pending: Slurm gives it a Start (the time of the cancel, equal to
+    its End) but no nodes (AllocNodes 0, NodeList "None assigned")."""
+    return row.get("allocnodes") == "0"
 
 
 def parse_scontrol_show_job(text: str) -> dict[str, JobStatus]:
@@ -212,7 +219,7 @@ def epoch(value: Any) -> float | None:
 # squeue's fixed format: job id, long state name, start time, reason; '|' never occurs in the
 # first three and the reason comes last.
 SQUEUE_FORMAT = "%A|%T|%S|%r"
-SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End"]
+SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End", "AllocNodes"]
 ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.I)
 INVALID_JOB_ID = re.compile(r"Invalid job id specified", re.I)
 
