@@ -192,11 +192,14 @@ def test_no_cli_path_imports_torch(isolated):
         "for args in (['machines'], ['workloads', '--json'], ['show', 'machine', 'frontier'],\n"
         "             ['schema', 'workload'], ['render', 'aurora', 'llama3_8b', '-A', 'X'],\n"
         "             ['submit', 'local', 'fsdp', '--dry-run'], ['render', 'nope', 'fsdp'],\n"
+        "             ['render', 'local', 'llama3_debug', '--set', 'wandb=offline', '--set',\n"
+        "              'tensorboard=true', '--set', 'data_path=data'],\n"
         "             ['sweep', 'slurm-local', 'fsdp', '--nodes', '1,2', '--dry-run'], ['status']):\n"
         "    main(args)\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('torch'), 'torch must be installed for this check to mean anything'\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'paramiko', 'matplotlib'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'paramiko',\n"
+        "               'matplotlib', 'wandb', 'tensorboard', 'tokenizers', 'tiktoken', 'pyarrow'))\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=isolated)

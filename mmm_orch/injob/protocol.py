@@ -45,6 +45,8 @@ RUN_DIR_VAR = "MMM_ORCH_RUN_DIR"          # the run's directory: metrics and che
 RESUME_VAR = "MMM_ORCH_RESUME"            # "1": continue from the run's latest checkpoint
 ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet is not an error
 CHECKPOINTS_DIR = "checkpoints"           # in the run directory: step-N/ and `latest`
+TENSORBOARD_DIR = "tensorboard"           # in the run directory: TensorBoard's event files
+WANDB_DIR = "wandb"                       # in the run directory: W&B's run-*/offline-run-*
 LATEST_CHECKPOINT = "latest"              # names the newest complete step-N (the chain reads it)
 
 # -- in-job programs (`python -m ...` lines of the job script) ----------------------------------

@@ -148,6 +148,7 @@ def details(record: JobRecord) -> str:
         f"job dir:     {record.job_dir}",
         f"script:      {record.script_path}",
         f"log:         {record.log_path}",
+        *[f"{kind + ':':<13}{where}" for kind, where in _tracking(record).items()],
         "",
         "history:",
     ]
@@ -156,6 +157,12 @@ def details(record: JobRecord) -> str:
         lines.append(f"  {when(event['at'])}  {event['state']:<10} {extra}".rstrip())
     lines += ["", "plan:", json.dumps(record.plan, indent=2), "", "script:", record.script]
     return "\n".join(lines)
+
+
+def _tracking(record: JobRecord) -> dict[str, str]:
+    """Where the run's trackers write, as its plan said (a recorded plan is read as data)."""
+    where = record.plan.get("tracking") if isinstance(record.plan, dict) else None
+    return {str(k): str(v) for k, v in where.items()} if isinstance(where, dict) else {}
 
 
 def details_json(record: JobRecord) -> str:

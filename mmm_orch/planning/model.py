@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import LOG_FILE, NODES_TOKEN
 from mmm_orch.walltime import format_walltime
 
@@ -152,6 +153,18 @@ class Launch:
         return os.path.join(self.workdir, str(self.args.get("output_dir", "outputs")), name)
 
     @property
+    def tracking(self) -> dict[str, str]:
+        """Where the run's trackers write (the trainers' --tensorboard and --wandb)."""
+        if not self.run_dir:
+            return {}
+        where = {}
+        if self.args.get("tensorboard"):
+            where["tensorboard"] = os.path.join(self.run_dir, protocol.TENSORBOARD_DIR)
+        if self.args.get("wandb", "off") != "off":
+            where["wandb"] = f"{self.args['wandb']}, {os.path.join(self.run_dir, protocol.WANDB_DIR)}"
+        return where
+
+    @property
     def python_dir(self) -> str:
         return os.path.dirname(self.python)
 
@@ -288,7 +301,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "program": list(self.launch.program),
-                "launch_line": self.launch_line, "run_dir": self.launch.run_dir}
+                "launch_line": self.launch_line, "run_dir": self.launch.run_dir,
+                "tracking": self.launch.tracking}
 
 
 def _argv(args: dict[str, Any]) -> list[str]:

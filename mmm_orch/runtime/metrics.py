@@ -91,6 +91,11 @@ class MetricLogger:
                 _drop_after(path, resumed_from)
             self._file = open(path, "a" if self.resumed else "w", encoding="utf-8")
             self._write({"event": "config", "time": time.time(), "config": config})
+        self._trackers: list = []
+        if enabled and (config.get("tensorboard") or config.get("wandb", "off") != "off"):
+            from mmm_orch.runtime.tracking import open_trackers
+
+            self._trackers = open_trackers(run_dir, config)
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self._file is not None
@@ -108,6 +113,11 @@ class MetricLogger:
             say(f"{marker}{now:.3f} step={step} at={stamp}")
         say(format_line({"step": step, **fields}))
         self._write({"event": "step", "time": now, "step": step, **fields})
+        if self._trackers:
+            from mmm_orch.runtime.tracking import numbers
+
+            for tracker in self._trackers:
+                tracker.log(step, numbers(fields))
 
     def event(self, name: str, **fields: Any) -> None:
         """A non-step record (epoch summary, checkpoint, ...), also printed as a line."""
@@ -117,6 +127,9 @@ class MetricLogger:
         self._write({"event": name, "time": time.time(), **fields})
 
     def close(self) -> None:
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -23,6 +23,12 @@ class RunOptions:
     checkpoint_every: int = 0
     keep_checkpoints: int = field(default=0, metadata={
         "help": "keep the newest K checkpoints, removing older ones (0 = keep all)"})
+    tensorboard: bool = field(default=False, metadata={
+        "help": "TensorBoard event files in the run directory (the tensorboard extra)"})
+    wandb: Literal["off", "offline", "online"] = field(default="off", metadata={
+        "help": "a W&B run (the wandb extra): offline files to `wandb sync` later, or online "
+                "where the compute nodes reach W&B (with the machine's proxy preset)"})
+    wandb_project: str = field(default="mmm-orch", metadata={"help": "the W&B project"})
     resume: bool = field(default=False, metadata={
         "help": "continue from the run's latest checkpoint; an error when there is none"})
     allow_fresh: bool = field(default=False, metadata={
