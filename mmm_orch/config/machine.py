@@ -72,6 +72,9 @@ class NodeShape:
     gpu_model: str = ""
     gpu_memory_gib: Number | None = None
     memory_gib: Number | None = None
+    # What torch's scaled_dot_product_attention runs in training here: a fused kernel, or the
+    # math one, which saves every head's s x s attention probabilities (planning/memory.py).
+    attention_kernel: Literal["fused", "math"] = "fused"
 
     @property
     def usable_cores(self) -> int:

@@ -97,6 +97,9 @@ class Resources:
     # Refuse machines whose nodes have no accelerator (e.g. an 8B model on a laptop CPU).
     accelerator: Flag = False
     min_gpu_memory_gib: Number | None = None
+    # The trainer's peak memory is estimated per device (planning/memory.py) and a plan that
+    # cannot fit the profile's gpu_memory_gib is refused: "llama3" for the Llama 3 trainer.
+    memory_model: Literal["", "llama3"] = ""
 
 
 @config

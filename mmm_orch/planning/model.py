@@ -243,6 +243,24 @@ class ChainLink:
 
 
 @dataclass(frozen=True)
+class MemoryPlan:
+    """The trainer's estimated peak memory per device (planning/memory.py), in GiB by part, and
+    the device's own (None where the profile does not say: nothing is refused there)."""
+
+    parts: dict[str, float] = field(hash=False)
+    device_gib: float | None
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def summary(self) -> str:
+        return f"{self.total:.1f} GiB" + (f" of {self.device_gib:g}" if self.device_gib else "") \
+            + " (" + ", ".join(f"{k} {v:.1f}" for k, v in self.parts.items()) + ")"
+
+
+@dataclass(frozen=True)
 class Plan:
     """Every decision about one job; built only by resolve() from validated inputs."""
 
@@ -263,6 +281,7 @@ class Plan:
     transport: Transport
     submission: JobPlace = JobPlace()
     chain: ChainLink = ChainLink()
+    memory: MemoryPlan | None = None
 
     @property
     def launch_line(self) -> str:

@@ -17,7 +17,6 @@ if __name__ == "__main__":  # before torch loads: a stop during startup waits fo
     stop.catch()
 
 import torch
-import torch.nn.functional as F
 
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
@@ -26,6 +25,7 @@ from mmm_orch.runtime.loop import StepTimer, draw_per_rank, mean_across, mesh, p
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
+from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "seq_len": 64,
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         timer.start()
         inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(),
                                                   cfg.batch_size, dp_mesh.size()))
-        logits = model(inputs.to(rt.device.torch))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(rt.device.torch).flatten())
-        timer.forward_done()
-        loss.backward()
+        with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
+            loss = token_losses(model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0)
+            timer.forward_done()
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
         times = timer.stop()

@@ -20,8 +20,8 @@ if __name__ == "__main__":  # before torch loads: a stop during startup waits fo
     stop.catch()
 
 import torch
-import torch.nn.functional as F
 
+from mmm_orch.model_shapes import PRESETS, TINY, LlamaArgs
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
@@ -32,38 +32,10 @@ from mmm_orch.runtime.loop import (StepTimer, draw_per_rank, mean_across, mesh, 
                                    run_dir, warmup_cosine)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
-from mmm_orch.runtime.validation import SYNTHETIC_HELD_OUT, Offset, validation_loss
 from mmm_orch.trainers import parallelize
-from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: LlamaArgs
-    batch_size: int
-    seq_len: int
-    lr: float
-    ac: str
-
-
-# The torchtitan Llama 3 configurations (saforem2/mmm train_configs; Meta's model cards).
-PRESETS = {
-    "debug": Preset(LlamaArgs(dim=256, n_layers=8, n_heads=16, n_kv_heads=16, vocab_size=2048,
-                              max_seq_len=2048), batch_size=8, seq_len=2048, lr=8e-4, ac="none"),
-    "8b": Preset(LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
-                           max_seq_len=8192, multiple_of=1024, ffn_dim_multiplier=1.3),
-                 batch_size=1, seq_len=8192, lr=3e-4, ac="selective"),
-    "70b": Preset(LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
-                            max_seq_len=8192, multiple_of=4096, ffn_dim_multiplier=1.3),
-                  batch_size=8, seq_len=8192, lr=1.5e-4, ac="full"),
-    "405b": Preset(LlamaArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
-                             vocab_size=128256, max_seq_len=8192, multiple_of=4096,
-                             ffn_dim_multiplier=1.2),
-                   batch_size=2, seq_len=8192, lr=8e-5, ac="full"),
-}
-TINY = Preset(LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
-                        max_seq_len=64, multiple_of=32), batch_size=4, seq_len=64, lr=3e-3,
-              ac="none")
+from mmm_orch.trainers.loss import loss_context, token_losses
+from mmm_orch.trainers.models.llama import Transformer
+from mmm_orch.trainers.validation import SYNTHETIC_HELD_OUT, Offset, validation_loss
 
 
 @dataclass(frozen=True)
@@ -78,8 +50,12 @@ class Config(RunOptions):
     seq_len: int | None = None
     n_layers: int | None = None
     lr: float | None = None
-    ac: Literal["none", "selective", "full"] | None = None
+    ac: Literal["none", "every_other", "full"] | None = field(default=None, metadata={
+        "help": "activation checkpointing: every_other block (torchtitan's layer-wise "
+                "selective option 2) or every block (full); the preset's if unset"})
     compile: bool = False
+    loss_chunk: int = field(default=1024, metadata={
+        "help": "tokens of a sequence whose logits exist at once without TP (0: all)"})
     data_path: str = field(default="", metadata={
         "help": "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
                 "synthetic tokens if empty"})
@@ -158,22 +134,22 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.n_heads, args.head_dim, seq_len),
                      rt.device.name(), rt.world_size)
     timer, device = StepTimer(rt), rt.device.torch
-    if step:
+    if step:  # (a resume's record: where it continues)
         logger.event("resume", step=step, samples=consumed, checkpoint=str(checkpointer.root))
 
     while step < cfg.steps:
         step += 1
-        loss = train_step(model, train, batches, consumed, timer, device, step, samples)
-        consumed += batches.size
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                   cfg.max_grad_norm or math.inf)
+        loss = train_step(model, train, batches, consumed, timer, device, step, samples,
+                          tp_mesh.size(), cfg.loss_chunk)
+        consumed, grad_norm = consumed + batches.size, torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.max_grad_norm or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         times = timer.stop()
 
         validated = {"val_loss": validation_loss(model, val, cfg.eval_samples, batch_size,
-                                                 dp_mesh, device)} \
+                                                 dp_mesh, tp_mesh.size(), device)} \
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) else {}
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
                     grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
@@ -189,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTimer,
-               device: torch.device, step: int, samples: SampleLog | None) -> torch.Tensor:
+               device: torch.device, step: int, samples: SampleLog | None, tp: int,
+               loss_chunk: int) -> torch.Tensor:
     """Forward and backward over the step's micro-batches; this rank's mean loss over its
     tokens. The timer's forward mark is at the last micro-batch's loss."""
     timer.start()
@@ -197,16 +174,16 @@ def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTime
     for micro in range(batches.accumulation):
         indices = batches.micro(consumed, micro)
         inputs, labels = data.batch(indices)
-        last = micro == batches.accumulation - 1
-        model.set_requires_gradient_sync(last)  # FSDP: reduce the gradients once a step
-        logits = model(inputs.to(device))
-        # Every sample has seq_len labels, so the micro-batches' mean losses over their number
-        # is the mean over the step's tokens (FSDP averages it over the dp ranks).
-        loss = F.cross_entropy(logits.flatten(0, 1).float(),
-                               labels.to(device).flatten()) / batches.accumulation
-        if last:
-            timer.forward_done()
-        loss.backward()
+        with loss_context(tp):
+            # Every sample has seq_len labels, so the micro-batches' mean losses over their
+            # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
+            # each micro-batch's gradients are reduced to their shards at once, which keeps the
+            # gradients sharded between micro-batches).
+            loss = token_losses(model, inputs.to(device), labels.to(device),
+                                loss_chunk) / batches.accumulation
+            if micro == batches.accumulation - 1:
+                timer.forward_done()
+            loss.backward()
         total += loss.detach()
         if samples is not None:
             samples.add(step, indices, data)

@@ -26,7 +26,9 @@ def tensor_parallel_llama(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     parallelize_module(model, tp_mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        # Logits stay sharded over the vocabulary: the loss runs under loss_parallel (loss.py).
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                  use_local_output=False),
     })
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {
@@ -47,8 +49,9 @@ def tensor_parallel_llama(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 def activation_checkpointing(blocks: nn.ModuleDict, mode: str) -> None:
-    """full: recompute every block; selective: every other block (torchtitan's layer-wise
-    selective mode), trading half the recompute for half the saved activations."""
+    """full: recompute every block; every_other: every other block (what torchtitan calls
+    layer-wise selective checkpointing with option 2; not its per-op policy), trading half the
+    recompute for half the saved activations."""
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -7,39 +7,12 @@ built on the meta device can be materialised after it has been parallelised.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmm_orch.model_shapes import LlamaArgs
 from mmm_orch.trainers.models.init import draw_whole
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
-    max_seq_len: int
-    multiple_of: int = 256
-    ffn_dim_multiplier: float | None = None
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def ffn_dim(self) -> int:
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return self.multiple_of * math.ceil(hidden / self.multiple_of)
 
 
 def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
@@ -146,11 +119,14 @@ class Transformer(nn.Module):
         draw_whole(self.output.weight, seed, "output.weight",
                    normal(self.args.dim ** -0.5, 3 / self.args.dim ** 0.5))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, hidden_only: bool = False) -> torch.Tensor:
+        """The logits; with `hidden_only`, the final norm's output, which trainers/loss.py turns
+        into logits a chunk of the sequence at a time (through FSDP's forward all the same)."""
         h = self.tok_embeddings(tokens)
         for block in self.layers.values():
             h = block(h, self.freqs)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        return h if hidden_only else self.output(h)
 
     def count_params(self) -> tuple[int, int]:
         """(all parameters, embedding parameters), counted on the full (unsharded) shapes."""

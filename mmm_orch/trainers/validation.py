@@ -6,9 +6,9 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from mmm_orch.runtime.data import micro_batch_indices
+from mmm_orch.trainers.loss import loss_context, token_losses
 
 SYNTHETIC_HELD_OUT = 10**12  # synthetic samples from this global index on are never trained on
 
@@ -25,7 +25,7 @@ class Offset:
 
 @torch.no_grad()
 def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int, dp_mesh,
-                    device: torch.device) -> float:
+                    tp: int, device: torch.device) -> float:
     """Mean loss per token over held-out samples 0 .. samples - 1 of `data`, split over the
     data-parallel ranks in micro-batches (every rank of a TP group on the same ones): the same
     samples, so the same number, on any layout. Every rank runs the same number of forwards
@@ -38,9 +38,8 @@ def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int,
         indices = micro_batch_indices(0, micro, dp_mesh.get_local_rank(), batch_size, dp)
         kept = (indices < samples).to(device)
         inputs, labels = data.batch(torch.where(indices < samples, indices, 0))
-        logits = model(inputs.to(device))
-        per_token = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(),
-                                    reduction="none").view(labels.shape)
+        with loss_context(tp):
+            per_token = token_losses(model, inputs.to(device), labels.to(device), 0, "none")
         totals[0] += (per_token.sum(1) * kept).sum()
         totals[1] += kept.sum() * labels.shape[1]
     dist.all_reduce(totals, group=dp_mesh.get_group())

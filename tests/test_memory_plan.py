@@ -1,0 +1,94 @@
+"""Memory per device before the queue: the plan's estimate (planning/memory.py) against the
+peak the trainer really reaches on CPU, the header and --dry-run that show it, and the plans it
+refuses with their numbers and the changes that fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmm_orch.model_shapes import PRESETS
+from mmm_orch.planning.memory import GIB, Shape, estimate
+from test_trainers import free_port, launch, steps
+
+HERE = Path(__file__).resolve().parent
+SMALL = dataclasses.replace(PRESETS["debug"].model, n_layers=4)  # 256 wide, vocabulary 2048
+
+
+@pytest.mark.parametrize("ranks,tp,ac,chunk", [
+    (2, 1, "none", 0), (2, 1, "every_other", 0), (2, 1, "full", 0), (2, 1, "none", 64),
+    (2, 1, "full", 64), (2, 2, "none", 0), (4, 2, "none", 0), (4, 2, "full", 0)])
+def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chunk):
+    argv = ["--config", "debug", "--n-layers", "4", "--seq-len", "256", "--batch-size", "4",
+            "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv],
+                          capture_output=True, text=True, timeout=300,
+                          env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
+    estimated = estimate(Shape(SMALL, batch=4, seq=256, dp=ranks // tp, tp=tp, ac=ac,
+                               value_bytes=4, loss_chunk=chunk)).total
+    print(f"ranks {ranks} tp {tp} ac {ac} chunk {chunk}: measured {measured / 2**20:.1f} MiB, "
+          f"estimated {estimated / 2**20:.1f} MiB ({estimated / measured - 1:+.0%})")
+    assert abs(estimated / measured - 1) <= 0.25, (measured, estimated)
+
+
+def test_the_loss_in_chunks_is_the_loss(tmp_path):
+    """The sequence's logits a chunk at a time (remade in backward) train exactly as whole."""
+    curves = {}
+    for chunk in (0, 16):
+        proc = launch("llama3", ["--tiny", "--dtype", "fp32", "--steps", "6", "--warmup-steps",
+                                 "2", "--loss-chunk", str(chunk)], 2, "torchrun",
+                      tmp_path / f"c{chunk}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        curves[chunk] = [r["loss"] for r in steps(tmp_path / f"c{chunk}")]
+    assert curves[16] == pytest.approx(curves[0], rel=1e-5)
+
+
+def test_the_old_70b_preset_did_not_fit_an_aurora_tile():
+    """Before the loss was sharded over the vocabulary, the 70B preset (8 sequences of 8192
+    tokens per rank, tp 4 on Aurora's 16 nodes) built replicated fp32 logits of 128256 ids."""
+    old = Shape(PRESETS["70b"].model, batch=8, seq=8192, dp=16 * 12 // 4, tp=4, ac="full",
+                value_bytes=2, loss_chunk=0, loss_sharded=False)
+    found = estimate(old)
+    assert found.total > 64 * GIB and found.parts["loss or recompute"] > 64 * GIB
+    new = dataclasses.replace(old, loss_sharded=True, batch=PRESETS["70b"].batch_size)
+    assert estimate(new).total < 64 * GIB  # the preset now: sharded logits, one sequence
+
+
+FACILITIES = ["aurora", "polaris", "perlmutter", "frontier"]
+
+
+@pytest.mark.parametrize("machine", FACILITIES)
+@pytest.mark.parametrize("workload", ["llama3_8b", "llama3_70b"])
+def test_the_presets_fit_and_the_script_says_by_how_much(cli, isolated, machine, workload):
+    result = cli("render", machine, workload, "-A", "MYPROJ")
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("# Memory per device"))
+    total, device = line.split(": ")[1].split(" GiB of ")
+    assert 0 < float(total) <= float(device.split()[0]), line
+
+
+def test_dry_run_shows_the_estimate(cli, isolated):
+    result = cli("submit", "aurora", "llama3_8b", "-A", "MYPROJ", "--dry-run")
+    assert result.code == 0 and "# Memory per device (estimate, +-25%): " in result.out
+
+
+def test_a_plan_that_cannot_fit_is_refused_with_its_numbers_and_what_fits(cli, isolated,
+                                                                          monkeypatch):
+    result = cli("submit", "polaris", "llama3_70b", "-A", "MYPROJ", "--set", "batch_size=8")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "memory: llama3_70b needs an estimated " in result.err
+    assert "above the 40 GiB of one cuda device; it fits with --set batch_size=1 (" in result.err
+    assert not (isolated.parent / "home").exists() or not list((isolated.parent).rglob("jobs.db"))
+    monkeypatch.setenv("MMM_ORCH_MEMORY_CHECK", "0")  # the estimate is an estimate
+    shown = cli("render", "polaris", "llama3_70b", "-A", "MYPROJ", "--set", "batch_size=8")
+    assert shown.code == 0 and "GiB of 40" in shown.out
