@@ -325,3 +325,40 @@ def test_tokenize_on_two_nodes_then_llama3_learns_below_the_unigram_entropy(isol
     rows = mmm_orch.report([trained], out=isolated / "report")
     assert rows[0]["val_loss"] == pytest.approx(validated[-1])
     assert (isolated / "report" / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_on_the_slurm_cluster_1_and_2_nodes_train_alike_and_a_run_moves_between_them(isolated):
+    """Nodes, not only ranks: the same global batch on 1 node and on 2 gives the same curve, and
+    a run stopped on 2 nodes and resumed on 1 trains on every sample once."""
+    import mmm_orch
+
+    texts = corpus(300, seed=2)
+    (isolated / "corpus.txt").write_text("\n\n".join(texts))
+    hf_tokenizer(isolated, texts)
+    made = mmm_orch.submit("slurm-local", "tokenize", options={
+        "input": "corpus.txt", "tokenizer": "tokenizer.json", "out": "data"})
+    assert made.wait(timeout=300, poll=1).state == "completed", made.logs()
+
+    common = {"tiny": True, "dtype": "fp32", "data_path": "data", "warmup_steps": 2,
+              "global_batch": 16, "batch_size": 4}
+    curves = {}
+    for nodes in (1, 2):
+        job = mmm_orch.submit("slurm-local", "llama3_debug", nodes=nodes,
+                              options={**common, "steps": 6})
+        assert job.wait(timeout=300, poll=1).state == "completed", job.logs()
+        curves[nodes] = [row["loss"] for row in job.metrics()]
+    assert len(curves[1]) == 6 and curves[2] == pytest.approx(curves[1], rel=2e-4, abs=2e-4)
+
+    moving = {**common, "run_name": "moving", "log_sample_ids": True, "checkpoint_every": 5}
+    first = mmm_orch.submit("slurm-local", "llama3_debug", nodes=2, options={**moving, "steps": 5})
+    assert first.wait(timeout=300, poll=1).state == "completed", first.logs()
+    second = mmm_orch.submit("slurm-local", "llama3_debug", nodes=1,
+                             options={**moving, "steps": 12, "resume": True})
+    assert second.wait(timeout=300, poll=1).state == "completed", second.logs()
+    run = Path(second.record.run_dir)
+    lines = [json.loads(line) for f in sorted((run / "samples").iterdir())
+             for line in f.read_text().splitlines()]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["dp-0.jsonl", "dp-1.jsonl",
+                                                                    "dp-2.jsonl", "dp-3.jsonl"]
+    assert sorted(s for line in lines for s in line["samples"]) == list(range(12 * 16))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,17 @@ from mmm_orch.runtime import stop
 
 class Checkpointer:
     def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool,
-                 keep: int = 0):
+                 keep: int = 0, async_save: bool = False):
+        """`async_save`: the periodic saves write in the background while training goes on
+        (the stop signal's save, and the last, are waited for)."""
         self.run_dir = run_dir
         self.root = run_dir / protocol.CHECKPOINTS_DIR
         self.every, self.device, self.is_main, self.keep = every, device, is_main, keep
         self.stopped = False
         self.last_save_s = 0.0
+        self.pending: _Pending | None = None  # an async save still writing
+        # A group of its own: the background writer's collectives never meet training's.
+        self.writers = dist.new_group(backend="gloo") if async_save else None
         stop.catch()  # the trainers' entry points catch earlier; this covers any other caller
 
     def stop_requested(self) -> bool:
@@ -44,7 +50,10 @@ class Checkpointer:
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             train_state: dict[str, Any]) -> Path:
+             train_state: dict[str, Any], wait: bool = True) -> _Pending:
+        """Write step `step`'s checkpoint; unless `wait` (and with async saves), return while
+        it is still being written: `complete` renames it into place once every rank is done."""
+        self.wait_pending()
         started = time.perf_counter()
         final = self.root / protocol.checkpoint_name(step)
         staging = self.root / f".{final.name}.partial"
@@ -52,21 +61,49 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
         dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging))
+        state = {"model": model_sd, "optim": optim_sd}
+        background = self.writers is not None and not wait
+        future = dcp.async_save(state, checkpoint_id=str(staging), process_group=self.writers) \
+            if background else None
+        if not background:
+            dcp.save(state, checkpoint_id=str(staging))
         # Each rank's random state (dropout masks), so that a resumed run draws what the run
         # would have drawn had it not stopped.
+        staging.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), staging / f"rng-{dist.get_rank()}.pt")
         if self.is_main:
             (staging / "train.json").write_text(json.dumps({"step": step, **train_state}))
+        return _Pending(step, staging, final, started, time.perf_counter() - started, future)
+
+    def complete(self, pending: _Pending) -> Path:
+        """Every rank's part written (waited for): the checkpoint renamed into place and named
+        the latest, older ones pruned."""
+        if pending.future is not None:
+            pending.future.result()
         dist.barrier()
         if self.is_main:
-            shutil.rmtree(final, ignore_errors=True)
-            staging.rename(final)
-            protocol.point_latest(self.run_dir, step)
-            self._prune(step)
+            shutil.rmtree(pending.final, ignore_errors=True)
+            pending.staging.rename(pending.final)
+            protocol.point_latest(self.run_dir, pending.step)
+            self._prune(pending.step)
         dist.barrier()
-        self.last_save_s = time.perf_counter() - started
-        return final
+        self.last_save_s = time.perf_counter() - pending.started
+        return pending.final
+
+    def wait_pending(self, logger: Any = None) -> None:
+        """Finish the async save in flight, if any (before another save, and at the end)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._completed(pending, logger)
+
+    def _completed(self, pending: _Pending, logger: Any) -> None:
+        path = self.complete(pending)
+        if logger is not None:
+            # save_s, the whole save: the watchdog keeps its pre-walltime margin at least twice
+            # the last one; blocking_s: what training waited for.
+            logger.event(CHECKPOINT_EVENT, step=pending.step, path=str(path),
+                         save_s=self.last_save_s, blocking_s=pending.blocking_s,
+                         reason=pending.reason)
 
     def _prune(self, newest: int) -> None:
         """Keep the newest `keep` complete checkpoints (`latest` names the newest: never pruned)."""
@@ -80,15 +117,27 @@ class Checkpointer:
 
     def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    train_state: dict[str, Any], logger: Any) -> bool:
-        """Save when due or when a stop signal arrived; True when the run must stop now."""
+        """Save when due or when a stop signal arrived; True when the run must stop now. An
+        async save is completed once every rank has written its part (asked each step)."""
         stop = self.stop_requested()
+        # (the same answers on every rank, so _all_written's collective runs on all or none)
+        if self.pending is not None and (self.due(step) or stop or self._all_written()):
+            self.wait_pending(logger)
         if self.due(step) or stop:
-            path = self.save(step, model, optimizer, train_state)
-            # save_s: the watchdog keeps its pre-walltime margin at least twice the last save.
-            logger.event(CHECKPOINT_EVENT, step=step, path=str(path), save_s=self.last_save_s,
-                         reason="signal" if stop else "every")
+            pending = self.save(step, model, optimizer, train_state, wait=stop)
+            pending.reason = "signal" if stop else "every"
+            if pending.future is None:
+                self._completed(pending, logger)
+            else:
+                self.pending = pending
         self.stopped = stop
         return stop
+
+    def _all_written(self) -> bool:
+        assert self.pending is not None and self.pending.future is not None
+        done = torch.tensor([1 if self.pending.future.done() else 0], device=self.device)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        return bool(done.item())
 
     def exit_code(self, step: int, last_step: int) -> int:
         """0 when the run reached its last step; EXIT_CHECKPOINTED when it stopped on a signal
@@ -129,6 +178,19 @@ class Checkpointer:
         if rng.exists():  # a run resumed on another number of ranks starts its draws afresh
             _set_rng_state(torch.load(rng, weights_only=True))
         return json.loads((path / "train.json").read_text())
+
+
+@dataclass
+class _Pending:
+    """A save begun: where it is written, when it began, how long training waited for it."""
+
+    step: int
+    staging: Path
+    final: Path
+    started: float
+    blocking_s: float
+    future: Any  # concurrent.futures.Future of dcp.async_save; None once written
+    reason: str = "every"
 
 
 _ACCELERATORS = ("cuda", "xpu")  # the device types whose generators draw dropout masks there

@@ -54,6 +54,8 @@ class Config(RunOptions):
         "help": "activation checkpointing: every_other block (torchtitan's layer-wise "
                 "selective option 2) or every block (full); the preset's if unset"})
     compile: bool = False
+    async_save: bool = field(default=False, metadata={
+        "help": "periodic checkpoints written in the background while training goes on"})
     loss_chunk: int = field(default=1024, metadata={
         "help": "tokens of a sequence whose logits exist at once without TP (0: all)"})
     data_path: str = field(default="", metadata={
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                cfg.keep_checkpoints)
+                                cfg.keep_checkpoints, cfg.async_save)
     step = consumed = 0  # consumed: the global index of the next sample to train on
     if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
         step = state["step"]
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                    {"scheduler": scheduler.state_dict(), "samples": consumed},
                                    logger):
             break
+    checkpointer.wait_pending(logger)
     logger.close()
     runtime_dist.teardown()
     return checkpointer.exit_code(step, cfg.steps)
