@@ -43,6 +43,9 @@ class LlamaArgs:
         return self.n_layers * self.block_params + 2 * self.vocab_size * self.dim + self.dim
 
 
+DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
+
+
 @dataclass(frozen=True)
 class Preset:
     model: LlamaArgs

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from test_trainers import free_port, launch, steps
 
@@ -62,6 +61,8 @@ def tokenize(args: list[str], ranks: int = 1, cwd: Path | None = None) -> subpro
 
 
 def read_split(root: Path, split: str) -> list[int]:
+    import torch
+
     manifest = json.loads((root / "manifest.json").read_text())
     ids: list[int] = []
     for shard in manifest["splits"][split]["shards"]:
@@ -214,6 +215,8 @@ def dataset(text_corpus):
 
 
 def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
+    import torch
+
     from mmm_orch.runtime.dataset import DatasetError, TokenDataset
 
     data = TokenDataset(dataset, seq_len=16, vocab_size=256, seed=5)
@@ -226,12 +229,43 @@ def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
     assert torch.equal(inputs[:, 1:], labels[:, :-1]) and inputs.shape == (4, 16)
     vocab = json.loads((dataset / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     with pytest.raises(DatasetError, match=f"its tokenizer has {vocab} ids, the model's "
-                                           f"vocabulary {vocab - 1}: set the model's vocab_size"):
+                                           f"vocabulary {vocab - 1}: set the trainer's vocab_size"):
         TokenDataset(dataset, seq_len=16, vocab_size=vocab - 1)
     flat = dataset.parent / "flat.bin"
     flat.write_bytes(torch.tensor([1, 2, 300, 4] * 10, dtype=torch.uint16).numpy().tobytes())
     with pytest.raises(DatasetError, match="token id 300 is outside the model's vocabulary of 256"):
         TokenDataset(flat, seq_len=4, vocab_size=256, dtype="uint16")
+
+
+def test_a_damaged_shard_is_refused_naming_it(dataset, tmp_path):
+    import shutil
+
+    from mmm_orch.runtime.dataset import DatasetError, TokenDataset
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    shard = sorted(copy.glob("train-*.bin"))[-1]
+    shard.write_bytes(b"")  # cut short to nothing
+    with pytest.raises(DatasetError, match=f"{shard}: 0 bytes, not a whole number of uint16"):
+        TokenDataset(copy, seq_len=16, vocab_size=256)
+    shard.unlink()
+    with pytest.raises(DatasetError, match=f"{shard}: cannot read"):
+        TokenDataset(copy, seq_len=16, vocab_size=256)
+
+
+def test_the_trainer_takes_a_vocabulary_and_the_old_name_of_every_other():
+    from mmm_orch.runtime.options import parse
+    from mmm_orch.trainers.llama3 import Config, resolve
+
+    model, *_, ac = resolve(parse(Config, ["--tiny", "--vocab-size", "300", "--ac", "selective"]))
+    assert (model.vocab_size, ac) == (300, "every_other")
+
+
+def test_sample_ids_are_logged_on_synthetic_data_too(tmp_path):
+    records = _llama(["--steps", "2", "--log-sample-ids"], 1, tmp_path / "out")
+    assert len(records) == 2
+    lines = (tmp_path / "out" / "run" / "samples" / "dp-0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["samples"] for line in lines] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def _llama(args: list[str], ranks: int, out: Path) -> list[dict]:

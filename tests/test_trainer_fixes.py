@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from test_trainers import launch, steps
 
@@ -37,6 +36,8 @@ def test_backend_ccl_imports_oneccls_bindings_which_register_it(tmp_path):
 
 
 def test_an_xpus_random_state_is_saved_and_restored(monkeypatch):
+    import torch
+
     from mmm_orch.runtime import checkpoint
 
     # This machine has no XPU: torch.xpu answers as on one that has, with a generator's state.
@@ -54,6 +55,8 @@ def test_an_xpus_random_state_is_saved_and_restored(monkeypatch):
 def test_fsdp_logs_the_mean_loss_of_ranks_that_draw_their_own_dropout_masks(tmp_path):
     """Step 1 on 2 ranks, against each rank's step 1 recomputed here: rank r's batch through the
     shared initial weights, with rank r's own dropout stream. The logged loss is their mean."""
+    import torch
+
     from mmm_orch.runtime.data import SyntheticImages, batch_indices
     from mmm_orch.runtime.loop import draw_per_rank
     from mmm_orch.trainers.fsdp import _Slice

@@ -73,7 +73,8 @@ def estimate(shape: Shape) -> Estimate:
     if shape.attention_matrix:
         block += b * m.n_heads / t * s * s * w
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
-    checkpointed = {"none": 0, "every_other": m.n_layers // 2, "full": m.n_layers}[shape.ac]
+    # every_other checkpoints blocks 0, 2, 4, ... (trainers/parallelize.py)
+    checkpointed = {"none": 0, "every_other": (m.n_layers + 1) // 2, "full": m.n_layers}[shape.ac]
     stored = (m.n_layers - checkpointed) * block + checkpointed * kept
     chunk = min(shape.loss_chunk, s) if shape.loss_chunk and t == 1 else s
     vocab_share = v / t if shape.loss_sharded else v
@@ -116,7 +117,7 @@ def sized(machine, workload, args: dict, layout):
     import os
 
     from mmm_orch.errors import MmmError
-    from mmm_orch.model_shapes import PRESETS, TINY
+    from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY
     from mmm_orch.planning.model import MemoryPlan
 
     if workload.resources.memory_model != "llama3":
@@ -127,14 +128,15 @@ def sized(machine, workload, args: dict, layout):
         return args.get(name, option.default if option else None)
 
     preset = TINY if arg("tiny") else PRESETS[arg("config") or "debug"]
-    model = dataclasses.replace(preset.model, n_layers=arg("n_layers") or preset.model.n_layers)
+    model = dataclasses.replace(preset.model, n_layers=arg("n_layers") or preset.model.n_layers,
+                                vocab_size=arg("vocab_size") or preset.model.vocab_size)
     tp = arg("tp") or 1
     accelerator = machine.node.gpus > 0
     shape = Shape(model, batch=arg("batch_size") or preset.batch_size,
                   seq=arg("seq_len") or preset.seq_len, dp=max(1, layout.ranks // tp), tp=tp,
                   ac=arg("ac") or preset.ac,
                   value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
-                  loss_chunk=(arg("loss_chunk") or 0) if tp == 1 else 0,
+                  loss_chunk=_or(arg("loss_chunk"), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
                   attention_matrix=machine.node.attention_kernel == "math")
     found = estimate(shape)
     device = machine.node.gpu_memory_gib if accelerator else None
@@ -148,3 +150,8 @@ def sized(machine, workload, args: dict, layout):
                "no single change fits it: combine more nodes, tp and ac=full")
             + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)")
     return plan
+
+
+def _or(value, default):
+    """`value`, or `default` where it is None (0 means something: the whole sequence)."""
+    return default if value is None else value

@@ -65,7 +65,10 @@ class Checkpointer:
         background = self.writers is not None and not wait
         future = dcp.async_save(state, checkpoint_id=str(staging), process_group=self.writers) \
             if background else None
-        if not background:
+        pending = _Pending(step, staging, final, started, 0.0, future)
+        if background:  # the write's own end, not the step at which it is found done
+            future.add_done_callback(lambda _: setattr(pending, "written_at", time.perf_counter()))
+        else:
             dcp.save(state, checkpoint_id=str(staging))
         # Each rank's random state (dropout masks), so that a resumed run draws what the run
         # would have drawn had it not stopped.
@@ -73,13 +76,15 @@ class Checkpointer:
         torch.save(_rng_state(), staging / f"rng-{dist.get_rank()}.pt")
         if self.is_main:
             (staging / "train.json").write_text(json.dumps({"step": step, **train_state}))
-        return _Pending(step, staging, final, started, time.perf_counter() - started, future)
+        pending.blocking_s = time.perf_counter() - started
+        return pending
 
     def complete(self, pending: _Pending) -> Path:
         """Every rank's part written (waited for): the checkpoint renamed into place and named
         the latest, older ones pruned."""
         if pending.future is not None:
             pending.future.result()
+        written = pending.written_at or time.perf_counter()
         dist.barrier()
         if self.is_main:
             shutil.rmtree(pending.final, ignore_errors=True)
@@ -87,7 +92,9 @@ class Checkpointer:
             protocol.point_latest(self.run_dir, pending.step)
             self._prune(pending.step)
         dist.barrier()
-        self.last_save_s = time.perf_counter() - pending.started
+        # The whole save: its write, and for a waited one the renaming; the margin learns it.
+        self.last_save_s = (written if pending.future is not None else time.perf_counter()) \
+            - pending.started
         return pending.final
 
     def wait_pending(self, logger: Any = None) -> None:
@@ -107,6 +114,8 @@ class Checkpointer:
 
     def _prune(self, newest: int) -> None:
         """Keep the newest `keep` complete checkpoints (`latest` names the newest: never pruned)."""
+        for stale in self.root.glob(".step-*.partial"):  # a save a crash cut short
+            shutil.rmtree(stale, ignore_errors=True)
         if self.keep <= 0:
             return
         steps = sorted(step for path in self.root.iterdir()
@@ -189,8 +198,9 @@ class _Pending:
     final: Path
     started: float
     blocking_s: float
-    future: Any  # concurrent.futures.Future of dcp.async_save; None once written
+    future: Any  # concurrent.futures.Future of dcp.async_save; None for a save waited for
     reason: str = "every"
+    written_at: float = 0.0  # when the background write ended (perf_counter)
 
 
 _ACCELERATORS = ("cuda", "xpu")  # the device types whose generators draw dropout masks there

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -65,11 +66,17 @@ class _Stream:
     def __init__(self, files: list[Path], dtype: str):
         self.parts: list[torch.Tensor] = []
         self._keep = []
+        width = DTYPES[dtype].itemsize
         for file in files:
-            handle = open(file, "rb")
-            if file.stat().st_size == 0:
+            try:
+                handle = open(file, "rb")
+            except OSError as exc:
+                raise DatasetError(f"{file}: cannot read: {exc.strerror}") from None
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0 or size % width:
                 handle.close()
-                continue
+                raise DatasetError(f"{file}: {size} bytes, not a whole number of {dtype} ids "
+                                   "(is --token-dtype right? was it cut short?)")
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             self._keep.append((handle, mapped))
             with warnings.catch_warnings():
@@ -115,7 +122,7 @@ class TokenDataset:
             shards = manifest["splits"][split]["shards"]
             dtype = manifest["dtype"]
             self.stream = _Stream([root / s["file"] for s in shards], dtype)
-            for shard, part in zip((s for s in shards if s["tokens"]), self.stream.parts):
+            for shard, part in zip(shards, self.stream.parts):
                 if part.numel() != shard["tokens"]:
                     raise DatasetError(f"{root / shard['file']}: {part.numel()} tokens, the "
                                        f"manifest says {shard['tokens']}: tokenize again")
@@ -124,8 +131,8 @@ class TokenDataset:
             if tokenizer_vocab > vocab_size:
                 raise DatasetError(
                     f"{root}: its tokenizer has {tokenizer_vocab} ids, the model's vocabulary "
-                    f"{vocab_size}: set the model's vocab_size to at least {tokenizer_vocab}, or "
-                    "tokenize with the model's tokenizer")
+                    f"{vocab_size}: set the trainer's vocab_size to at least {tokenizer_vocab} "
+                    "(--set vocab_size=N), or tokenize with the model's tokenizer")
         elif root.is_file():
             self.stream = _Stream([root], dtype)
             largest = self.stream.max_id()
@@ -167,18 +174,23 @@ class SampleLog:
     <run>/samples/dp-<rank>.jsonl (appended across resumes): to check, by sample, that a run
     sees every window once per epoch however often it stopped and on how many ranks."""
 
-    def __init__(self, run_dir: Path, dp_rank: int):
+    def __init__(self, run_dir: Path, dp_rank: int, resumed_from: int = 0):
         directory = run_dir / "samples"
         directory.mkdir(exist_ok=True)
-        self.file = open(directory / f"dp-{dp_rank}.jsonl", "a")
+        path = directory / f"dp-{dp_rank}.jsonl"
+        if resumed_from and path.exists():  # steps after the checkpoint run again: once each
+            kept = [line for line in path.read_text().splitlines()
+                    if json.loads(line)["step"] <= resumed_from]
+            path.write_text("".join(line + "\n" for line in kept))
+        self.file = open(path, "a")
 
     @classmethod
-    def where(cls, wanted: bool, run_dir: Path, batches) -> SampleLog | None:
+    def where(cls, wanted: bool, run_dir: Path, batches, resumed_from: int) -> SampleLog | None:
         """A log for this data-parallel rank when `wanted` (one rank of each TP group)."""
-        return cls(run_dir, batches.dp_rank) if wanted else None
+        return cls(run_dir, batches.dp_rank, resumed_from) if wanted else None
 
-    def add(self, step: int, indices: torch.Tensor, data: TokenDataset) -> None:
-        line = {"step": step, "samples": indices.tolist(),
-                "windows": data.window_ids(indices).tolist()}
+    def add(self, step: int, indices: torch.Tensor, data) -> None:
+        windows = data.window_ids(indices) if hasattr(data, "window_ids") else indices
+        line = {"step": step, "samples": indices.tolist(), "windows": windows.tolist()}
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()

@@ -105,6 +105,8 @@ def refuse(rt: Runtime, trainer: str, message: str) -> NoReturn:
     rank says what."""
     if rt.is_main:
         print(f"[{trainer}] error: {message}", file=sys.stderr, flush=True)
+    if dist.is_initialized():  # no rank exits, and has the launcher stop the main one, before
+        dist.barrier()         # the main one said why
     raise SystemExit(2)
 
 

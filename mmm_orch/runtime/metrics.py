@@ -95,7 +95,7 @@ class MetricLogger:
         if enabled and (config.get("tensorboard") or config.get("wandb", "off") != "off"):
             from mmm_orch.runtime.tracking import open_trackers
 
-            self._trackers = open_trackers(run_dir, config)
+            self._trackers = open_trackers(run_dir, config, resumed_from)
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self._file is not None

@@ -24,10 +24,12 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, resumed_from: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR))
+        # A resumed launch runs the steps after its checkpoint again: their old events go.
+        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR),
+                                    purge_step=resumed_from + 1 if resumed_from else None)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -58,14 +60,25 @@ def run_id(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
-def open_trackers(run_dir: Path, config: dict[str, Any]) -> list[Tracker]:
-    """The trackers the run's options (in its config record) ask for."""
-    trackers: list[Tracker] = []
+def open_trackers(run_dir: Path, config: dict[str, Any], resumed_from: int) -> list[Tracker]:
+    """The trackers the run's options (in its config record) ask for. One that cannot start (its
+    extra not installed, W&B unreachable) is said and left out: it runs on the main rank only, so
+    failing there would leave the other ranks waiting in their next collective, and training
+    matters more than its charts."""
+    wanted: list[tuple[str, Any]] = []
     if config.get("tensorboard"):
-        trackers.append(TensorBoard(run_dir))
+        wanted.append(("tensorboard", lambda: TensorBoard(run_dir, resumed_from)))
     if config.get("wandb", "off") != "off":
-        trackers.append(WandB(run_dir, config["wandb"], config.get("wandb_project", "mmm-orch"),
-                              config))
+        wanted.append(("wandb", lambda: WandB(run_dir, config["wandb"],
+                                             config.get("wandb_project", "mmm-orch"), config)))
+    trackers: list[Tracker] = []
+    for name, start in wanted:
+        try:
+            trackers.append(start())
+        except Exception as exc:  # noqa: BLE001 - any failure of an optional tracker
+            hint = f" (pip install 'mmm-orch[{name}]')" if isinstance(exc, ImportError) else ""
+            print(f"[tracking] warning: {name} did not start: {exc}{hint}; training goes on "
+                  "without it", flush=True)
     return trackers
 
 

@@ -21,7 +21,7 @@ if __name__ == "__main__":  # before torch loads: a stop during startup waits fo
 
 import torch
 
-from mmm_orch.model_shapes import PRESETS, TINY, LlamaArgs
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
@@ -49,14 +49,17 @@ class Config(RunOptions):
     batch_size: int | None = field(default=None, metadata={"help": "per data-parallel rank"})
     seq_len: int | None = None
     n_layers: int | None = None
+    vocab_size: int | None = field(default=None, metadata={
+        "help": "the model's vocabulary (your tokenizer's size; the preset's if unset)"})
     lr: float | None = None
-    ac: Literal["none", "every_other", "full"] | None = field(default=None, metadata={
+    ac: Literal["none", "every_other", "full", "selective"] | None = field(default=None, metadata={
         "help": "activation checkpointing: every_other block (torchtitan's layer-wise "
-                "selective option 2) or every block (full); the preset's if unset"})
+                "selective option 2) or every block (full); the preset's if unset (selective: "
+                "every_other's old name, for scripts written before the rename)"})
     compile: bool = False
     async_save: bool = field(default=False, metadata={
         "help": "periodic checkpoints written in the background while training goes on"})
-    loss_chunk: int = field(default=1024, metadata={
+    loss_chunk: int = field(default=DEFAULT_LOSS_CHUNK, metadata={
         "help": "tokens of a sequence whose logits exist at once without TP (0: all)"})
     data_path: str = field(default="", metadata={
         "help": "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
@@ -80,9 +83,10 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
     preset = TINY if cfg.tiny else PRESETS[cfg.config]
     seq_len = cfg.seq_len or preset.seq_len
     model = dataclasses.replace(preset.model, n_layers=cfg.n_layers or preset.model.n_layers,
+                                vocab_size=cfg.vocab_size or preset.model.vocab_size,
                                 max_seq_len=max(seq_len, preset.model.max_seq_len))
-    return (model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr,
-            cfg.ac or preset.ac)
+    ac = "every_other" if cfg.ac == "selective" else cfg.ac or preset.ac
+    return model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr, ac
 
 
 def build_model(cfg: Config, args, ac, rt, dp_mesh, tp_mesh) -> tuple[Transformer, tuple[int, int]]:
@@ -131,12 +135,13 @@ def main(argv: list[str] | None = None) -> int:
                                 "params": params, "world_size": rt.world_size,
                                 **batches.describe()},
                           enabled=rt.is_main, resumed_from=step)
-    samples = SampleLog.where(cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches)
+    samples = SampleLog.where(cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches,
+                              step)
     rate = TokenRate(transformer_flops_per_token(params, embedding_params, args.n_layers,
                                                  args.n_heads, args.head_dim, seq_len),
                      rt.device.name(), rt.world_size)
     timer, device = StepTimer(rt), rt.device.torch
-    if step:  # (a resume's record: where it continues)
+    if step:
         logger.event("resume", step=step, samples=consumed, checkpoint=str(checkpointer.root))
 
     while step < cfg.steps:
@@ -150,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.step()
         times = timer.stop()
 
-        validated = {"val_loss": validation_loss(model, val, cfg.eval_samples, batch_size,
-                                                 dp_mesh, tp_mesh.size(), device)} \
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) else {}
+        validated = validate(cfg, step, model, val, batch_size, dp_mesh, tp_mesh.size(), device)
         logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
                     grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
                     **rate(batches.size * seq_len, times["dt"]), mem_gib=rt.device.memory_gib(),
@@ -165,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     logger.close()
     runtime_dist.teardown()
     return checkpointer.exit_code(step, cfg.steps)
+
+
+def validate(cfg: Config, step: int, model, val, batch_size: int, dp_mesh, tp: int,
+             device: torch.device) -> dict[str, float]:
+    """{"val_loss": ...} at the steps --eval-every names and at the last; {} at the others."""
+    if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
+        return {}
+    return {"val_loss": validation_loss(model, val, cfg.eval_samples, batch_size, dp_mesh, tp,
+                                        cfg.loss_chunk, device)}
 
 
 def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTimer,

@@ -127,32 +127,45 @@ def main(argv: list[str] | None = None) -> int:
         (out / MANIFEST).unlink(missing_ok=True)  # --overwrite: incomplete until written again
     writers = {split: ShardWriter(out / f".{shard_name(split, rt.rank)}.partial", dtype)
                for split in SPLITS}
-    said = time.monotonic()
+    failed = ""  # what stopped this rank, for every rank to stop on (no rank left waiting)
     try:
-        for index, text in enumerate(documents(files, cfg.text_field)):
-            if index % rt.world_size == rt.rank:
-                split = "val" if is_validation(index, cfg.val_fraction) else "train"
-                writers[split].add(tokenizer.document(text))
-                if time.monotonic() - said > PROGRESS_EVERY:  # the watchdog's sign of life
-                    said = time.monotonic()
-                    print(f"[tokenize] rank {rt.rank}: {index + 1} documents read", flush=True)
-    except (TextError, ValueError, UnicodeDecodeError) as exc:
-        _refuse(str(exc))
-    mine = {split: writer.close() for split, writer in writers.items()}
+        _tokenize(files, cfg, tokenizer, writers, rt.rank, rt.world_size)
+    except Exception as exc:  # noqa: BLE001 - any document or tokenizer failure, said once
+        failed = f"{exc}" if isinstance(exc, (TextError, UnicodeDecodeError)) else \
+            f"rank {rt.rank}: {type(exc).__name__}: {exc}"
+    mine = {"error": failed, **{split: writer.close() for split, writer in writers.items()}}
     everyone: list[dict] = [{} for _ in range(rt.world_size)]
     dist.all_gather_object(everyone, mine)
-    if not sum(r["train"]["tokens"] for r in everyone):  # every rank knows: every rank stops
+    stop = next((r["error"] for r in everyone if r["error"]), "")
+    if not stop and not sum(r["train"]["tokens"] for r in everyone):
+        stop = f"--input {cfg.input!r}: no documents to train on"
+    if stop:  # every rank knows: every rank stops, leaving no shard behind
         for split in SPLITS:
             (out / f".{shard_name(split, rt.rank)}.partial").unlink(missing_ok=True)
-        _refuse(f"--input {cfg.input!r}: no documents to train on")
+        if rt.is_main:
+            print(f"[tokenize] error: {stop}", file=sys.stderr, flush=True)
+        dist.barrier()  # the launcher stops no rank before the main one said why
+        raise SystemExit(2)
     if rt.is_main:
         _finish(out, cfg, tokenizer, files, dtype, everyone)
-        tokens = sum(r[s]["tokens"] for r in everyone for s in SPLITS)
+        tokens = sum(r[split]["tokens"] for r in everyone for split in SPLITS)
         print(f"[tokenize] {tokens} tokens from {len(files)} file(s) on {rt.world_size} rank(s) "
               f"in {time.perf_counter() - started:.1f}s -> {out}", flush=True)
     dist.barrier()
     runtime_dist.teardown()
     return 0
+
+
+def _tokenize(files, cfg: Config, tokenizer, writers: dict, rank: int, world: int) -> None:
+    """This rank's documents (every world-th) into its train and validation shards."""
+    said = time.monotonic()
+    for index, text in enumerate(documents(files, cfg.text_field)):
+        if index % world == rank:
+            split = "val" if is_validation(index, cfg.val_fraction) else "train"
+            writers[split].add(tokenizer.document(text))
+            if time.monotonic() - said > PROGRESS_EVERY:  # the watchdog's sign of life
+                said = time.monotonic()
+                print(f"[tokenize] rank {rank}: {index + 1} documents read", flush=True)
 
 
 def _finish(out: Path, cfg: Config, tokenizer, files, dtype: str, ranks: list[dict]) -> None:
