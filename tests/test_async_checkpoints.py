@@ -5,13 +5,8 @@ run resumed from one continuing the very loss curve."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
-from test_trainers import launch, steps
+from test_trainers import launch, sigterm_llama3_after, steps
 
 
 def _saves(out) -> list[dict]:
@@ -46,19 +41,8 @@ def test_async_saves_complete_prune_and_resume_on_the_same_curve(tmp_path):
 
 def test_the_stop_signal_waits_for_its_save_with_async_saves(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "mmm_orch.trainers.llama3", "--tiny",
-                             "--steps", "100000", "--checkpoint-every", "2", "--async-save",
-                             "--output-dir", str(out), "--run-name", "run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    metrics = out / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count('"event": "checkpoint"') >= 2):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 75, stderr[-3000:]
+    proc = sigterm_llama3_after(out, "checkpoint", 2, ["--checkpoint-every", "2", "--async-save"])
+    assert proc.returncode == 75, proc.stderr[-3000:]
     last = _saves(out)[-1]
     assert last["reason"] == "signal"
     assert (out / "run" / "checkpoints" / "latest").read_text() == f"step-{last['step']}"

@@ -134,19 +134,28 @@ def test_llama3_resume_continues_the_loss_curve(tmp_path):
         assert abs(record["loss"] - reference[record["step"]]) < 1e-5, record
 
 
-def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resumes(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def sigterm_llama3_after(out: Path, event: str, count: int, args: list[str] = ()) -> \
+        subprocess.CompletedProcess:
+    """One llama3 process (tiny, endless) stopped by SIGTERM once its metrics hold `count`
+    records of `event`, and how it ended."""
     proc = subprocess.Popen([sys.executable, "-m", "mmm_orch.trainers.llama3", "--tiny",
-                             "--steps", "100000", "--output-dir", str(out), "--run-name", "run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--steps", "100000", *args, "--output-dir", str(out), "--run-name",
+                             "run"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics = out / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count('"event": "step"') >= 3):
+    while not (metrics.exists() and metrics.read_text().count(f'"event": "{event}"') >= count):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resumes(tmp_path):
+    out = tmp_path / "out"
+    proc = sigterm_llama3_after(out, "step", 3)
+    metrics, stderr = out / "run" / "metrics.jsonl", proc.stderr
     assert proc.returncode == 75, stderr[-3000:]  # checkpointed, not finished
     saved = [json.loads(line) for line in metrics.read_text().splitlines()
              if '"event": "checkpoint"' in line]

@@ -24,9 +24,12 @@ checkpointing on and off); see tests/test_memory_plan.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 
-from mmm_orch.model_shapes import LlamaArgs
+from mmm_orch.errors import MmmError
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
+from mmm_orch.planning.model import MemoryPlan
 
 GIB = 1 << 30
 
@@ -96,16 +99,15 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
     checkpointing, a smaller batch, more tensor parallelism (inside a node)."""
     tried = []
     for factor in (2, 4, 8):
-        tried.append((f"-N {nodes * factor}", Shape(**{**shape.__dict__, "dp": shape.dp * factor})))
+        tried.append((f"-N {nodes * factor}", replace(shape, dp=shape.dp * factor)))
     for ac in ("every_other", "full"):
         if ac != shape.ac and (shape.ac, ac) != ("full", "every_other"):
-            tried.append((f"--set ac={ac}", Shape(**{**shape.__dict__, "ac": ac})))
+            tried.append((f"--set ac={ac}", replace(shape, ac=ac)))
     if shape.batch > 1:
-        tried.append(("--set batch_size=1", Shape(**{**shape.__dict__, "batch": 1})))
+        tried.append(("--set batch_size=1", replace(shape, batch=1)))
     for tp in (2, 4, 8):
         if tp > shape.tp and ranks_per_node % tp == 0 and shape.model.n_heads % tp == 0:
-            tried.append((f"--set tp={tp}", Shape(**{**shape.__dict__, "tp": tp,
-                                                      "dp": shape.dp * shape.tp // tp})))
+            tried.append((f"--set tp={tp}", replace(shape, tp=tp, dp=shape.dp * shape.tp // tp)))
     return [f"{change} ({estimate(option).total / GIB:.0f} GiB)" for change, option in tried
             if estimate(option).total <= limit]
 
@@ -113,13 +115,6 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
 def sized(machine, workload, args: dict, layout):
     """The plan's memory section for a workload with a memory model, or None; MmmError when the
     estimate is above the device's memory (MMM_ORCH_MEMORY_CHECK=0: said, not refused)."""
-    import dataclasses
-    import os
-
-    from mmm_orch.errors import MmmError
-    from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY
-    from mmm_orch.planning.model import MemoryPlan
-
     if workload.resources.memory_model != "llama3":
         return None
 
@@ -128,8 +123,8 @@ def sized(machine, workload, args: dict, layout):
         return args.get(name, option.default if option else None)
 
     preset = TINY if arg("tiny") else PRESETS[arg("config") or "debug"]
-    model = dataclasses.replace(preset.model, n_layers=arg("n_layers") or preset.model.n_layers,
-                                vocab_size=arg("vocab_size") or preset.model.vocab_size)
+    model = replace(preset.model, n_layers=arg("n_layers") or preset.model.n_layers,
+                    vocab_size=arg("vocab_size") or preset.model.vocab_size)
     tp = arg("tp") or 1
     accelerator = machine.node.gpus > 0
     shape = Shape(model, batch=arg("batch_size") or preset.batch_size,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.injob import protocol
+from mmm_orch.runtime.tracking import numbers, open_trackers
 
 
 def say(line: str) -> None:
@@ -91,11 +92,8 @@ class MetricLogger:
                 _drop_after(path, resumed_from)
             self._file = open(path, "a" if self.resumed else "w", encoding="utf-8")
             self._write({"event": "config", "time": time.time(), "config": config})
-        self._trackers: list = []
-        if enabled and (config.get("tensorboard") or config.get("wandb", "off") != "off"):
-            from mmm_orch.runtime.tracking import open_trackers
-
-            self._trackers = open_trackers(run_dir, config, resumed_from)
+        # Main rank only; each tracker imports its package only when the run asks for it.
+        self._trackers = open_trackers(run_dir, config, resumed_from) if enabled else []
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self._file is not None
@@ -113,11 +111,8 @@ class MetricLogger:
             say(f"{marker}{now:.3f} step={step} at={stamp}")
         say(format_line({"step": step, **fields}))
         self._write({"event": "step", "time": now, "step": step, **fields})
-        if self._trackers:
-            from mmm_orch.runtime.tracking import numbers
-
-            for tracker in self._trackers:
-                tracker.log(step, numbers(fields))
+        for tracker in self._trackers:
+            tracker.log(step, numbers(fields))
 
     def event(self, name: str, **fields: Any) -> None:
         """A non-step record (epoch summary, checkpoint, ...), also printed as a line."""

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(),
                                                   cfg.batch_size, dp_mesh.size()))
         with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
-            loss = token_losses(model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0)
+            loss = token_losses(model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0,
+                                tp_mesh.size())
             timer.forward_done()
             loss.backward()
         optimizer.step()

@@ -194,8 +194,8 @@ def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTime
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
             # each micro-batch's gradients are reduced to their shards at once, which keeps the
             # gradients sharded between micro-batches).
-            loss = token_losses(model, inputs.to(device), labels.to(device),
-                                loss_chunk) / batches.accumulation
+            loss = token_losses(model, inputs.to(device), labels.to(device), loss_chunk,
+                                tp) / batches.accumulation
             if micro == batches.accumulation - 1:
                 timer.forward_done()
             loss.backward()

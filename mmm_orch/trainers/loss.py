@@ -23,19 +23,17 @@ def loss_context(tp: int):
     return loss_parallel()
 
 
-def token_losses(model, inputs: torch.Tensor, labels: torch.Tensor, chunk: int,
+def token_losses(model, inputs: torch.Tensor, labels: torch.Tensor, chunk: int, tp: int,
                  reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of every token (`reduction` none: one per token, shaped as labels; sum; or
-    mean), inside loss_context. `chunk`: tokens of a sequence whose logits exist at once (0: the
-    whole sequence); ignored under TP, where the logits are sharded instead."""
-    tp_sharded = hasattr(model.output.weight, "device_mesh") and \
-        "tp" in (model.output.weight.device_mesh.mesh_dim_names or ())
-    if tp_sharded or not chunk or chunk >= inputs.shape[1]:
+    mean), inside loss_context(tp). `chunk`: tokens of a sequence whose logits exist at once (0:
+    the whole sequence); ignored under TP, where the logits are sharded instead."""
+    if tp > 1 or not chunk or chunk >= inputs.shape[1]:
         logits = model(inputs)
         losses = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
         reduced = _reduce(losses, labels, reduction)
         # Under loss_parallel the losses come back replicated over the TP group: as a tensor.
-        return reduced.full_tensor() if hasattr(reduced, "full_tensor") else reduced
+        return reduced.full_tensor() if tp > 1 else reduced
     hidden = model(inputs, hidden_only=True)
     parts = [checkpoint(_chunk_losses, model.output, hidden[:, start:start + chunk],
                         labels[:, start:start + chunk], use_reentrant=False)

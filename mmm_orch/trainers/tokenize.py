@@ -142,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if stop:  # every rank knows: every rank stops, leaving no shard behind
         for split in SPLITS:
             (out / f".{shard_name(split, rt.rank)}.partial").unlink(missing_ok=True)
-        if rt.is_main:
-            print(f"[tokenize] error: {stop}", file=sys.stderr, flush=True)
-        dist.barrier()  # the launcher stops no rank before the main one said why
-        raise SystemExit(2)
+        runtime_dist.refuse(rt, "tokenize", stop)
     if rt.is_main:
         _finish(out, cfg, tokenizer, files, dtype, everyone)
         tokens = sum(r[split]["tokens"] for r in everyone for split in SPLITS)

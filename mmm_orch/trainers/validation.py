@@ -40,7 +40,7 @@ def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int,
         inputs, labels = data.batch(torch.where(indices < samples, indices, 0))
         with loss_context(tp):
             per_token = token_losses(model, inputs.to(device), labels.to(device), loss_chunk,
-                                     "none")
+                                     tp, "none")
         totals[0] += (per_token.sum(1) * kept).sum()
         totals[1] += kept.sum() * labels.shape[1]
     dist.all_reduce(totals, group=dp_mesh.get_group())
