@@ -16,16 +16,18 @@ import types
 from typing import TYPE_CHECKING, Any
 
 
-_API = ("Job", "Sweep", "job", "jobs", "plan", "refresh", "render", "report", "submit", "sweep")
+_API = ("Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report", "submit",
+        "sweep", "usage")
 _ERRORS = ("MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",
            "SchedulerUnavailable")
-__all__ = ["Job", "Sweep", "job", "jobs", "plan", "refresh", "render", "report", "submit", "sweep",
+__all__ = ["Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report", "submit",
+           "sweep", "usage",
            "MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",
            "SchedulerUnavailable", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, _Package below
-    from mmm_orch.api import (Job, Sweep, job, jobs, plan, refresh, render,
-                              report, submit, sweep)
+    from mmm_orch.api import (Job, Sweep, balance, job, jobs, plan, refresh, render,
+                              report, submit, sweep, usage)
     from mmm_orch.errors import (ConfigError, InvalidValue, MmmError, SchedulerError,
                                  SchedulerUnavailable, UnknownName)
 

@@ -26,8 +26,8 @@ from mmm_orch.errors import InvalidValue
 from mmm_orch.limits import MAX_LINKS
 from mmm_orch.planning.model import Plan, Request
 
-__all__ = ["Job", "Sweep", "job", "jobs", "plan", "refresh", "render", "report", "submit",
-           "sweep"]
+__all__ = ["Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report",
+           "submit", "sweep", "usage"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class PlanOptions:
     spare_nodes: int = 0
     stage_env: bool = False
     workdir: str | None = None
+    max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
 
     def __post_init__(self) -> None:
         """Python's types where the command line's parser would check them: a wrong type is an
@@ -60,6 +61,9 @@ class PlanOptions:
             _count("nodes", self.nodes, 1)
         _count("spare_nodes", self.spare_nodes, 0)
         _of("stage_env", self.stage_env, bool)
+        if self.max_node_hours is not None and (isinstance(self.max_node_hours, bool) or
+                                                not isinstance(self.max_node_hours, (int, float))):
+            raise InvalidValue("max_node_hours", self.max_node_hours, "a positive number or None")
         for name in ("options", "env"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, Mapping)
@@ -85,7 +89,8 @@ class PlanOptions:
             sets=() if swept else tuple(f"{k}={_word(v)}" for k, v in (self.options or {}).items()),
             envs=tuple(f"{k}={v}" for k, v in (self.env or {}).items()),
             presets=tuple(self.presets), no_presets=tuple(self.no_presets),
-            spare_nodes=self.spare_nodes, stage_env=self.stage_env, workdir=self.workdir)
+            spare_nodes=self.spare_nodes, stage_env=self.stage_env, workdir=self.workdir,
+            max_node_hours=self.max_node_hours)
 
 
 def _of(name: str, value: Any, kind: type, none: bool = False) -> None:
@@ -148,7 +153,7 @@ def submit(machine: str | Plan, workload: str | None = None, *, chain: int = 0,
         request = PlanOptions(machine, workload, **options).request()
     with lock:
         prepared = (usecases.prepare(request, db, template, host, env_check, chain) if request
-                    else usecases.prepare_plan(machine, template, host, env_check, chain))
+                    else usecases.prepare_plan(machine, template, host, env_check, chain, db))
         if chain:
             return [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
         return Job(usecases.submit(prepared, db), db)
@@ -237,3 +242,24 @@ def report(targets: Sweep | Iterable[Job], out: str | Path | None = None) -> lis
         records = [_db(each.db).get(each.id, events=False) or each.record for each in chosen]
         made = build.report(records, values, None if out is None else Path(out), title)
     return table.as_dicts(made.rows)
+
+
+def usage(machine: str | None = None, account: str | None = None, since: str | None = None,
+          by: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
+    """What the recorded jobs were charged, as `mmm-orch usage` sums it: one dict per machine,
+    account (and workload, sweep, chain or day with `by`); open jobs are refreshed first."""
+    from mmm_orch import usecases
+    from mmm_orch.jobs.db import open_db
+    from mmm_orch.jobs.usage import as_dicts
+
+    with lock:
+        rows, _ = usecases.usage(open_db(db), machine, account, since, by)
+    return as_dicts(rows)
+
+
+def balance(machine: str, account: str | None = None, host: str | None = None) -> dict[str, Any]:
+    """The project's allocations and what remains, from the facility's tool (`mmm-orch balance`);
+    where it cannot tell, no allocations and a `note` saying why."""
+    from mmm_orch.allocations import balance as ask
+
+    return ask(machine, account, host).to_dict()

@@ -57,6 +57,7 @@ def render(plan: Plan, template: str | None = None) -> str:
     Every template renders in mmm_orch.sandbox: data, never code."""
     import jinja2
 
+    from mmm_orch.planning import cost
     from mmm_orch.sandbox import TemplateLimit, read_template
 
     if template:
@@ -75,7 +76,8 @@ def render(plan: Plan, template: str | None = None) -> str:
     else:
         env, name = _environment(None), f"{plan.scheduler}.sh.j2"
     try:
-        return env.render_bounded(env.get_template(name), plan=plan, job=protocol.FOR_TEMPLATES)
+        return env.render_bounded(env.get_template(name), plan=plan, job=protocol.FOR_TEMPLATES,
+                                  cost=cost.lines(plan, max(plan.chain.links, 1)))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"template {template or name}: not UTF-8 text (byte {exc.start}: "
                           f"{exc.object[exc.start:exc.start + 1]!r})") from None

@@ -14,10 +14,10 @@ import dataclasses
 import socket
 from dataclasses import dataclass
 from typing import Iterator
-from mmm_orch.errors import MmmError, SchedulerError
+from mmm_orch.errors import InvalidValue, MmmError, SchedulerError
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.planning import Plan, Request, resolve
+from mmm_orch.planning import Plan, Request, cost, resolve
 from mmm_orch.planning.model import ChainLink, JobPlace
 from mmm_orch.render import render
 
@@ -30,6 +30,7 @@ class Prepared:
     plan: Plan
     template: str | None
     remote: str
+    budget: float | None = None  # node-hours the budgets leave (a chain's links keep to it)
 
 
 def bad_nodes(db: str | None, machine: str) -> tuple[str, ...]:
@@ -53,14 +54,16 @@ def prepare(request: Request, db: str | None = None, template: str | None = None
             host: str | None = None, env_check: bool = True, chain: int = 0) -> Prepared:
     """Everything that can be checked before a submission writes anything: the plan, a chain's
     conditions, the template, the login host, and the job's Python there."""
-    return prepare_plan(plan(request, db), template, host, env_check, chain)
+    return prepare_plan(plan(request, db), template, host, env_check, chain, db)
 
 
 def prepare_plan(checked: Plan, template: str | None = None, host: str | None = None,
-                 env_check: bool = True, chain: int = 0) -> Prepared:
+                 env_check: bool = True, chain: int = 0, db: str | None = None) -> Prepared:
     """`prepare` for a plan already made (the Python API's `submit(plan)`: what was reviewed is
     what is submitted)."""
     from mmm_orch.jobs.submit import target_for
+
+    budget = within_budgets(checked, db, "a chain's first link" if chain else "this job")
 
     remote = target_for(checked, host)
     # One job with the packaged templates is rendered once, at submission (a failure there
@@ -68,7 +71,22 @@ def prepare_plan(checked: Plan, template: str | None = None, host: str | None = 
     scripts = [checked] if template is not None else []
     if chain:  # a chain's first link, and one that resumes: what its scripts differ by
         scripts = chain_links(checked, chain)[:2]
-    return _ready(checked, template, remote, env_check, scripts)
+    return _ready(checked, template, remote, env_check, scripts, budget)
+
+
+def within_budgets(checked: Plan, db: str | None, what: str, most: float | None = None
+                   ) -> float | None:
+    """Refuse a plan (or the `most` a sweep's points can be charged together) over the budgets:
+    --max-node-hours (checked when planned) and the account's in budgets.yaml; the node-hours
+    they leave (None: no budget), which a chain's links keep to."""
+    from mmm_orch.jobs.usage import check_account_budget
+
+    if checked.cost is None:
+        return None
+    left = check_account_budget(open_db(db), checked, checked.cost.most if most is None else most,
+                                what)
+    limits = [value for value in (checked.cost.budget, left) if value is not None]
+    return min(limits) if limits else None
 
 
 def chain_links(checked: Plan, links: int) -> list[Plan]:
@@ -83,14 +101,14 @@ def chain_links(checked: Plan, links: int) -> list[Plan]:
 
 
 def _ready(checked: Plan, template: str | None, remote: str, env_check: bool,
-           scripts: list[Plan] | None = None) -> Prepared:
+           scripts: list[Plan] | None = None, budget: float | None = None) -> Prepared:
     from mmm_orch.jobs.submit import check_job_python
 
     for each in [checked] if scripts is None else scripts:  # a bad template is refused before
         render(each, template)                                 # the machine is contacted
     if env_check:
         check_job_python(checked, remote)
-    return Prepared(checked, template, remote)
+    return Prepared(checked, template, remote, budget)
 
 
 def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
@@ -102,7 +120,8 @@ def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
 def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[JobRecord]:
     from mmm_orch.jobs.chains import submit_chain as submit_links
 
-    return submit_links(prepared.plan, db_path(db), links, prepared.template, prepared.remote)
+    return submit_links(prepared.plan, db_path(db), links, prepared.template, prepared.remote,
+                        prepared.budget)
 
 
 def launch(request: Request, db: str | None = None, template: str | None = None,
@@ -202,6 +221,10 @@ def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str |
     planned = sweeps.points(shared, swept)
     for point in planned:  # a bad template is refused before the machine is contacted
         render(point.plan, template)
+    plans = [point.plan for point in planned]
+    what = f"the sweep's {len(plans)} points"
+    cost.check_max(what, cost.sweep_most(plans), plans[0].cost.budget, plans[0].cost.unit)
+    within_budgets(plans[0], db, what, cost.sweep_most(plans))
     return swept, planned
 
 
@@ -235,6 +258,25 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     prepared = _ready(again, None, old.remote, env_check=True)
     return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
                        links={"rerun_of": old.id})
+
+
+def usage(db: JobDB | None, machine: str | None = None, account: str | None = None,
+          since: str | None = None, by: str | None = None):
+    """What was spent (jobs/usage.py): the open jobs refreshed first, so that those that ended
+    meanwhile are charged; (rows, the refresh's warnings)."""
+    from mmm_orch.jobs import usage as spending
+    from mmm_orch.jobs.track import refresh
+
+    start = spending.parse_since(since)
+    if by is not None and by not in spending.GROUPINGS:
+        raise InvalidValue("--by", by, "one of " + ", ".join(spending.GROUPINGS))
+    if db is None:
+        if account is not None:
+            raise InvalidValue("--account", account, "an account jobs were charged to: none "
+                               "recorded yet")
+        return [], []
+    outcome = refresh(db, db.list(open_only=True, machine=machine))
+    return spending.usage(db, machine, account, start, by), outcome.warnings
 
 
 def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Iterator[str]:

@@ -22,3 +22,13 @@ def parse_walltime(text: str) -> int:
 def format_walltime(seconds: int) -> str:
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def duration(text: object) -> float | None:
+    """Seconds of a time a scheduler accounted (`01:02:03`, `1-00:00:00`, `00:00:00`), or None
+    where it is not one."""
+    match = _WALLTIME.match(str(text).strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)

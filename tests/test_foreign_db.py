@@ -26,7 +26,7 @@ from mmm_orch.jobs.dbfile import (APPLICATION_ID, SCHEMA_VERSION, DatabaseError,
                                   jobs_root_for, mark_path)
 
 # Commands that never open the job database (`db` alone only names its actions).
-NO_DB = {"machines", "workloads", "schema", "env", "env create", "env check", "db"}
+NO_DB = {"machines", "workloads", "schema", "env", "env create", "env check", "db", "balance"}
 # Every command that opens it, as run here (job 1, machine `local`, workload dist_check).
 OPENS = {
     "show": ["show", "1"],
@@ -48,6 +48,7 @@ OPENS = {
     "timeline": ["timeline", "1"],
     "startup": ["startup"],
     "nodes": ["nodes"],
+    "usage": ["usage"],
     "nodes forget": ["nodes", "forget", "n1"],
     "db check": ["db", "check"],
     "db backup": ["db", "backup"],

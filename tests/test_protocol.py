@@ -25,7 +25,7 @@ INJOB = PACKAGE / "injob"
 LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
           "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.transport", "mmm_orch.config",
           "mmm_orch.schedulers", "mmm_orch.ssh", "mmm_orch.hosts", "mmm_orch.sandbox",
-          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.render", "mmm_orch.console",
+          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.allocations", "mmm_orch.render", "mmm_orch.console",
           "mmm_orch.jobs", "mmm_orch.reporting", "mmm_orch.usecases", "mmm_orch.inspection",
           "mmm_orch.api_job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
           "mmm_orch.cli", "mmm_orch.__main__", "mmm_orch"]

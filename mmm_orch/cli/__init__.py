@@ -8,11 +8,12 @@ import sys
 
 from mmm_orch.version import __version__
 from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, launch_cmds,
-                          nodes_cmds, sweep_cmds)
+                          nodes_cmds, sweep_cmds, usage_cmds)
 from mmm_orch.cli.common import ArgParser
 from mmm_orch.errors import MmmError
 
-GROUPS = (config_cmds, job_cmds, launch_cmds, sweep_cmds, inspect_cmds, env_cmds, nodes_cmds, db_cmds)
+GROUPS = (config_cmds, job_cmds, launch_cmds, sweep_cmds, usage_cmds, inspect_cmds, env_cmds,
+          nodes_cmds, db_cmds)
 
 
 def build_parser() -> ArgParser:

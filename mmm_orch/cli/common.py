@@ -95,6 +95,9 @@ def plan_options(parser: argparse.ArgumentParser, sweep: bool = False,
     parser.add_argument("--spare-nodes", type=lines, default=0, metavar="K",
                         help="ask for K nodes more than --nodes: when a node fails, the job swaps "
                              "in a spare and relaunches from the last checkpoint")
+    parser.add_argument("--max-node-hours", metavar="H",
+                        help="refuse a plan that can be charged more than H node-hours (a sweep: "
+                             "all its points; a chain: it stops linking before it would pass H)")
     parser.add_argument("--stage-env", action="store_true",
                         help="copy the job environment to node-local storage on every node "
                              "before the launch (imports then stay off the shared filesystem)")
@@ -113,7 +116,7 @@ def request(args: argparse.Namespace, **overrides: Any):
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
         workdir=getattr(args, "workdir", None), stage_env=args.stage_env,
-        spare_nodes=args.spare_nodes)
+        spare_nodes=args.spare_nodes, max_node_hours=args.max_node_hours)
     fields.update(overrides)
     return Request(**fields)
 

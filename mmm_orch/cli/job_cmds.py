@@ -71,7 +71,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
 
     if args.dry_run:
-        return dry_run(usecases.plan(common.request(args), args.db), args)
+        planned = usecases.plan(common.request(args), args.db)
+        usecases.within_budgets(planned, args.db, "a chain's first link" if args.chain else "this job")
+        return dry_run(planned, args)
     prepared = usecases.prepare(common.request(args), args.db, args.template, args.host,
                                 env_check=not args.no_env_check, chain=args.chain or 0)
     if args.chain:

@@ -23,7 +23,7 @@ def register(sub) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from mmm_orch.jobs.db import bad_node_days
+    from mmm_orch.jobs.bad_nodes import bad_node_days
 
     db = common.jobs_db(args)
     common.check_machine(args.machine, db)

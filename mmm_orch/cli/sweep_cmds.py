@@ -54,6 +54,7 @@ def register(sub) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
+    from mmm_orch.planning.cost import hours, sweep_cost
 
     swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
                                            args.sets, args.db, args.template)
@@ -65,7 +66,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             mesh = " ".join(f"{k}={v}" for k, v in plan.layout.mesh.items())
             print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue.name or '-'}, "
                   f"{plan.layout.nodes} nodes x {plan.layout.ranks_per_node} = {plan.layout.ranks} ranks, mesh {mesh}, "
-                  f"walltime {plan.queue.walltime_hms}")
+                  f"walltime {plan.queue.walltime_hms}, at most {hours(plan.cost.most)} {plan.cost.unit}")
+        print(sweep_cost(planned))
         return 0
     sweep, records = usecases.submit_sweep(swept, planned, args.db, args.template, args.host,
                                            env_check=not args.no_env_check)

@@ -119,6 +119,8 @@ def check_placeholders(text: str, placeholders=PLACEHOLDERS) -> str:
 Templated = Annotated[str, Check(after=check_placeholders)]
 # A node's address from its name in the job's node list (filled inside the job, by failover).
 NodeTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("node", "short")))]
+# A word of a balance tool's command: {account} is the project asked about.
+AccountTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("account",)))]
 NonEmptyStr = Annotated[str, at.MinLen(1)]
 
 

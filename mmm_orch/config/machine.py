@@ -29,6 +29,7 @@ from mmm_orch.config.common import (
     Walltime,
     config,
 )
+from mmm_orch.config.charging import Charging
 from mmm_orch.walltime import format_walltime
 
 
@@ -105,6 +106,9 @@ class Queue:
     # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
     directives: list[str] | None = None
     notes: str = ""
+    # What the facility multiplies a job's node-hours by in this queue (QOS), over the machine's
+    # own factor (charging.factor); None: 1.
+    charge_factor: Number | None = None
 
     def limits(self) -> str:
         text = f"{self.min_nodes}-{self.max_nodes} nodes, <= {format_walltime(self.max_walltime)}"
@@ -306,6 +310,7 @@ class Machine:
     ranks_per_node: PositiveInt | None = None  # default: one per accelerator
     min_walltime: Walltime | None = None
     account: Account = field(default_factory=Account)
+    charging: Charging = field(default_factory=Charging)
     directives: list[Templated] = field(default_factory=list)
     queues: list[Queue] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)

@@ -9,11 +9,13 @@ k+1 depending on link k through the scheduler (`afterany`), writing each link's 
     python -m mmm_orch.injob.chain begin --chain FILE --link K     before its launch
     python -m mmm_orch.injob.chain end --chain FILE --link K --exit-code RC    after it
 
-`begin` skips the link (exit protocol.EXIT_CHAIN_SKIP) when the chain has ended, and ends the chain when the link
+`begin` skips the link (exit protocol.EXIT_CHAIN_SKIP) when the chain has ended, or when its
+whole walltime could pass the chain's budget (--max-node-hours: the links' nodes for the time
+from their start to their end), and ends the chain when the link
 before made no progress (its checkpoint is no newer than the step it started from: a run that
 crashes at start must not burn a week of allocation). `end` ends the chain when the training
-finished (the trainer exited 0 at its last step) or when this link made no progress, and then
-cancels the links still waiting. Standard library only: it runs in the job's own Python.
+finished (the trainer exited 0 at its last step), when this link made no progress, or when the
+next link could pass the budget, and then cancels the links still waiting. Standard library only: it runs in the job's own Python.
 """
 
 from __future__ import annotations
@@ -83,9 +85,37 @@ def begin(path: Path, link: int) -> int:
                                     f"{before['start_step']}; the newest checkpoint is "
                                     f"{'step %d' % step if step is not None else 'none'})", link - 1)
             return protocol.EXIT_CHAIN_SKIP
+        if over := _over_budget(state, link):
+            _stop(path, state, "stopped", over, link)
+            say(f"link {link}/{total}{protocol.CHAIN_SKIPPED}{over}")
+            return protocol.EXIT_CHAIN_SKIP
         state["progress"][str(link)] = {"start_step": step or 0, "started": time.time()}
         say(f"link {link}/{total} starts at step {step or 0}")
     return 0
+
+
+def _over_budget(state: dict[str, Any], link: int) -> str:
+    """Why link `link` must not start: the links before it spent so much (their nodes for the
+    time from their start to their end, priced as planning/cost.py does) that this one, running
+    its whole walltime, could pass the chain's budget (--max-node-hours); '' when it fits."""
+    budget = state.get("budget")
+    if not budget:
+        return ""
+    now = time.time()
+
+    def charge(seconds: float) -> float:
+        if budget["charged_for"] == "walltime":
+            seconds = budget["walltime"]
+        return budget["nodes"] * max(seconds, budget["minimum"]) / 3600 * budget["factor"]
+
+    spent = sum(charge(entry.get("ended", now) - entry["started"])
+                for entry in state["progress"].values() if "started" in entry)
+    most = charge(budget["walltime"])
+    if spent + most <= budget["limit"]:
+        return ""
+    return (f"{protocol.CHAIN_BUDGET}{budget['limit']:.3g} {budget['unit']} reached (links "
+            f"1-{link - 1} used {spent:.3g}; link {link} could take {most:.3g} more; "
+            "--max-node-hours)")
 
 
 def end(path: Path, link: int, code: int) -> int:
@@ -101,6 +131,8 @@ def end(path: Path, link: int, code: int) -> int:
         elif step is None or step <= progress["start_step"]:
             _stop(path, state, "stopped", f"link {link} made no progress (exit {code}; no checkpoint "
                                     f"newer than step {progress['start_step']})", link)
+        elif link < total and (over := _over_budget(state, link + 1)):
+            _stop(path, state, "stopped", over, link)  # the next link never starts: no charge
         elif link == total:
             state["status"], state["reason"] = "stopped", f"all {total} links ran; not finished"
             say(f"link {link}/{total} saved step {step}; the chain is used up before the end of "

@@ -78,6 +78,7 @@ RETIRED = f"{PREFIX} failover: retired"           # NODE at=EPOCH (evidence)   (
 FAILOVER = f"{PREFIX} failover:"                  # other failover news        (failover)
 CHAIN = f"{PREFIX} chain:"                        # link K/N ...               (the chain)
 CHAIN_SKIPPED = " skipped: "                      # in a CHAIN line: this link did not run
+CHAIN_BUDGET = "budget: "                         # a chain stopped by its --max-node-hours says so first
 # The trainers' lines: a checkpoint saved (runtime/metrics.py prints an event as `[name] ` and its
 # fields, step first), and dist_check's summary.
 CHECKPOINT_EVENT = "checkpoint"

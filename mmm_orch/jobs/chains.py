@@ -48,9 +48,10 @@ def link_plans(plan: Plan, links: int, chain_file: str, run_name: str, workdir: 
 
 
 def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = None,
-                 remote: str = "") -> list[JobRecord]:
+                 remote: str = "", budget: float | None = None) -> list[JobRecord]:
     """Submit the links (each with its own record, in one chain group) and write the chain's
-    state where the jobs run; a refused link cancels those already submitted."""
+    state where the jobs run; a refused link cancels those already submitted. `budget`: the
+    node-hours the links may spend together (each link checks before it starts)."""
     host = host_for(remote)
     tag = new_tag()
     leaf = f"{tag}-chain-{plan.workload}"
@@ -68,7 +69,8 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
     run_dir = plans[0].launch.run_dir
     host.write_file(chain_file, json.dumps(
         {"links": links, "run_dir": run_dir, "cancel": [scheduler.cmd["cancel"]],
-         "status": "running", "reason": "", "progress": {}}, indent=1), 0o600)
+         "status": "running", "reason": "", "progress": {},
+         "budget": _budget(plan, budget)}, indent=1), 0o600)
     chain_id = db.new_group("chain", {"links": links, "dir": chain_dir, "remote": remote,
                                       "run_dir": run_dir, "tag": tag,
                                       "steps": plan.launch.args.get("steps")})
@@ -88,6 +90,15 @@ def submit_chain(plan: Plan, db_file: Path, links: int, template: str | None = N
             host.remove_tree(created)
         raise
     return records
+
+
+def _budget(plan: Plan, limit: float | None) -> dict[str, Any] | None:
+    """What injob/chain.py needs to price the links against `limit` (planning/cost.py's rules)."""
+    cost = plan.cost
+    if limit is None or cost is None:
+        return None
+    return {"limit": limit, "nodes": cost.nodes, "walltime": cost.walltime, "factor": cost.factor,
+            "minimum": cost.minimum, "charged_for": cost.charged_for, "unit": cost.unit}
 
 
 def read_state(group: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,8 +138,9 @@ def summary(group: dict[str, Any], links: list[JobRecord]) -> dict[str, Any]:
         overall = JobState.COMPLETED
     elif all(link.state is JobState.CANCELLED for link in links if link.terminal) and done == len(links):
         overall = JobState.CANCELLED
-    elif status == "stopped":
-        overall = JobState.FAILED
+    elif status == "stopped":  # a budget's stop is the user's own limit, not a failure
+        overall = JobState.CANCELLED if str(state.get("reason", "")).startswith(
+            protocol.CHAIN_BUDGET) else JobState.FAILED
     else:
         overall = JobState.PENDING
     note = f"links {done}/{group['spec'].get('links', '?')}"

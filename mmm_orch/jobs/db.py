@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from mmm_orch.config.common import NODE_NAME
-from mmm_orch.errors import MmmError
+from mmm_orch.jobs.bad_nodes import BadNodes
 from mmm_orch.jobs.dbfile import (ALLOWED, APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
                                   build, by_tables, by_version, check_file, create_file, describe,
                                   read_mark, refuse_lost_jobs, write_mark)
@@ -45,22 +44,6 @@ def db_path(path: str | None = None) -> Path:
     from mmm_orch.paths import default_db_path
 
     return Path(path) if path else default_db_path()
-
-
-MAX_BAD_NODE_DAYS = 3650
-
-
-def bad_node_days() -> float:
-    """How long a blamed node stays avoided: $MMM_ORCH_BAD_NODE_DAYS, else 7 days."""
-    text = os.environ.get("MMM_ORCH_BAD_NODE_DAYS", "7")
-    try:
-        days = float(text)
-    except ValueError:
-        days = -1.0
-    if not 0 <= days <= MAX_BAD_NODE_DAYS:  # also nan, inf and 1e308 (a date past year 9999)
-        raise MmmError(f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number from 0 to "
-                       f"{MAX_BAD_NODE_DAYS}")
-    return days
 
 
 _open: dict[Path, JobDB] = {}
@@ -95,7 +78,7 @@ def close_all() -> None:
         _open.popitem()[1].close()
 
 
-class JobDB:
+class JobDB(BadNodes):
     def __init__(self, path: Path):
         """Open the job database at `path`, creating it where there is none; a file that is not
         an mmm-orch database is refused before anything is written to it."""
@@ -241,6 +224,16 @@ class JobDB:
                                     (kind, time.time(), json.dumps(spec)))
             return int(cur.lastrowid)
 
+    def group_kinds(self) -> dict[int, str]:
+        """Every chain's and sweep's id and kind."""
+        with self._errors("read"):
+            return {row[0]: row[1] for row in self.conn.execute("SELECT id, kind FROM groups")}
+
+    def accounts(self) -> set[str]:
+        """The accounts jobs were charged to ('' where the machine has none)."""
+        with self._errors("read"):
+            return {row[0] for row in self.conn.execute("SELECT DISTINCT account FROM jobs")}
+
     def group(self, group_id: int) -> dict[str, Any] | None:
         with self._errors("read"):
             row = self.conn.execute("SELECT * FROM groups WHERE id = ?", (group_id,)).fetchone()
@@ -256,8 +249,9 @@ class JobDB:
         changes, events = [], []
         with self._write():
             rows = {row["id"]: row for row in self.conn.execute(
-                "SELECT id, state, native_state, reason, started_at, ended_at FROM jobs "
-                f"WHERE id IN ({','.join('?' * len(updates))})", list(updates))}
+                "SELECT id, state, native_state, reason, started_at, ended_at, nodes, spares "
+                f"FROM jobs WHERE id IN ({','.join('?' * len(updates))})", list(updates))}
+            charges = []
             for job_id, status in updates.items():
                 row = rows.get(job_id)
                 if row is None:
@@ -274,6 +268,7 @@ class JobDB:
                     ended = status.ended_at or now
                     if started is None and new is not JobState.CANCELLED:
                         started = ended  # finished between two looks, with no start on record
+                    charges.append(self._charged(job_id, row, status, started, ended))
                 if new.terminal and current.terminal:
                     continue  # terminal records are final
                 native = status.native_state or row["native_state"]
@@ -290,6 +285,22 @@ class JobDB:
                 "UPDATE jobs SET state = ?, native_state = ?, reason = ?, exit_code = ?, "
                 "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?", changes)
             self.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
+            self.conn.executemany("UPDATE jobs SET charged_nodes = ?, charged_seconds = ?, "
+                                  "charge = ? WHERE id = ?", charges)
+
+    def _charged(self, job_id: int, row: sqlite3.Row, status: JobStatus, started: float | None,
+                 ended: float) -> tuple:
+        """(nodes, seconds, charge, id) of a job that ended: the nodes and time the scheduler
+        accounted (where it says; else those asked for and the times on record), priced by the
+        rules in its plan. A job that never started is charged nothing."""
+        from mmm_orch.planning.cost import charge
+
+        if started is None or status.nodes == 0:
+            return 0, 0.0, 0.0, job_id
+        nodes = status.nodes if status.nodes is not None else row["nodes"] + row["spares"]
+        seconds = status.elapsed if status.elapsed is not None else max(0.0, ended - started)
+        plan = self.conn.execute("SELECT plan FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        return nodes, seconds, charge(plan, nodes, seconds), job_id
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -339,37 +350,6 @@ class JobDB:
     def machines(self) -> set[str]:
         with self._errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT machine FROM jobs")}
-
-    # -- nodes known to be bad ----------------------------------------------------------------
-
-    def blame_node(self, machine: str, node: str, evidence: str, job_id: int | None) -> None:
-        """Remember `node` as bad on `machine`; the same job blaming it again changes nothing
-        (its expiry runs from the first time). A name that is not a host name is not kept: it
-        goes into later jobs' directives."""
-        if not NODE_NAME.match(node):
-            return
-        with self._write():
-            self.conn.execute(
-                "INSERT INTO bad_nodes VALUES (?, ?, ?, ?, ?) ON CONFLICT (machine, node) DO UPDATE "
-                "SET at = excluded.at, job_id = excluded.job_id, evidence = excluded.evidence "
-                "WHERE bad_nodes.job_id IS NOT excluded.job_id",
-                (machine, node, time.time(), job_id, evidence[:500]))
-
-    def bad_node_rows(self, machine: str | None = None) -> list[dict[str, Any]]:
-        """Unexpired entries (MMM_ORCH_BAD_NODE_DAYS, 7 by default), newest first."""
-        since = time.time() - bad_node_days() * 86400
-        sql = "SELECT * FROM bad_nodes WHERE at >= ?" + (" AND machine = ?" if machine else "")
-        with self._errors("read"):
-            rows = self.conn.execute(sql + " ORDER BY at DESC", (since, machine) if machine else (since,))
-            return [dict(row) for row in rows]
-
-    def bad_nodes(self, machine: str) -> list[str]:
-        return sorted(row["node"] for row in self.bad_node_rows(machine))
-
-    def forget_node(self, node: str, machine: str | None = None) -> int:
-        sql = "DELETE FROM bad_nodes WHERE node = ?" + (" AND machine = ?" if machine else "")
-        with self._write():
-            return self.conn.execute(sql, (node, machine) if machine else (node,)).rowcount
 
     # -- safety copies -----------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import RECORD_FILE
 
-SCHEMA_VERSION = 4  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes
+SCHEMA_VERSION = 5  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
+# 5: account and the charge
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Set in the SQLite header ("mmmo") when mmm-orch creates a database, so that a file is known to
 # be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
@@ -90,6 +91,11 @@ _ADDED_COLUMNS = {
     "group_index": "INTEGER",                 # its link (chains) or point (sweeps), from 1
     "rerun_of": "INTEGER",                    # the job this one reruns
     "spares": "INTEGER NOT NULL DEFAULT 0",   # spare nodes the job holds for failover
+    "account": "TEXT NOT NULL DEFAULT ''",    # the project charged ('' where the machine has none)
+    # Set once the job ended, from the scheduler's own accounting (planning/cost.py's rules):
+    "charged_nodes": "INTEGER",               # the nodes it held
+    "charged_seconds": "REAL",                # the time charged
+    "charge": "REAL",                         # in the machine's unit (node-hours)
 }
 # What a database of mmm-orch 0.1.0 (before APPLICATION_ID) holds at least, and at most.
 _FIRST_JOB_COLUMNS = {

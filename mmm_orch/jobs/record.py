@@ -47,6 +47,10 @@ class JobRecord:
     group_index: int | None = None
     rerun_of: int | None = None
     spares: int = 0
+    account: str = ""
+    charged_nodes: int | None = None
+    charged_seconds: float | None = None
+    charge: float | None = None  # in the machine's unit, once the job ended
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)

@@ -267,7 +267,8 @@ def _record_values(plan: Plan, remote: str, script_path: str, script: str) -> di
         plan=plan.to_dict(), submit_dir=workdir,
         git_commit=None if remote else git_commit(workdir), log_path=plan.submission.log_path,
         submitted_at=time.time(), tag=plan.submission.tag, submitter=submitter(),
-        run_dir=plan.launch.run_dir, spares=plan.placement.spare_nodes)
+        run_dir=plan.launch.run_dir, spares=plan.placement.spare_nodes,
+        account=plan.queue.account or "")
 
 
 def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo) -> str:

@@ -38,6 +38,7 @@ class Request:
     spare_nodes: int = 0     # nodes asked for beyond --nodes, swapped in when one fails
     avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
     command: tuple[str, ...] = ()  # the user's own program (after --), in place of a trainer
+    max_node_hours: float | str | None = None  # the budget (node-hours): a costlier plan is refused
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,31 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True)
+class CostPlan:
+    """What the job can be charged (planning/cost.py): every node it holds, spares included, for
+    the time the facility counts, at the machine's and the queue's charge factors."""
+
+    unit: str
+    nodes: int  # charged: active and spare
+    spare_nodes: int
+    walltime: int  # seconds asked for
+    factor: float  # the machine's times the queue's
+    charged_for: str  # elapsed or walltime
+    minimum: int  # seconds charged at least
+    source: str = ""
+    budget: float | None = None  # --max-node-hours, in the unit
+
+    def charge(self, nodes: int, elapsed: float) -> float:
+        """The charge of a job that held `nodes` for `elapsed` seconds."""
+        seconds = self.walltime if self.charged_for == "walltime" else elapsed
+        return nodes * max(seconds, self.minimum) / 3600 * self.factor
+
+    @property
+    def most(self) -> float:
+        return self.charge(self.nodes, self.walltime)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Every decision about one job; built only by resolve() from validated inputs."""
 
@@ -282,6 +308,7 @@ class Plan:
     submission: JobPlace = JobPlace()
     chain: ChainLink = ChainLink()
     memory: MemoryPlan | None = None
+    cost: CostPlan | None = None
 
     @property
     def launch_line(self) -> str:

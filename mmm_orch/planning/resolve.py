@@ -20,7 +20,7 @@ from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload, MachineOverride
 from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.injob.protocol import MODULES
-from mmm_orch.planning import checks, memory
+from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
 from mmm_orch.planning.environment import env_groups, environment_word
 from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
@@ -62,6 +62,9 @@ def resolve(request: Request) -> Plan:
               "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "", "python": shlex.quote(python)}
     devices = _devices(machine, layout.ranks_per_node)
     sized = memory.sized(machine, workload, args, layout)
+    priced = cost.priced(machine, queue, nodes, placement.spare_nodes, walltime,
+                         cost.parse_budget(request.max_node_hours))
+    cost.check_max("this job", priced.most, priced.budget, priced.unit)
     return Plan(
         mmm_orch_version=__version__,
         machine=machine.name,
@@ -90,6 +93,7 @@ def resolve(request: Request) -> Plan:
         transport=Transport(login_hosts=tuple(machine.login_hosts),
                             remote_jobs_dir=machine.remote_jobs_dir),
         memory=sized,
+        cost=priced,
     )
 
 

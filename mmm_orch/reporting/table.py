@@ -14,11 +14,15 @@ DEFINITIONS = (
     "per-device tokens/s (else samples/s) over the same steps. Efficiency is against the point "
     "with the fewest ranks and the same other values; 1.0 is ideal. Weak scaling (work per "
     "device fixed, as with a per-rank batch): step_time(base) / step_time. Strong scaling "
-    "(total work fixed): step_time(base) x ranks(base) / (step_time x ranks).")
+    "(total work fixed): step_time(base) x ranks(base) / (step_time x ranks). Charged: what the "
+    "job was charged (node-hours, from the scheduler's nodes and elapsed time at the machine's "
+    "charge factors); per node-hour: the job's throughput (per-device median x ranks) over an "
+    "hour, divided by the node-hours the job was charged per hour it ran.")
 COLUMNS = [("job", "job"), ("point", "point"), ("nodes", "nodes"), ("ranks", "ranks"),
            ("mesh", "mesh"), ("state", "state"), ("steps", "steps"), ("step_ms", "step ms"),
            ("throughput", "per device"), ("mfu", "MFU %"), ("startup_s", "startup s"),
            ("final_loss", "final loss"), ("val_loss", "val loss"), ("weak", "weak eff"), ("strong", "strong eff"),
+           ("charged", "node-h charged"), ("per_node_hour", "per node-hour"),
            ("latency_us", "lat us (min size)"), ("busbw_gbps", "busbw GB/s (max size)")]
 
 
@@ -42,6 +46,8 @@ class Row:
     strong: float | None = None
     latency_us: float | None = None
     busbw_gbps: float | None = None
+    charged: float | None = None  # node-hours (the machine's unit), once the job ended
+    per_node_hour: float | None = None  # tokens (samples) per node-hour charged
 
 
 def _median(values: list) -> float | None:
@@ -56,17 +62,21 @@ def row(data: JobData) -> Row:
     dt = _median([s.get("dt") for s in timed])
     sizes = sorted(data.allreduce, key=lambda r: r["bytes"])
     mesh = section(record.plan, "layout").get("mesh") or {}
-    return Row(job=record.id, point=data.label, nodes=record.nodes, ranks=record.ranks,
-               mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
-               state=record.state.value, steps=len(steps) or None,
-               step_ms=None if dt is None else 1000 * dt,
-               throughput=_median([s.get(unit) for s in timed]) if unit else None,
-               unit=unit.replace("_per_s", "/s"), mfu=_median([s.get("mfu") for s in timed]),
-               startup_s=data.startup_s,
-               final_loss=steps[-1].get("loss") if steps else None,
-               val_loss=next((s["val_loss"] for s in reversed(steps) if "val_loss" in s), None),
-               latency_us=sizes[0]["latency_us"] if sizes else None,
-               busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None)
+    out = Row(job=record.id, point=data.label, nodes=record.nodes, ranks=record.ranks,
+              mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
+              state=record.state.value, steps=len(steps) or None,
+              step_ms=None if dt is None else 1000 * dt,
+              throughput=_median([s.get(unit) for s in timed]) if unit else None,
+              unit=unit.replace("_per_s", "/s"), mfu=_median([s.get("mfu") for s in timed]),
+              startup_s=data.startup_s,
+              final_loss=steps[-1].get("loss") if steps else None,
+              val_loss=next((s["val_loss"] for s in reversed(steps) if "val_loss" in s), None),
+              latency_us=sizes[0]["latency_us"] if sizes else None,
+              busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None, charged=record.charge)
+    if out.throughput and record.charge and record.charged_seconds:
+        charged_per_hour = record.charge / (record.charged_seconds / 3600)
+        out.per_node_hour = out.throughput * record.ranks * 3600 / charged_per_hour
+    return out
 
 
 def rows(jobs: list[JobData]) -> list[Row]:
@@ -94,6 +104,10 @@ def cell(r: Row, key: str) -> str:
         return "-"
     if key == "throughput":
         return f"{value:,.1f} {r.unit}"
+    if key == "per_node_hour":
+        return f"{value:,.0f} {r.unit.removesuffix('/s')}"
+    if key == "charged":
+        return f"{value:.4f}" if value < 1 else f"{value:,.2f}"
     if key in ("weak", "strong", "final_loss", "val_loss"):
         return f"{value:.3f}" if key in ("final_loss", "val_loss") else f"{value:.2f}"
     if isinstance(value, float):

@@ -73,7 +73,8 @@ class LocalScheduler:
                 state, native = JobState.FAILED, "exited non-zero"
             return JobStatus(native_id=job.native_id, state=state, native_state=native,
                              exit_code=result["exit_code"], signal=result["signal"],
-                             started_at=started, ended_at=result["ended_at"])
+                             started_at=started, ended_at=result["ended_at"], nodes=1,
+                             elapsed=result["ended_at"] - started if started else None)
         if alive:
             return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
                              started_at=started)

@@ -14,6 +14,7 @@ from typing import Any
 
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM
 from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.walltime import duration
 
 # PBS job_state letters (PBS Professional Reference Guide, "Job States").
 _STATES = {
@@ -95,6 +96,30 @@ def pbs_state(job: dict[str, Any]) -> tuple[JobState, int | None, int | None]:
     return JobState.FAILED, status, None
 
 
+def _resource(job: dict[str, Any], group: str, name: str) -> Any:
+    """`group.name` of a DSV record, or group[name] of a JSON one; None where absent."""
+    nested = job.get(group)
+    return nested.get(name) if isinstance(nested, dict) else job.get(f"{group}.{name}")
+
+
+def _nodect(job: dict[str, Any]) -> int | None:
+    """The nodes the job held: the vnodes of its exec_vnode (one per node on the facilities' and
+    the test server's machines), else the hosts of its exec_host, else the nodect it asked for;
+    None for a job that never ran (none of them, and no time used)."""
+    vnodes = str(job.get("exec_vnode") or "")
+    if vnodes:
+        return len({part.strip("()").split(":")[0] for part in vnodes.split("+")})
+    hosts = str(job.get("exec_host") or "")
+    if hosts:
+        return len({part.split("/")[0] for part in hosts.split("+")})
+    if _resource(job, "resources_used", "walltime") is None:
+        return None
+    try:
+        return int(_resource(job, "Resource_List", "nodect"))
+    except (TypeError, ValueError):
+        return None
+
+
 def utc_time(value: Any) -> float | None:
     """A qstat time such as 'Sat Dec  3 20:25:38 2022', read as UTC (see QUERY_ENV)."""
     try:
@@ -112,7 +137,10 @@ def statuses(jobs: dict[str, dict[str, Any]]) -> dict[str, JobStatus]:
                                 native_state=str(job.get("job_state", "")), exit_code=code,
                                 signal=signal, reason=str(job.get("comment", "")),
                                 started_at=utc_time(job["stime"]) if "stime" in job else None,
-                                ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None)
+                                ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None,
+                                nodes=_nodect(job) if state.terminal else None,
+                                elapsed=duration(_resource(job, "resources_used", "walltime"))
+                                if state.terminal else None)
     return out
 
 

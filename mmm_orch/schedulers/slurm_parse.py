@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.walltime import duration
 
 _STATES = {
     JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
@@ -168,8 +169,19 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
                                 exit_code=code if state.terminal else None,
                                 signal=sig if state.terminal else None, reason=reason,
                                 started_at=None if _never_ran(row) else epoch(row.get("start")),
-                                ended_at=epoch(row.get("end")))
+                                ended_at=epoch(row.get("end")), nodes=_count(row.get("allocnodes")),
+                                elapsed=_seconds(row.get("elapsedraw")))
     return out
+
+
+def _count(text: Any) -> int | None:
+    """A whole number of a text field (sacct -P, scontrol), None where it is not one."""
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def _seconds(text: Any) -> float | None:
+    number = _count(text)
+    return float(number) if number is not None else None
 
 
 def _never_ran(row: dict[str, str]) -> bool:
@@ -194,7 +206,9 @@ def parse_scontrol_show_job(text: str) -> dict[str, JobStatus]:
             exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
             reason="" if reason == "None" else reason,
             started_at=epoch(fields.get("StartTime")) if state is not JobState.PENDING else None,
-            ended_at=epoch(fields.get("EndTime")) if state.terminal else None)
+            ended_at=epoch(fields.get("EndTime")) if state.terminal else None,
+            nodes=_count(fields.get("NumNodes")) if state.terminal else None,
+            elapsed=duration(fields.get("RunTime")) if state.terminal else None)
     return out
 
 
@@ -219,7 +233,8 @@ def epoch(value: Any) -> float | None:
 # squeue's fixed format: job id, long state name, start time, reason; '|' never occurs in the
 # first three and the reason comes last.
 SQUEUE_FORMAT = "%A|%T|%S|%r"
-SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End", "AllocNodes"]
+SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End", "AllocNodes",
+                "ElapsedRaw"]
 ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.I)
 INVALID_JOB_ID = re.compile(r"Invalid job id specified", re.I)
 

@@ -51,3 +51,6 @@ class JobStatus:
     reason: str = ""
     started_at: float | None = None  # epoch seconds, as the scheduler recorded them
     ended_at: float | None = None
+    # The scheduler's own accounting of a job that ended: the nodes it held and for how long (s).
+    nodes: int | None = None
+    elapsed: float | None = None

@@ -1,0 +1,125 @@
+"""A project's allocation and what remains of it, from the facility's own tool (the profile's
+`charging.balance`: ALCF's sbank, OLCF's showusage), run here or on a login node over SSH as
+`status` reaches the scheduler. The parsers are pure functions, tested on the outputs the
+facilities' documentation records. A tool that is missing, slow or failing is a note, never an
+error: nothing else waits for it (submission never asks it)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from mmm_orch.errors import MmmError
+
+
+@dataclass(frozen=True)
+class Allocation:
+    project: str
+    resource: str  # the machine as the tool names it ('' where it names none)
+    allocation: float | None  # awarded, in node-hours
+    used: float
+    remaining: float
+    jobs: int | None = None
+    start: str = ""
+    end: str = ""
+
+
+@dataclass(frozen=True)
+class Balance:
+    machine: str
+    account: str
+    allocations: list[Allocation]
+    note: str = ""  # why there is none: no tool, it failed, it timed out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "allocations": [asdict(a) for a in self.allocations]}
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+# sbank-list-allocations: " Id  Start  End  Resource  Project  Jobs  Charged  Available Balance"
+# (fields added with -f "+created" follow the balance).
+_SBANK_ROW = re.compile(r"^\s*\d+\s+(\d{4}-\d\d-\d\d)\s+(\d{4}-\d\d-\d\d)\s+(\S+)\s+(\S+)\s+"
+                        r"([\d,]+)\s+(-?[\d,.]+)\s+(-?[\d,.]+)(\s.*)?$")
+
+
+def parse_sbank(text: str) -> list[Allocation]:
+    """`sbank-list-allocations -p PROJECT -r RESOURCE` (ALCF): one row per allocation, in node
+    hours; the Totals block below the rows repeats them and is not read."""
+    out = []
+    for line in text.splitlines():
+        if match := _SBANK_ROW.match(line):
+            start, end, resource, project, jobs, charged, available, _ = match.groups()
+            used, remaining = _number(charged), _number(available)
+            out.append(Allocation(project=project, resource=resource, allocation=used + remaining,
+                                  used=used, remaining=remaining, jobs=int(jobs.replace(",", "")),
+                                  start=start, end=end))
+    return out
+
+
+def parse_showusage(text: str) -> list[Allocation]:
+    """`showusage` (OLCF): `project | allocation | usage | remaining | usage`, node-hours since
+    January 1 up to the previous midnight. The two columns headed "Usage" are read by position:
+    the project's (third), then, per OLCF's guide, the user's own [?] (not read)."""
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 4 or not cells[0] or set(cells[0]) <= {"_", " "}:
+            continue
+        try:
+            allocation, used, remaining = (_number(c) for c in cells[1:4])
+        except ValueError:
+            continue  # the header
+        out.append(Allocation(project=cells[0], resource="", allocation=allocation, used=used,
+                              remaining=remaining))
+    return out
+
+
+PARSERS: dict[str, Callable[[str], list[Allocation]]] = {
+    "sbank": parse_sbank, "showusage": parse_showusage}
+
+
+def balance(machine_name: str, account: str | None, host: str | None = None) -> Balance:
+    """The allocations of `account` (the profile's default where None) the machine's tool
+    reports; where it cannot tell, a Balance with no allocations and a note saying why."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.hosts import host_for
+    from mmm_orch.planning.checks import SAFE_WORD
+
+    machine = load_machine(machine_name)
+    tool = machine.charging.balance
+    account = account or machine.account.default
+    if account and not SAFE_WORD.fullmatch(account):
+        from mmm_orch.errors import InvalidValue
+
+        raise InvalidValue("--account", account, "letters, digits, '_', '.', '-'")
+    if tool is None:
+        return Balance(machine.name, account or "", [],
+                       f"machine {machine.name} has no balance tool in its profile"
+                       + (f" ({machine.charging.notes})" if machine.charging.notes else ""))
+    if "{account}" in " ".join(tool.command) and not account:
+        raise MmmError(f"balance on {machine.name}: give the project to ask about (--account)")
+    argv = [word.format(account=account) for word in tool.command]
+    remote = host if host is not None else ("" if shutil.which(argv[0]) else
+                                            (machine.login_hosts[0] if machine.login_hosts else ""))
+    where = f" on {remote}" if remote else ""
+    try:
+        result = host_for(remote).run(argv, timeout=tool.timeout_s)
+    except subprocess.TimeoutExpired:
+        return Balance(machine.name, account or "", [],
+                       f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s")
+    except (MmmError, OSError) as exc:
+        return Balance(machine.name, account or "", [], f"{argv[0]}{where}: {exc}")
+    if result.returncode != 0:
+        return Balance(machine.name, account or "", [],
+                       f"{argv[0]}{where} failed (exit {result.returncode}): "
+                       f"{(result.stderr or result.stdout).strip()[:200]}")
+    found = PARSERS[tool.parser](result.stdout)
+    found = [a for a in found if not account or a.project == account] or found
+    return Balance(machine.name, account or "", found,
+                   "" if found else f"{argv[0]}{where} listed no allocation")

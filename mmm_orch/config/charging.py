@@ -1,0 +1,38 @@
+"""How a facility charges a job to its allocation, and the tool that tells what an allocation has
+left: the `charging:` section of a machine profile (planning/cost.py prices plans with it,
+allocations.py asks the tool)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from mmm_orch.config.common import AccountTemplated, Flag, Number, Walltime, config
+
+
+@config
+class Balance:
+    """The facility's tool that tells a project's allocation and what remains of it."""
+
+    # Its words ({account}: the project, checked as a plain name before it gets here).
+    command: list[AccountTemplated]
+    parser: Literal["sbank", "showusage", "iris", "sshare"]
+    timeout_s: Number = 20.0
+    source: str = ""
+
+
+@config
+class Charging:
+    """How the facility charges a job to its allocation (planning/cost.py prices plans with it)."""
+
+    unit: str = "node-hours"
+    # The machine's charge factor (NERSC's "system charge factor"): allocation units per node-hour.
+    factor: Number = 1.0
+    # The time charged: what the job used (elapsed), or what it asked for (walltime).
+    charged_for: Literal["elapsed", "walltime"] = "elapsed"
+    # Each job that started is charged at least this long (None: no minimum).
+    minimum: Walltime | None = None
+    # Nodes are allocated whole: spare nodes held for failover are charged like active ones.
+    whole_nodes: Flag = True
+    source: str = ""
+    notes: str = ""
+    balance: Balance | None = None

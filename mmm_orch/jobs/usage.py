@@ -1,0 +1,199 @@
+"""What was spent: the charges the job database recorded as jobs ended (the scheduler's nodes and
+elapsed time, priced by the plan's rules), summed by machine and account and, on request, by
+workload, sweep, chain or day; and the budgets of the user's configuration that spending counts
+against (budgets.yaml beside the user's machine profiles)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.errors import ConfigError, InvalidValue
+from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.record import JobRecord
+from mmm_orch.planning.cost import hours
+from mmm_orch.planning.model import Plan
+
+GROUPINGS = ("workload", "sweep", "chain", "day")
+BUDGETS_FILE = "budgets.yaml"
+
+
+@dataclass
+class UsageRow:
+    machine: str
+    account: str
+    group: str  # the --by value ('' without --by)
+    jobs: int  # ended, and charged
+    node_hours: float  # nodes x elapsed, as the scheduler accounted them
+    charged: float  # in the machine's unit (node_hours x the charge factors)
+    unit: str
+    open: int  # jobs not ended yet: charged once they end
+
+
+def parse_since(text: str | None) -> float | None:
+    """--since: a date (YYYY-MM-DD, from its midnight here) or a date and time (ISO 8601)."""
+    if text is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise InvalidValue("--since", text, "a date, YYYY-MM-DD, or a date and time, "
+                           "YYYY-MM-DDTHH:MM") from None
+
+
+def _group(record: JobRecord, by: str | None, kinds: dict[int, str]) -> str:
+    if by == "workload":
+        return record.workload
+    if by == "day":
+        return dt.datetime.fromtimestamp(record.ended_at or record.submitted_at).strftime("%Y-%m-%d")
+    if by in ("sweep", "chain"):
+        if record.group_id is not None and kinds.get(record.group_id) == by:
+            return f"{'s' if by == 'sweep' else 'chain '}{record.group_id}"
+        return "-"
+    return ""
+
+
+def usage(db: JobDB, machine: str | None = None, account: str | None = None,
+          since: float | None = None, by: str | None = None) -> list[UsageRow]:
+    """The rows of `mmm-orch usage`, from the records as last refreshed."""
+    if by is not None and by not in GROUPINGS:
+        raise InvalidValue("--by", by, "one of " + ", ".join(GROUPINGS))
+    records = [r for r in db.list() if (machine is None or r.machine == machine)
+               and (account is None or r.account == account)]
+    if account is not None and not records and account not in db.accounts():
+        known = sorted(db.accounts())
+        raise InvalidValue("--account", account, "an account jobs were charged to: "
+                           + (", ".join(a or "(none)" for a in known) if known
+                              else "none recorded yet"))
+    kinds = {group_id: kind for group_id, kind in db.group_kinds().items()}
+    rows: dict[tuple[str, str, str], UsageRow] = {}
+    for record in records:
+        if since is not None and (record.ended_at or record.submitted_at) < since:
+            continue
+        key = (record.machine, record.account, _group(record, by, kinds))
+        row = rows.setdefault(key, UsageRow(*key, jobs=0, node_hours=0.0, charged=0.0,
+                                            unit=_unit(record), open=0))
+        if record.charge is None:
+            row.open += not record.terminal
+            continue
+        row.jobs += 1
+        row.node_hours += (record.charged_nodes or 0) * (record.charged_seconds or 0) / 3600
+        row.charged += record.charge
+    return sorted(rows.values(), key=lambda r: (r.machine, r.account, r.group))
+
+
+def _unit(record: JobRecord) -> str:
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.errors import MmmError
+
+    try:
+        return load_machine(record.machine).charging.unit
+    except MmmError:  # a profile since removed
+        return "node-hours"
+
+
+def as_dicts(rows: list[UsageRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]
+
+
+def text(rows: list[UsageRow], by: str | None) -> str:
+    head = ["MACHINE", "ACCOUNT", *([by.upper()] if by else []), "JOBS", "NODE-HOURS", "CHARGED",
+            "UNIT", "OPEN"]
+    cells = [head] + [[r.machine, r.account or "-", *([r.group] if by else []), str(r.jobs),
+                       hours(r.node_hours), hours(r.charged), r.unit, str(r.open or "")]
+                      for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    units = {r.unit for r in rows}
+    if len(rows) > 1 and len(units) == 1:
+        out.append(f"total: {sum(r.jobs for r in rows)} jobs, {hours(sum(r.charged for r in rows))} "
+                   f"{units.pop()}")
+    return "\n".join(out) + "\n"
+
+
+# -- budgets -----------------------------------------------------------------------------------
+
+def budgets_file() -> Path:
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "mmm-orch" / BUDGETS_FILE
+
+
+def account_budget(account: str | None, machine: str) -> tuple[float, float | None] | None:
+    """(node-hours, since) the user's budgets.yaml gives `account` on `machine` (an entry
+    without `machine` holds for all), or None."""
+    path = budgets_file()
+    if not account or not path.is_file():
+        return None
+    from mmm_orch.config.yamlio import load_yaml
+
+    data = load_yaml(path).data or {}
+    entries = data.get("budgets") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: budgets: a list of {{account, node_hours[, machine, since]}}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or set(entry) - {"account", "machine", "node_hours", "since"}:
+            raise ConfigError(f"{path}: budgets[{i}]: keys account, node_hours, machine, since")
+        if entry.get("account") != account or entry.get("machine", machine) != machine:
+            continue
+        amount = entry.get("node_hours")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(f"{path}: budgets[{i}].node_hours {amount!r} is invalid: a number "
+                              ">= 0")
+        since = entry.get("since")
+        try:
+            start = parse_since(str(since)) if since is not None else None
+        except InvalidValue:
+            raise ConfigError(f"{path}: budgets[{i}].since {since!r} is invalid: YYYY-MM-DD") from None
+        return float(amount), start
+    return None
+
+
+def account_left(db: JobDB | None, plan: Plan) -> tuple[float, str] | None:
+    """What the account's budget in budgets.yaml leaves for `plan`: its amount less the recorded
+    charges since its start and the most each open job can still be charged; with the numbers
+    in words. None where the account has no budget."""
+    budget = account_budget(plan.queue.account, plan.machine)
+    if budget is None:
+        return None
+    amount, since = budget
+    spent = committed = 0.0
+    for record in (db.list(machine=plan.machine) if db is not None else []):
+        if record.account != plan.queue.account or (since and record.submitted_at < since):
+            continue
+        if record.charge is not None:
+            spent += record.charge
+        elif not record.terminal:
+            committed += _most(db.get(record.id, events=False) or record)
+    left = max(0.0, amount - spent - committed)
+    return left, (f"{hours(spent)} spent and up to {hours(committed)} held by open jobs leave "
+                  f"{hours(left)} of its budget of {hours(amount)} ({budgets_file()})")
+
+
+def check_account_budget(db: JobDB | None, plan: Plan, most: float, what: str) -> float | None:
+    """Refuse `most` more over the account's budget; what the budget leaves (None: no budget)."""
+    found = account_left(db, plan)
+    if found is None:
+        return None
+    left, why = found
+    if most > left:
+        unit = plan.cost.unit if plan.cost else "node-hours"
+        raise InvalidValue("account", plan.queue.account, "a plan within its budget",
+                           f"account {plan.queue.account!r} on {plan.machine}: {what} can be "
+                           f"charged up to {hours(most)} {unit}; {why}")
+    return left
+
+
+def _most(record: JobRecord) -> float:
+    """The most an open job can still be charged: its plan's price (a record made before plans
+    were priced: its nodes for an hour)."""
+    plan = record.plan or {}
+    cost = plan.get("cost") if isinstance(plan, dict) else None
+    if isinstance(cost, dict) and isinstance(cost.get("nodes"), int):
+        try:
+            return cost["nodes"] * max(cost["walltime"], cost["minimum"]) / 3600 * cost["factor"]
+        except (KeyError, TypeError):
+            pass
+    return float(record.nodes + record.spares)

@@ -1,0 +1,123 @@
+"""What a plan can cost before it is submitted, in the facility's unit (node-hours), and the
+budgets that refuse it: the most one job, a sweep or a chain can be charged, and why.
+
+The rules are the profile's (`charging:` in machines/*.yaml, each with its source): every node a
+job holds is charged (nodes are allocated whole, so spares held for failover count like active
+ones), for the time it ran (or the walltime it asked for, where a facility charges that), at
+least the facility's minimum, times the machine's and the queue's charge factors.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.errors import InvalidValue
+from mmm_orch.planning.model import CostPlan, Plan
+from mmm_orch.walltime import format_walltime
+
+
+def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, walltime: int,
+           budget: float | None) -> CostPlan:
+    rules = machine.charging
+    factor = rules.factor * (queue.charge_factor if queue and queue.charge_factor is not None
+                             else 1.0)
+    return CostPlan(unit=rules.unit, nodes=nodes + spare_nodes if rules.whole_nodes else nodes,
+                    spare_nodes=spare_nodes, walltime=walltime, factor=factor,
+                    charged_for=rules.charged_for, minimum=rules.minimum or 0, source=rules.source,
+                    budget=budget)
+
+
+def charge(plan_json: str, nodes: int, seconds: float) -> float:
+    """The charge of an ended job, whose recorded plan (JSON) holds the rules it was priced
+    with, for the nodes and seconds the scheduler accounted; plain node-hours for a plan without
+    them (recorded before plans were priced, or edited by hand)."""
+    try:
+        rules = json.loads(plan_json).get("cost")
+        return CostPlan(**{name: rules[name] for name in _RULES}).charge(nodes, seconds)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return nodes * seconds / 3600
+
+
+_RULES = ("unit", "nodes", "spare_nodes", "walltime", "factor", "charged_for", "minimum")
+
+
+def hours(value: float) -> str:
+    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def why(cost: CostPlan) -> str:
+    """The most one job can be charged, as a product the user can check."""
+    time = format_walltime(max(cost.walltime, cost.minimum))
+    parts = [f"{cost.nodes} node(s)", time] + ([f"factor {cost.factor:g}"] if cost.factor != 1 else [])
+    basis = ("charged for the walltime asked for" if cost.charged_for == "walltime"
+             else "charged for the time used")
+    if cost.minimum and cost.minimum > cost.walltime:
+        basis += f", at least {format_walltime(cost.minimum)}"
+    return f"{' x '.join(parts)}; {basis}"
+
+
+def lines(plan: Plan, links: int = 1) -> list[str]:
+    """The plan's cost in words: the most it can be charged and why; for a chain of `links`, the
+    worst case (every link runs its whole walltime) and the expected one (each link saves and
+    stops before its walltime, as the watchdog asks)."""
+    cost = plan.cost
+    if cost is None:
+        return []
+    out = [f"Cost: at most {hours(cost.most)} {cost.unit} ({why(cost)})"]
+    if cost.spare_nodes and cost.nodes > plan.layout.nodes:
+        out.append(f"Spares: {cost.spare_nodes} node(s) held for failover are allocated, so "
+                   f"charged like active ones: {hours(cost.charge(cost.spare_nodes, cost.walltime))}"
+                   f" {cost.unit} of that")
+    if links > 1:
+        expected = cost.charge(cost.nodes, expected_link_seconds(plan))
+        out.append(f"Chain of {links}: at most {hours(links * cost.most)} {cost.unit} (every link "
+                   f"runs its whole walltime); expected {hours(links * expected)} (each link "
+                   f"stops {format_walltime(plan.guard.walltime_margin)} before its walltime; "
+                   "the chain ends sooner when the run finishes)")
+    if cost.budget is not None:
+        out.append(f"Budget: {hours(cost.budget)} {cost.unit} (--max-node-hours)")
+    return out
+
+
+def sweep_most(plans: list[Plan]) -> float:
+    return sum(plan.cost.most for plan in plans if plan.cost)
+
+
+def sweep_cost(points) -> str:
+    """A sweep's total in words (points: sweeps.Point, each with its plan)."""
+    plans = [point.plan for point in points]
+    unit = plans[0].cost.unit if plans[0].cost else "node-hours"
+    budget = plans[0].cost.budget if plans[0].cost else None
+    return (f"Cost: at most {hours(sweep_most(plans))} {unit} for the {len(plans)} points (each "
+            "charged for the time it uses, up to its walltime)"
+            + (f"; budget {hours(budget)}" if budget is not None else ""))
+
+
+def expected_link_seconds(plan: Plan) -> float:
+    """How long a chain link is expected to hold its nodes: until the watchdog's stop before the
+    walltime where the trainer can save and stop, else the whole walltime."""
+    walltime = plan.queue.walltime
+    return walltime - plan.guard.walltime_margin if plan.stops_before_walltime else walltime
+
+
+def check_max(what: str, most: float, budget: float | None, unit: str) -> None:
+    """Refuse `most` over `budget` (--max-node-hours), with the numbers."""
+    if budget is not None and most > budget:
+        raise InvalidValue("--max-node-hours", budget, f"at least {hours(most)}",
+                           f"--max-node-hours {hours(budget)}: {what} can be charged up to "
+                           f"{hours(most)} {unit}; allowed: a budget of at least that, or fewer "
+                           "nodes or a shorter walltime")
+
+
+def parse_budget(value: str | float | None) -> float | None:
+    """--max-node-hours: a positive number of node-hours, or None."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise InvalidValue("--max-node-hours", value, "a positive number of node-hours")
+    return number
