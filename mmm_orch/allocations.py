@@ -108,8 +108,9 @@ def balance(machine_name: str, account: str | None, host: str | None = None) -> 
     remote = host if host is not None else ("" if shutil.which(argv[0]) else
                                             (machine.login_hosts[0] if machine.login_hosts else ""))
     where = f" on {remote}" if remote else ""
+    runner = host_for(remote)  # a bad --host is an error (exit 2), not a note
     try:
-        result = host_for(remote).run(argv, timeout=tool.timeout_s)
+        result = runner.run(argv, timeout=tool.timeout_s)
     except subprocess.TimeoutExpired:
         return Balance(machine.name, account or "", [],
                        f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s")
@@ -119,7 +120,10 @@ def balance(machine_name: str, account: str | None, host: str | None = None) -> 
         return Balance(machine.name, account or "", [],
                        f"{argv[0]}{where} failed (exit {result.returncode}): "
                        f"{(result.stderr or result.stdout).strip()[:200]}")
-    found = PARSERS[tool.parser](result.stdout)
-    found = [a for a in found if not account or a.project == account] or found
-    return Balance(machine.name, account or "", found,
-                   "" if found else f"{argv[0]}{where} listed no allocation")
+    listed = PARSERS[tool.parser](result.stdout)
+    found = [a for a in listed if not account or a.project == account]
+    if found:
+        return Balance(machine.name, account or "", found)
+    return Balance(machine.name, account or "", [], f"{argv[0]}{where} listed no allocation"
+                   + (f" of {account} (it listed: {', '.join(sorted({a.project for a in listed}))})"
+                      if listed else ""))

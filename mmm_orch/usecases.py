@@ -255,6 +255,7 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
         args.update(resume=True, allow_fresh=False)
     again = dataclasses.replace(recorded.with_launch(args=args, workdir_given=True),
                                 submission=JobPlace(), chain=ChainLink())
+    within_budgets(again, db, "this rerun")
     prepared = _ready(again, None, old.remote, env_check=True)
     return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
                        links={"rerun_of": old.id})
@@ -275,6 +276,8 @@ def usage(db: JobDB | None, machine: str | None = None, account: str | None = No
             raise InvalidValue("--account", account, "an account jobs were charged to: none "
                                "recorded yet")
         return [], []
+    if account is not None and account not in db.accounts():  # before asking any scheduler
+        spending.usage(db, machine, account, start, by)
     outcome = refresh(db, db.list(open_only=True, machine=machine))
     return spending.usage(db, machine, account, start, by), outcome.warnings
 

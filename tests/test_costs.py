@@ -173,7 +173,7 @@ watchdog: {walltime_margin: "00:00:20"}
         time.sleep(3)
     assert ": budget: 0.025 node-hours reach" in line, line  # the note is cut at 60 characters
     said = re.search(r"chain: stopped: budget: 0.025 node-hours reached \(links 1-1 used "
-                     r"(0\.\d+); link 2 could take 0.0167 more; --max-node-hours\)",
+                     r"(0\.\d+); link 2 could take 0.0167 more\)",
                      cli("logs", str(rows[0]["id"])).out)
     assert said and 0.005 < float(said[1]) <= 0.0167, said
     assert line.split()[4] == "cancelled", line  # the user's limit, not a failure
@@ -335,3 +335,60 @@ def test_a_balance_tool_that_is_missing_slow_or_failing_is_a_note(cli, isolated,
     start = time.monotonic()
     review = run_cli("submit", "aurora-here", "dist_check", "-A", "p", "--dry-run", cwd=isolated)
     assert review.returncode == 0 and time.monotonic() - start < 5, review.stderr
+
+
+# -- what the review found ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry,said", [
+    ("{account: p, node_hours: .nan}", "budgets[0].node_hours nan is invalid: a number >= 0"),
+    ("{account: 12345, node_hours: 5}", "budgets[0]: keys account (a name)"),
+    ("{account: p, node_hours: 5, since: someday}", "budgets[0].since 'someday' is invalid")])
+def test_a_budgets_file_that_cannot_be_read_is_refused(cli, isolated, entry, said):
+    config = isolated.parent / "config" / "mmm-orch"
+    config.mkdir(parents=True)
+    (config / "budgets.yaml").write_text(
+        f"budgets:\n  - {{account: other, node_hours: 1}}\n  - {entry}\n")
+    result = cli("submit", "local", "-A", "other", "--no-env-check", "--", "true")
+    assert result.code == 2 and said.replace("[0]", "[1]") in result.err, result.err
+    assert result.err.count("\n") == 1 and not state_dir().exists()
+
+
+def test_an_account_budget_without_a_machine_counts_every_machine(cli, isolated):
+    (isolated.parent / "config" / "mmm-orch").mkdir(parents=True)
+    (isolated.parent / "config" / "mmm-orch" / "budgets.yaml").write_text(
+        "budgets:\n  - {account: shared, node_hours: 0.6}\n")
+    held = cli("submit", "local", "-A", "shared", "--walltime", "00:30:00", "--no-env-check",
+               "--json", "--", "sleep", "60")
+    assert held.code == 0, held.err
+    try:  # open on `local`, it holds 0.5 of the 0.6: a 10-minute pbs-local job would pass it
+        review = cli("submit", "pbs-local", "-A", "shared", "--walltime", "00:10:00",
+                     "--dry-run", "--", "true")
+        assert review.code == 2 and "up to 0.50 held by open jobs leave 0.10" in review.err, \
+            review.err
+    finally:
+        cli("cancel", str(json.loads(held.out)["id"]))
+
+
+def test_a_charge_factor_that_is_not_a_number_is_refused(cli, isolated):
+    machines = isolated / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True)
+    (machines / "dear.yaml").write_text("extends: local\nname: dear\ncharging: {factor: .nan}\n")
+    result = cli("render", "dear", "dist_check")
+    assert result.code == 2 and "charging.factor nan: a number, 0 or more" in result.err, result.err
+
+
+def test_jobs_recorded_before_charges_get_their_account_and_node_hours(cli, isolated):
+    """A database of schema 4 (no account, no charge) upgraded by the next command."""
+    import sqlite3
+
+    job = cli("submit", "local", "-A", "old", "--no-env-check", "--json", "--", "sleep", "1")
+    assert job.code == 0, job.err
+    row = wait_state(cli, json.loads(job.out)["id"])
+    path = state_dir() / "jobs.db"
+    with sqlite3.connect(path) as conn:
+        for column in ("account", "charged_nodes", "charged_seconds", "charge"):
+            conn.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+        conn.execute("PRAGMA user_version = 4")
+    usage = json.loads(cli("usage", "--json").out)
+    assert [(u["account"], u["jobs"]) for u in usage] == [("old", 1)]
+    assert usage[0]["charged"] == pytest.approx((row["ended_at"] - row["started_at"]) / 3600)

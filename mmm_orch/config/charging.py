@@ -4,6 +4,7 @@ allocations.py asks the tool)."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from mmm_orch.config.common import AccountTemplated, Flag, Number, Walltime, config
@@ -15,9 +16,13 @@ class Balance:
 
     # Its words ({account}: the project, checked as a plain name before it gets here).
     command: list[AccountTemplated]
-    parser: Literal["sbank", "showusage", "iris", "sshare"]
+    parser: Literal["sbank", "showusage"]  # allocations.PARSERS
     timeout_s: Number = 20.0
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"balance.timeout_s {self.timeout_s!r}: seconds, more than 0")
 
 
 @config
@@ -36,3 +41,13 @@ class Charging:
     source: str = ""
     notes: str = ""
     balance: Balance | None = None
+
+    def __post_init__(self) -> None:
+        check_factor("charging.factor", self.factor)
+
+
+def check_factor(field: str, value: float) -> None:
+    """A charge factor prices every plan: a finite number, 0 or more (a NaN would pass every
+    budget)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{field} {value!r}: a number, 0 or more")

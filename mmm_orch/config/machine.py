@@ -29,7 +29,7 @@ from mmm_orch.config.common import (
     Walltime,
     config,
 )
-from mmm_orch.config.charging import Charging
+from mmm_orch.config.charging import Charging, check_factor
 from mmm_orch.walltime import format_walltime
 
 
@@ -341,6 +341,8 @@ class Machine:
         if len(set(qnames)) != len(qnames):
             raise ValueError("queue names repeat")
         for q in self.queues:
+            if q.charge_factor is not None:
+                check_factor(f"queue {q.name}: charge_factor", q.charge_factor)
             if q.min_nodes > q.max_nodes:
                 raise ValueError(f"queue {q.name}: min_nodes {q.min_nodes} > max_nodes {q.max_nodes}")
         for line in self.directives:

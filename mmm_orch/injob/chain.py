@@ -97,7 +97,8 @@ def begin(path: Path, link: int) -> int:
 def _over_budget(state: dict[str, Any], link: int) -> str:
     """Why link `link` must not start: the links before it spent so much (their nodes for the
     time from their start to their end, priced as planning/cost.py does) that this one, running
-    its whole walltime, could pass the chain's budget (--max-node-hours); '' when it fits."""
+    its whole walltime, could pass the chain's budget (--max-node-hours, or what the
+    account's budget left); '' when it fits."""
     budget = state.get("budget")
     if not budget:
         return ""
@@ -108,14 +109,19 @@ def _over_budget(state: dict[str, Any], link: int) -> str:
             seconds = budget["walltime"]
         return budget["nodes"] * max(seconds, budget["minimum"]) / 3600 * budget["factor"]
 
-    spent = sum(charge(entry.get("ended", now) - entry["started"])
+    # A link killed before its end was written held its nodes at most its walltime.
+    spent = sum(charge(min(entry.get("ended", now), entry["started"] + budget["walltime"])
+                       - entry["started"])
                 for entry in state["progress"].values() if "started" in entry)
     most = charge(budget["walltime"])
     if spent + most <= budget["limit"]:
         return ""
-    return (f"{protocol.CHAIN_BUDGET}{budget['limit']:.3g} {budget['unit']} reached (links "
-            f"1-{link - 1} used {spent:.3g}; link {link} could take {most:.3g} more; "
-            "--max-node-hours)")
+    return (f"{protocol.CHAIN_BUDGET}{_amount(budget['limit'])} {budget['unit']} reached (links "
+            f"1-{link - 1} used {_amount(spent)}; link {link} could take {_amount(most)} more)")
+
+
+def _amount(value: float) -> str:
+    return f"{value:,.2f}" if value >= 10 else f"{value:.3g}"
 
 
 def end(path: Path, link: int, code: int) -> int:

@@ -249,7 +249,8 @@ class JobDB(BadNodes):
         changes, events = [], []
         with self._write():
             rows = {row["id"]: row for row in self.conn.execute(
-                "SELECT id, state, native_state, reason, started_at, ended_at, nodes, spares "
+                "SELECT id, state, native_state, reason, started_at, ended_at, nodes, spares, "
+                "scheduler "
                 f"FROM jobs WHERE id IN ({','.join('?' * len(updates))})", list(updates))}
             charges = []
             for job_id, status in updates.items():
@@ -290,17 +291,12 @@ class JobDB(BadNodes):
 
     def _charged(self, job_id: int, row: sqlite3.Row, status: JobStatus, started: float | None,
                  ended: float) -> tuple:
-        """(nodes, seconds, charge, id) of a job that ended: the nodes and time the scheduler
-        accounted (where it says; else those asked for and the times on record), priced by the
-        rules in its plan. A job that never started is charged nothing."""
-        from mmm_orch.planning.cost import charge
+        """(nodes, seconds, charge, id) of a job that ended (planning/cost.py's `ended_charge`)."""
+        from mmm_orch.planning.cost import ended_charge
 
-        if started is None or status.nodes == 0:
-            return 0, 0.0, 0.0, job_id
-        nodes = status.nodes if status.nodes is not None else row["nodes"] + row["spares"]
-        seconds = status.elapsed if status.elapsed is not None else max(0.0, ended - started)
         plan = self.conn.execute("SELECT plan FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        return nodes, seconds, charge(plan, nodes, seconds), job_id
+        return (*ended_charge(plan, row["scheduler"], row["nodes"] + row["spares"], status.nodes,
+                              status.elapsed, started, ended), job_id)
 
     # -- reads -------------------------------------------------------------------------------
 

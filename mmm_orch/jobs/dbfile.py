@@ -341,8 +341,32 @@ def build(conn: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS.items():
         if name not in have:
             conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+    if "account" not in have and "plan" in have:
+        _price_earlier_jobs(conn)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _price_earlier_jobs(conn: sqlite3.Connection) -> None:
+    """Schema 5 on jobs recorded before it: the account from each plan, and for those that
+    ended, a charge from the times and nodes on record (their plans hold no charging rules:
+    plain node-hours)."""
+    from mmm_orch.planning.cost import ended_charge
+    from mmm_orch.planning.store import section
+    from mmm_orch.schedulers.states import TERMINAL
+
+    ended = {state.value for state in TERMINAL}
+    rows = conn.execute("SELECT id, plan, scheduler, state, nodes, spares, started_at, ended_at "
+                        "FROM jobs").fetchall()
+    for job_id, plan, scheduler, state, nodes, spares, started, finished in rows:
+        try:
+            account = section(json.loads(plan), "queue").get("account") or ""
+        except (ValueError, AttributeError):
+            account = ""
+        charged = (ended_charge(plan, scheduler, nodes + (spares or 0), None, None, started,
+                                finished or started or 0) if state in ended else (None, None, None))
+        conn.execute("UPDATE jobs SET account = ?, charged_nodes = ?, charged_seconds = ?, "
+                     "charge = ? WHERE id = ?", (str(account), *charged, job_id))
 
 
 def describe(exc: sqlite3.Error) -> str:

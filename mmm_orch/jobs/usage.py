@@ -6,6 +6,7 @@ against (budgets.yaml beside the user's machine profiles)."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ def usage(db: JobDB, machine: str | None = None, account: str | None = None,
     kinds = {group_id: kind for group_id, kind in db.group_kinds().items()}
     rows: dict[tuple[str, str, str], UsageRow] = {}
     for record in records:
-        if since is not None and (record.ended_at or record.submitted_at) < since:
+        if since is not None and _when(record) < since:
             continue
         key = (record.machine, record.account, _group(record, by, kinds))
         row = rows.setdefault(key, UsageRow(*key, jobs=0, node_hours=0.0, charged=0.0,
@@ -83,6 +84,11 @@ def usage(db: JobDB, machine: str | None = None, account: str | None = None,
         row.node_hours += (record.charged_nodes or 0) * (record.charged_seconds or 0) / 3600
         row.charged += record.charge
     return sorted(rows.values(), key=lambda r: (r.machine, r.account, r.group))
+
+
+def _when(record: JobRecord) -> float:
+    """When a job's charge counts: when it ended (an open job: when it was submitted)."""
+    return record.ended_at or record.submitted_at
 
 
 def _unit(record: JobRecord) -> str:
@@ -121,9 +127,10 @@ def budgets_file() -> Path:
     return Path(config_home) / "mmm-orch" / BUDGETS_FILE
 
 
-def account_budget(account: str | None, machine: str) -> tuple[float, float | None] | None:
-    """(node-hours, since) the user's budgets.yaml gives `account` on `machine` (an entry
-    without `machine` holds for all), or None."""
+def account_budget(account: str | None, machine: str) -> tuple[float, float | None, bool] | None:
+    """(node-hours, since, whether it holds for every machine) the user's budgets.yaml gives
+    `account` on `machine` (an entry without `machine` holds for all, counted together), or
+    None. Every entry is checked, not only the one that applies."""
     path = budgets_file()
     if not account or not path.is_file():
         return None
@@ -133,35 +140,40 @@ def account_budget(account: str | None, machine: str) -> tuple[float, float | No
     entries = data.get("budgets") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: budgets: a list of {{account, node_hours[, machine, since]}}")
+    found = None
     for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or set(entry) - {"account", "machine", "node_hours", "since"}:
-            raise ConfigError(f"{path}: budgets[{i}]: keys account, node_hours, machine, since")
-        if entry.get("account") != account or entry.get("machine", machine) != machine:
-            continue
+        where = f"{path}: budgets[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"account", "machine", "node_hours", "since"} \
+                or not isinstance(entry.get("account"), str) \
+                or not isinstance(entry.get("machine", ""), str):
+            raise ConfigError(f"{where}: keys account (a name), node_hours, and machine (a name) "
+                              "and since (YYYY-MM-DD) if wanted")
         amount = entry.get("node_hours")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
-            raise ConfigError(f"{path}: budgets[{i}].node_hours {amount!r} is invalid: a number "
-                              ">= 0")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                or not math.isfinite(amount) or amount < 0:
+            raise ConfigError(f"{where}.node_hours {amount!r} is invalid: a number >= 0")
         since = entry.get("since")
         try:
             start = parse_since(str(since)) if since is not None else None
         except InvalidValue:
-            raise ConfigError(f"{path}: budgets[{i}].since {since!r} is invalid: YYYY-MM-DD") from None
-        return float(amount), start
-    return None
+            raise ConfigError(f"{where}.since {since!r} is invalid: YYYY-MM-DD") from None
+        if found is None and entry["account"] == account and entry.get("machine", machine) == machine:
+            found = float(amount), start, "machine" not in entry
+    return found
 
 
 def account_left(db: JobDB | None, plan: Plan) -> tuple[float, str] | None:
     """What the account's budget in budgets.yaml leaves for `plan`: its amount less the recorded
-    charges since its start and the most each open job can still be charged; with the numbers
-    in words. None where the account has no budget."""
+    charges of jobs that ended since its start (on its machine, or on all for a budget without
+    one) and the most each open job can still be charged; with the numbers in words. None where
+    the account has no budget."""
     budget = account_budget(plan.queue.account, plan.machine)
     if budget is None:
         return None
-    amount, since = budget
+    amount, since, everywhere = budget
     spent = committed = 0.0
-    for record in (db.list(machine=plan.machine) if db is not None else []):
-        if record.account != plan.queue.account or (since and record.submitted_at < since):
+    for record in (db.list(machine=None if everywhere else plan.machine) if db is not None else []):
+        if record.account != plan.queue.account or (since and _when(record) < since):
             continue
         if record.charge is not None:
             spent += record.charge

@@ -10,6 +10,7 @@ least the facility's minimum, times the machine's and the queue's charge factors
 from __future__ import annotations
 
 import json
+import math
 
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.errors import InvalidValue
@@ -28,15 +29,27 @@ def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, 
                     budget=budget)
 
 
-def charge(plan_json: str, nodes: int, seconds: float) -> float:
-    """The charge of an ended job, whose recorded plan (JSON) holds the rules it was priced
-    with, for the nodes and seconds the scheduler accounted; plain node-hours for a plan without
-    them (recorded before plans were priced, or edited by hand)."""
+def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | None,
+                 elapsed: float | None, started: float | None, ended: float
+                 ) -> tuple[int, float, float]:
+    """(nodes, seconds, charge) of a job that ended: the nodes and time its scheduler accounted
+    (where it says; else the nodes asked for, spares included, and the times on record), priced
+    by the rules its recorded plan holds. A job that never started, or held its nodes no time,
+    is charged nothing; so is a launch inside an allocation (recorded under the local executor,
+    on a machine with a scheduler): the facility charges the allocation itself."""
+    if started is None or nodes == 0:
+        return 0, 0.0, 0.0
+    nodes = nodes if nodes is not None else asked_nodes
+    seconds = elapsed if elapsed is not None else max(0.0, ended - started)
     try:
-        rules = json.loads(plan_json).get("cost")
-        return CostPlan(**{name: rules[name] for name in _RULES}).charge(nodes, seconds)
+        recorded = json.loads(plan_json)
+        rules = recorded.get("cost")
+        if not seconds or (scheduler == "local" and recorded.get("scheduler") != "local"):
+            return nodes, seconds, 0.0
+        price = CostPlan(**{name: rules[name] for name in _RULES}).charge(nodes, seconds)
     except (ValueError, TypeError, KeyError, AttributeError):
-        return nodes * seconds / 3600
+        price = nodes * seconds / 3600  # no rules (recorded before plans were priced, or edited)
+    return nodes, seconds, price if math.isfinite(price) and price >= 0 else nodes * seconds / 3600
 
 
 _RULES = ("unit", "nodes", "spare_nodes", "walltime", "factor", "charged_for", "minimum")
