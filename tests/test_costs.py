@@ -322,19 +322,21 @@ def test_a_balance_tool_answers_here(cli, isolated):
 
 @pytest.mark.parametrize("case", ["missing", "slow", "failing"])
 def test_a_balance_tool_that_is_missing_slow_or_failing_is_a_note(cli, isolated, case):
+    """The tool's own timeout (1 s here) bounds `balance`; a review of the machine never waits
+    for the tool (it would sleep 60 s). Bounds leave room for a loaded CI host."""
     command = {"missing": ["/nonexistent/sbank-list-allocations", "-p", "{account}"],
-               "slow": ["sleep", "30"], "failing": ["sh", "-c", "echo no such project >&2; exit 3"]}
+               "slow": ["sleep", "60"], "failing": ["sh", "-c", "echo no such project >&2; exit 3"]}
     _balance_profile(isolated, command[case], timeout=1)
     start = time.monotonic()
     result = cli("balance", "aurora-here", "-A", "p")
-    assert result.code == 0 and time.monotonic() - start < 5, result.err
+    assert result.code == 0 and time.monotonic() - start < 20, result.err
     note = {"missing": "No such file or directory", "slow": "did not answer within 1 s",
             "failing": "failed (exit 3): no such project"}[case]
     assert result.out.startswith("aurora-here: no balance: ") and note in result.out, result.out
-    # Submission never asks it: a review of the same machine is as quick as ever.
+    # Submission never asks it: a review of the same machine neither fails nor waits for it.
     start = time.monotonic()
     review = run_cli("submit", "aurora-here", "dist_check", "-A", "p", "--dry-run", cwd=isolated)
-    assert review.returncode == 0 and time.monotonic() - start < 5, review.stderr
+    assert review.returncode == 0 and time.monotonic() - start < 40, review.stderr
 
 
 # -- what the review found ----------------------------------------------------------------------
