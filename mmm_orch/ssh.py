@@ -247,6 +247,7 @@ class SshHost:
         self._transport: paramiko.Transport | None = None
         self._hops: list[paramiko.Transport] = []
         self._sftp: paramiko.SFTPClient | None = None
+        self._dropped = False  # a command found the connection lost (and closed it)
 
     @property
     def name(self) -> str:
@@ -254,9 +255,11 @@ class SshHost:
 
     def _connected(self) -> paramiko.Transport:
         if self._transport is None or not self._transport.is_active():
-            if self._transport is not None:
+            # Said whichever call notices first: a read here, or a command that closed it.
+            if self._transport is not None or self._dropped:
                 print(f"[mmm-orch] ssh {self.target}: connection closed; reconnecting", file=sys.stderr)
             self.close()
+            self._dropped = False
             sock = _open_socket(self.endpoint, self.connect_timeout, self._hops)
             self._transport = _start(self.endpoint, sock, self.connect_timeout)
         return self._transport
@@ -293,6 +296,7 @@ class SshHost:
             return self._exec(argv, command, timeout)
         except (EOFError, paramiko.SSHException, ConnectionError) as exc:
             self.close()
+            self._dropped = True
             raise SchedulerUnavailable(f"ssh {self.target}: connection lost running {argv[0]}: {exc}")
 
     def _exec(self, argv: Sequence[str], command: str, timeout: float) -> CommandResult:
