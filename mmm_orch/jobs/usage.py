@@ -15,7 +15,7 @@ from typing import Any
 from mmm_orch.errors import ConfigError, InvalidValue
 from mmm_orch.jobs.db import JobDB
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.planning.cost import hours
+from mmm_orch.planning.cost import hours, most_of
 from mmm_orch.planning.model import Plan
 
 GROUPINGS = ("workload", "sweep", "chain", "day")
@@ -201,11 +201,4 @@ def check_account_budget(db: JobDB | None, plan: Plan, most: float, what: str) -
 def _most(record: JobRecord) -> float:
     """The most an open job can still be charged: its plan's price (a record made before plans
     were priced: its nodes for an hour)."""
-    plan = record.plan or {}
-    cost = plan.get("cost") if isinstance(plan, dict) else None
-    if isinstance(cost, dict) and isinstance(cost.get("nodes"), int):
-        try:
-            return cost["nodes"] * max(cost["walltime"], cost["minimum"]) / 3600 * cost["factor"]
-        except (KeyError, TypeError):
-            pass
-    return float(record.nodes + record.spares)
+    return most_of(record.plan, float(record.nodes + record.spares))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.errors import InvalidValue
@@ -50,6 +51,14 @@ def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | 
     except (ValueError, TypeError, KeyError, AttributeError):
         price = nodes * seconds / 3600  # no rules (recorded before plans were priced, or edited)
     return nodes, seconds, price if math.isfinite(price) and price >= 0 else nodes * seconds / 3600
+
+
+def most_of(plan: Any, otherwise: float) -> float:
+    """The most a recorded plan (Plan.to_dict) can be charged; `otherwise` without its rules."""
+    try:
+        return CostPlan(**{name: plan["cost"][name] for name in _RULES}).most
+    except (TypeError, KeyError):
+        return otherwise
 
 
 _RULES = ("unit", "nodes", "spare_nodes", "walltime", "factor", "charged_for", "minimum")
