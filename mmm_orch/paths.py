@@ -37,11 +37,15 @@ def search_dirs(kind: str) -> list[Path]:
         raise ValueError(kind)
     dirs = [root / kind for root in user_roots()]
     dirs.append(packaged_dir(kind))
-    seen: list[Path] = []
+    found: dict[tuple[int, int], Path] = {}  # a directory reached twice (a link) counts once
     for d in dirs:
-        if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
-            seen.append(d)
-    return seen
+        try:
+            info = d.stat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            found.setdefault((info.st_dev, info.st_ino), d)
+    return list(found.values())
 
 
 def default_db_path() -> Path:

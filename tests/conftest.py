@@ -19,6 +19,12 @@ from mmm_orch.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked starts_first go to the front (pytest-xdist hands tests out in this
+    order); the rest keep theirs."""
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
     """Every test runs in an empty directory with its own HOME and config dirs."""

@@ -325,7 +325,7 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
                         lambda root: listings.append(root) or real(root))
     path = tmp_path / "jobs.db"
     _fake_jobs(path, 1000)
-    assert mark_path(path).read_text().strip() == "1000"
+    assert int(mark_path(path).read_text()) == 1000
     for _ in range(3):
         open_db(str(path))
         close_all()
@@ -334,3 +334,18 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
     with pytest.raises(DatabaseError, match="lacks 1000 of the jobs"):
         open_db(str(path))
     assert len(listings) == 1
+
+
+def test_the_mark_is_overwritten_whole_in_place(tmp_path):
+    """The mark is rewritten where it lies (no rename: see write_mark): an earlier version's
+    short mark, and a longer text, leave nothing of theirs behind."""
+    from mmm_orch.jobs.dbfile import read_mark, write_mark
+
+    path = tmp_path / "jobs.db"
+    mark_path(path).write_text("7\n")  # as mmm-orch wrote it before
+    assert read_mark(path) == 7
+    write_mark(path, 8)
+    assert read_mark(path) == 8
+    mark_path(path).write_text("9" * 40 + "\n")
+    write_mark(path, 12)
+    assert read_mark(path) == 12 and len(mark_path(path).read_text()) == 21

@@ -29,15 +29,35 @@ def metrics(run_dir: str | Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == "step"]
 
 
-def local_run(isolated: Path, steps: int, run_name: str) -> subprocess.Popen:
+def local_run(isolated: Path, steps: int, run_name: str, nice: int = 0) -> subprocess.Popen:
     """The same training uninterrupted, on this computer (2 ranks, as one 2-rank test node)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mmm_orch", "submit", "local", "llama_chain", "--set",
-         f"steps={steps}", "--set", f"run_name={run_name}", "--walltime", "00:30:00", "--follow"],
+        ["nice", "-n", str(nice), sys.executable, "-m", "mmm_orch", "submit", "local",
+         "llama_chain", "--set", f"steps={steps}", "--set", f"run_name={run_name}", "--walltime",
+         "00:30:00", "--follow"],
         cwd=isolated, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "XDG_STATE_HOME": str(isolated / "reference-state")})
+        env=_reference_env(isolated))
 
 
+def _reference_env(isolated: Path) -> dict[str, str]:
+    return {**os.environ, "XDG_STATE_HOME": str(isolated / "reference-state")}
+
+
+def _stop_local_runs(isolated: Path, follower: subprocess.Popen) -> None:
+    """A test that failed while its local run trains: the run is cancelled, not left to take the
+    CPUs from the tests after it."""
+    if follower.poll() is not None:
+        return
+    env = _reference_env(isolated)
+    rows = json.loads(subprocess.run([sys.executable, "-m", "mmm_orch", "status", "--all", "--json"],
+                                     cwd=isolated, env=env, capture_output=True, text=True).stdout)
+    running = [str(r["id"]) for r in rows if r["state"] in ("pending", "running")]
+    subprocess.run([sys.executable, "-m", "mmm_orch", "cancel", *running], cwd=isolated, env=env,
+                   capture_output=True)
+    follower.kill()
+
+
+@pytest.mark.starts_first
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, isolated, kind,
                                                                  leftovers_cancelled):
@@ -57,6 +77,10 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
                  "00:01:00", "--chain", "20", "--json")
     assert result.code == 0, result.err
     links = json.loads(result.out)
+    # Beside the links, at the lowest priority: it takes only the CPU time they leave (their
+    # ranks must start and save in time), and the test no longer waits for it after the chain.
+    reference = local_run(isolated, steps, "reference", nice=19)
+    request.addfinalizer(lambda: _stop_local_runs(isolated, reference))
     deadline = time.monotonic() + 1800
     while True:
         chain = cli("status").out  # before the rows: a link that ends between the two reads
@@ -74,8 +98,6 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
 
     got = metrics(links[0]["run_dir"])
     assert [r["step"] for r in got] == list(range(1, steps + 1))  # every step once, in order
-    # Only now: run beside the links, its two ranks would take the CPUs the links need to start.
-    reference = local_run(isolated, steps, "reference")
     assert reference.wait(timeout=900) == 0, reference.stderr.read()
     expected = {r["step"]: r for r in metrics(isolated / "outputs" / "reference")}
     for record in got:
@@ -88,6 +110,7 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
     assert "walltime stop" in timeline
 
 
+@pytest.mark.starts_first
 def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster,
                                                     leftovers_cancelled):
     write_spec(isolated, "llama_chain", CHAIN_SPEC)

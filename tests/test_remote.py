@@ -81,6 +81,7 @@ def test_status_of_many_remote_jobs_is_one_connection_and_one_squeue(cli, remote
         subprocess.run(["scancel", *ids], capture_output=True)
 
 
+@pytest.mark.starts_first
 def test_logs_follow_survives_a_dropped_connection_and_cancel_works(cli, remote, sshd, tmp_path):
     # A job whose first rank prints a numbered line every 0.2 s, and from tick 10 on only once the
     # test has dropped the connections (so the follower is mid-stream, however loaded the host).

@@ -85,3 +85,21 @@ def test_the_kept_scripts_carry_the_plan(machine):
     for path in KEPT.glob(f"{machine}.*.sh"):
         text = path.read_text()
         assert text.startswith("#!/bin/bash") and "walltime" in text and "[mmm-orch] launch" in text
+
+
+def test_a_recorded_plan_holds_what_asdict_gives():
+    """Plan.to_dict walks the plan without deep copies (its leaves are plain values): for every
+    plan above it must equal dataclasses.asdict, so a section with another kind of leaf shows."""
+    import dataclasses
+
+    from mmm_orch.planning.model import _plain
+
+    for machine in MACHINES:
+        for workload in WORKLOADS:
+            for options in VARIANTS.values():
+                try:
+                    plan = resolve(Request(machine=machine, workload=workload, account="proj1",
+                                           max_node_hours=10**6, **options))
+                except MmmError:
+                    continue
+                assert _plain(plan) == dataclasses.asdict(plan), (machine, workload, options)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PBS_BIN, cancel_leftovers, write_probe
+from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.schedulers.base import FIND_SLACK_S
 
 
@@ -177,10 +178,28 @@ def exactly_once(sched: Sched, name: str, expected_jobs: int) -> None:
     assert sorted(recorded) == sorted(live), (recorded, live)
 
 
+def job_copies() -> list[dict]:
+    """The records' own copies in the job directories (what `db recover` rebuilds from)."""
+    jobs = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs"
+    return [json.loads(f.read_text()) for f in sorted(jobs.glob(f"*/{RECORD_FILE}"))]
+
+
 def test_killed_after_the_scheduler_took_the_job(sched):
+    """Killed before it could write the record's copy: the status that settles the record
+    writes it, with the scheduler's id, so a rebuilt database knows the job too."""
     proc = submit(sched, "killedafter", "kill-after")
     assert proc.returncode == -signal.SIGKILL
     exactly_once(sched, "killedafter", 1)
+    (row,) = records()
+    assert [(c["id"], c["native_id"], c["tag"]) for c in job_copies()] == \
+        [(row["id"], row["native_id"], row["tag"])]
+    db = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
+    for leftover in db.parent.glob("jobs.db*"):
+        leftover.unlink()  # the database and its backup lost: only the job directories remain
+    recovered = subprocess.run([sys.executable, "-m", "mmm_orch", "db", "recover"],
+                               capture_output=True, text=True, timeout=120)
+    assert recovered.returncode == 0, recovered.stderr
+    assert [(r["native_id"], r["tag"]) for r in records()] == [(row["native_id"], row["tag"])]
 
 
 @pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after",

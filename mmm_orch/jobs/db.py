@@ -181,16 +181,19 @@ class JobDB(BadNodes):
         self._refresh_backup()
         return job_id
 
-    def accepted(self, job_id: int, native_id: str, note: str = "submitted") -> None:
-        """The scheduler took the job under `native_id`: it is pending from now on."""
+    def accepted(self, job_id: int, native_id: str, note: str = "submitted") -> JobRecord | None:
+        """The scheduler took the job under `native_id`: it is pending from now on. Returns the
+        record so settled, as get() reads it (one transaction, no second read); None where it was
+        no longer `submitting` (someone settled it first)."""
         now = time.time()
         with self._write():
-            self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
-                              "WHERE id = ? AND state = ?",
-                              (native_id, JobState.PENDING.value, now, job_id,
-                               JobState.SUBMITTING.value))
+            rows = self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
+                                     "WHERE id = ? AND state = ? RETURNING *",
+                                     (native_id, JobState.PENDING.value, now, job_id,
+                                      JobState.SUBMITTING.value)).fetchall()
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, JobState.PENDING.value, "", note))
+            return self._with_events(from_row(rows[0])) if rows else None
 
     def cancel_sent(self, job_id: int) -> None:
         """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
@@ -306,10 +309,12 @@ class JobDB(BadNodes):
             if row is None:
                 return None
             record = from_row(row)
-            if events:
-                record.events.extend(dict(e) for e in self.conn.execute(
-                    "SELECT at, state, native_state, reason FROM events WHERE job_id = ? "
-                    "ORDER BY at", (job_id,)))
+            return self._with_events(record) if events else record
+
+    def _with_events(self, record: JobRecord) -> JobRecord:
+        record.events.extend(dict(e) for e in self.conn.execute(
+            "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
+            (record.id,)))
         return record
 
     def list(self, *, ids: Iterable[int] = (), open_only: bool = False, limit: int | None = None,

@@ -8,12 +8,15 @@ any instant:
    tag the scheduler will show (Slurm comment, PBS variable) and who is submitting.
 3. The scheduler is asked (schedulers/base.py: an ambiguous failure is resolved by looking for
    the tag before any retry). Refused in the scheduler's own words, or never sent: record and
-   directory are removed. Accepted: the record gets its native id. Anything else (the submit
-   command killed, timed out, cut off) leaves the record `submitting`.
+   directory are removed. Accepted: the record's copy in the job directory (record.json, what
+   `db recover` rebuilds from) is written with the native id, then the record gets it.
+   Anything else (the submit command killed, timed out, cut off) leaves the record
+   `submitting` and its copy without an id.
 
 A process killed during 3 leaves a `submitting` record; the next `status` finds the job by its
-tag (or by the id the job wrote at its start into its log), or removes the record once the
-scheduler says it has no such job. So every job started is recorded exactly once.
+tag (or by the id the job wrote at its start into its log) and writes the copy, or removes the
+record once the scheduler says it has no such job. So every job started is recorded exactly
+once.
 """
 
 from __future__ import annotations
@@ -167,10 +170,19 @@ def _signals_as_interrupts() -> Iterator[None]:
 
 
 def write_record(directory: Path, values: dict[str, Any]) -> None:
-    """The job's own copy of its record (what `mmm-orch db recover` rebuilds from)."""
+    """The job's own copy of its record (what `mmm-orch db recover` rebuilds from), written once
+    the submission's outcome is known: a rename over an existing copy flushes its data first on
+    ext4, which costs milliseconds when the disk is busy."""
     tmp = directory / (RECORD_FILE + ".tmp")
     tmp.write_text(json.dumps(values))  # compact: Python's C encoder (indenting is 10x slower)
     tmp.replace(directory / RECORD_FILE)
+
+
+def record_copy(record: JobRecord) -> dict[str, Any]:
+    """What write_record keeps of a record read back from the database."""
+    data = record.to_dict(full=True)
+    del data["events"]
+    return data
 
 
 def _check_workdir(host: Host, plan: Plan) -> None:
@@ -226,7 +238,6 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
                             signatures_json(plan.machine), 0o600)
         with _signals_as_interrupts():
             job_id = db.insert(**values)
-            write_record(local_dir, {"id": job_id, **values})
     except OSError as exc:  # a full disk, a read-only place: nothing was asked of the scheduler
         undo()
         raise MmmError(f"cannot write the job's files in {job_dir}: {exc.strerror}") from None
@@ -238,10 +249,17 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
                             job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
                             walltime=plan.queue.walltime, name=plan.name, tag=tag,
                             submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal)
-    native_id = _hand_over(scheduler, submission, db, job_id, undo)
-    db.accepted(job_id, native_id)
-    write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
-    record = db.get(job_id)
+
+    def keep(native_id: str) -> None:
+        """The record's own copy, once the outcome is known, before the record is settled (a
+        process killed between the two leaves it `submitting` for `status` to settle and copy
+        again). A copy the disk refuses only leaves `db recover` less to rebuild from."""
+        with contextlib.suppress(OSError):
+            write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
+
+    native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
+    keep(native_id)
+    record = db.accepted(job_id, native_id) or db.get(job_id)
     assert record is not None
     return record
 
@@ -271,9 +289,9 @@ def _record_values(plan: Plan, remote: str, script_path: str, script: str) -> di
         account=plan.queue.account or "")
 
 
-def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo) -> str:
+def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, keep) -> str:
     """The scheduler's id for the recorded job; a refusal proven undoes the record, anything
-    ambiguous keeps it for `status` to settle by the job's tag."""
+    ambiguous keeps it (and its copy, `keep`) for `status` to settle by the job's tag."""
     try:
         with _signals_as_interrupts():
             return scheduler.submit(submission)
@@ -282,10 +300,12 @@ def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo) 
         raise
     except MmmError as exc:  # it may have the job: `status` settles the record by its tag
         db.note(job_id, f"submission unconfirmed: {exc}")
+        keep("")  # no id yet: `status` settles the record and copies it again
         raise
     except BaseException:
         db.note(job_id, "submission interrupted; `mmm-orch status` finds out whether it went "
                         "through")
+        keep("")
         raise
 
 
@@ -336,11 +356,11 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
     if not found and (from_log := job_id_from_log(host, record.log_path)):
         found = [from_log]
     if found:
-        db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
-        local = jobs_root_for(db.path) / posixpath.basename(record.job_dir)
-        with contextlib.suppress(OSError):
-            data = json.loads((local / RECORD_FILE).read_text())
-            write_record(local, {**data, "native_id": found[0]})
+        settled = db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
+        if settled is not None:  # a submitter killed before it wrote the record's copy: written here
+            with contextlib.suppress(OSError):
+                write_record(jobs_root_for(db.path) / posixpath.basename(record.job_dir),
+                             record_copy(settled))
         return None
     if time.time() - record.submitted_at < grace:
         return None  # a submitter on another host, or its scheduler command, may still be at it
