@@ -33,7 +33,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -249,19 +249,23 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
                             job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
                             walltime=plan.queue.walltime, name=plan.name, tag=tag,
                             submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal)
-
-    def keep(native_id: str) -> None:
-        """The record's own copy, once the outcome is known, before the record is settled (a
-        process killed between the two leaves it `submitting` for `status` to settle and copy
-        again). A copy the disk refuses only leaves `db recover` less to rebuild from."""
-        with contextlib.suppress(OSError):
-            write_record(local_dir, {"id": job_id, **values, "native_id": native_id})
-
+    keep = _copy_keeper(local_dir, {"id": job_id, **values})
     native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
     keep(native_id)
     record = db.accepted(job_id, native_id) or db.get(job_id)
     assert record is not None
     return record
+
+
+def _copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
+    """Writes the record's own copy with the scheduler's id, once the outcome is known and before
+    the record is settled (a process killed between the two leaves it `submitting`, for `status`
+    to settle and copy again). A copy the disk refuses only leaves `db recover` less to rebuild
+    from."""
+    def keep(native_id: str) -> None:
+        with contextlib.suppress(OSError):
+            write_record(directory, {**record, "native_id": native_id})
+    return keep
 
 
 def _job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, Path, str]:
