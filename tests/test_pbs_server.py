@@ -33,6 +33,11 @@ def over_walltime(pbs_server, tmp_path_factory):
     return submit_over_walltime("pbs-local", tmp_path_factory.mktemp("walltime"))
 
 
+# The job above and the test that checks it, on one worker: one such job, submitted first.
+OVER_WALLTIME_WORKER = pytest.mark.xdist_group("pbs-walltime")
+
+
+@OVER_WALLTIME_WORKER
 def test_two_node_dist_check_through_mpiexec(cli, over_walltime):
     assert cli("submit", "pbs-local", "dist_check", "--nodes", "2").code == 0
     row = wait_state(cli, 1)
@@ -209,6 +214,7 @@ def test_aurora_and_polaris_scripts_are_accepted_by_a_live_qsub(cli, tmp_path):
         subprocess.run([f"{Q}/qdel", job], check=True)
 
 
+@OVER_WALLTIME_WORKER
 def test_job_over_its_walltime_ends_timeout(over_walltime):
     row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row

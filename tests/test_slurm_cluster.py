@@ -37,6 +37,10 @@ def over_walltime(slurm_cluster, tmp_path_factory):
     return submit_over_walltime("slurm-local", tmp_path_factory.mktemp("walltime"))
 
 
+# The job above and the test that checks it, on one worker: one such job, submitted first.
+OVER_WALLTIME_WORKER = pytest.mark.xdist_group("slurm-walltime")
+
+
 def test_dist_check_on_two_nodes_through_srun(cli):
     submitted = cli("submit", "slurm-local", "dist_check", "--nodes", "2")
     assert submitted.code == 0, submitted.err
@@ -66,6 +70,7 @@ def test_fsdp_on_two_nodes_completes_with_the_loss_falling(cli, isolated):
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2], epochs
 
 
+@OVER_WALLTIME_WORKER
 def test_exit_code_3_ends_failed_with_3(cli, isolated, monkeypatch, over_walltime):
     """Rank 1 still runs when rank 0 exits 3, so srun terminates it and returns 143: the job's
     exit code is still rank 0's."""
@@ -199,6 +204,7 @@ def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeyp
     assert wait_state(cli, 1, TERMINAL, timeout=60)["state"] == "cancelled"
 
 
+@OVER_WALLTIME_WORKER
 def test_job_over_its_walltime_ends_timeout(over_walltime):
     row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row
