@@ -150,9 +150,11 @@ nodes_up() {
     local states node
     states=$(sinfo -h -N -p debug -o "%N %t" 2>/dev/null | sort -u)
     for node in "${NODES[@]}"; do
-        # Up and responding (no suffix): idle, running jobs, or ending one (a test's job may be
-        # completing while another test's `up` runs).
-        grep -qx "$node \(idle\|mix\|alloc\|comp\|resv\)" <<<"$states" || return 1
+        # Up and responding: idle, running jobs, or ending one (a test's job may be completing
+        # while another test's `up` runs), or held by the backfill scheduler for a job waiting on
+        # more nodes (`plnd`; newer Slurm marks it with a `-`): a suffix such as `*` (not
+        # responding) or a drain is not up.
+        grep -qx "$node \(idle\|mix\|alloc\|comp\|resv\|plnd\)-\?" <<<"$states" || return 1
     done
 }
 

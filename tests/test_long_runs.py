@@ -49,12 +49,15 @@ def _stop_local_runs(isolated: Path, follower: subprocess.Popen) -> None:
     if follower.poll() is not None:
         return
     env = _reference_env(isolated)
-    rows = json.loads(subprocess.run([sys.executable, "-m", "mmm_orch", "status", "--all", "--json"],
-                                     cwd=isolated, env=env, capture_output=True, text=True).stdout)
-    running = [str(r["id"]) for r in rows if r["state"] in ("pending", "running")]
-    subprocess.run([sys.executable, "-m", "mmm_orch", "cancel", *running], cwd=isolated, env=env,
-                   capture_output=True)
-    follower.kill()
+    try:
+        listed = subprocess.run([sys.executable, "-m", "mmm_orch", "status", "--all", "--json"],
+                                cwd=isolated, env=env, capture_output=True, text=True, timeout=120)
+        open_jobs = [str(r["id"]) for r in json.loads(listed.stdout or "[]")
+                     if r["state"] in ("submitting", "pending", "running")]
+        subprocess.run([sys.executable, "-m", "mmm_orch", "cancel", *open_jobs], cwd=isolated,
+                       env=env, capture_output=True, timeout=120)
+    finally:
+        follower.kill()
 
 
 @pytest.mark.starts_first

@@ -37,7 +37,8 @@ def over_walltime(slurm_cluster, tmp_path_factory):
     return submit_over_walltime("slurm-local", tmp_path_factory.mktemp("walltime"))
 
 
-# The job above and the test that checks it, on one worker: one such job, submitted first.
+# The two tests that use the walltime job above, on one worker: one such job for the whole run
+# instead of one for each worker that runs either test.
 OVER_WALLTIME_WORKER = pytest.mark.xdist_group("slurm-walltime")
 
 

@@ -183,17 +183,24 @@ class JobDB(BadNodes):
 
     def accepted(self, job_id: int, native_id: str, note: str = "submitted") -> JobRecord | None:
         """The scheduler took the job under `native_id`: it is pending from now on. Returns the
-        record so settled, as get() reads it (one transaction, no second read); None where it was
-        no longer `submitting` (someone settled it first)."""
+        record so settled, read in the same transaction (no second one); None where it was no
+        longer `submitting` (someone settled it first). UPDATE then SELECT, not RETURNING: the
+        SQLite of many facilities' Pythons predates it (3.35)."""
         now = time.time()
         with self._write():
-            rows = self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
-                                     "WHERE id = ? AND state = ? RETURNING *",
-                                     (native_id, JobState.PENDING.value, now, job_id,
-                                      JobState.SUBMITTING.value)).fetchall()
+            settled = self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
+                                        "WHERE id = ? AND state = ?",
+                                        (native_id, JobState.PENDING.value, now, job_id,
+                                         JobState.SUBMITTING.value)).rowcount
+            if not settled:
+                return None
             self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, JobState.PENDING.value, "", note))
-            return self._with_events(from_row(rows[0])) if rows else None
+            row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            events = self._events(job_id)
+        record = from_row(row)  # after COMMIT: a damaged row never undoes the settling
+        record.events.extend(events)
+        return record
 
     def cancel_sent(self, job_id: int) -> None:
         """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
@@ -309,13 +316,14 @@ class JobDB(BadNodes):
             if row is None:
                 return None
             record = from_row(row)
-            return self._with_events(record) if events else record
-
-    def _with_events(self, record: JobRecord) -> JobRecord:
-        record.events.extend(dict(e) for e in self.conn.execute(
-            "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
-            (record.id,)))
+            if events:
+                record.events.extend(self._events(job_id))
         return record
+
+    def _events(self, job_id: int) -> list[dict[str, Any]]:
+        return [dict(e) for e in self.conn.execute(
+            "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
+            (job_id,))]
 
     def list(self, *, ids: Iterable[int] = (), open_only: bool = False, limit: int | None = None,
              machine: str | None = None, group_id: int | None = None) -> list[JobRecord]:

@@ -11,7 +11,7 @@ any instant:
    directory are removed. Accepted: the record's copy in the job directory (record.json, what
    `db recover` rebuilds from) is written with the native id, then the record gets it.
    Anything else (the submit command killed, timed out, cut off) leaves the record
-   `submitting` and its copy without an id.
+   `submitting`, and its copy without an id unless this process was killed outright.
 
 A process killed during 3 leaves a `submitting` record; the next `status` finds the job by its
 tag (or by the id the job wrote at its start into its log) and writes the copy, or removes the
@@ -303,13 +303,13 @@ def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, 
         undo()  # proof that the scheduler does not have the job: nothing is left behind
         raise
     except MmmError as exc:  # it may have the job: `status` settles the record by its tag
-        db.note(job_id, f"submission unconfirmed: {exc}")
         keep("")  # no id yet: `status` settles the record and copies it again
+        db.note(job_id, f"submission unconfirmed: {exc}")
         raise
     except BaseException:
+        keep("")
         db.note(job_id, "submission interrupted; `mmm-orch status` finds out whether it went "
                         "through")
-        keep("")
         raise
 
 
@@ -360,11 +360,14 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
     if not found and (from_log := job_id_from_log(host, record.log_path)):
         found = [from_log]
     if found:
-        settled = db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
-        if settled is not None:  # a submitter killed before it wrote the record's copy: written here
+        # The copy first, as submit does: a `status` killed between the two leaves the record
+        # `submitting`, and the next one writes both again.
+        whole = db.get(record.id, events=False)
+        if whole is not None:
             with contextlib.suppress(OSError):
                 write_record(jobs_root_for(db.path) / posixpath.basename(record.job_dir),
-                             record_copy(settled))
+                             {**record_copy(whole), "native_id": found[0]})
+        db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
         return None
     if time.time() - record.submitted_at < grace:
         return None  # a submitter on another host, or its scheduler command, may still be at it
