@@ -31,6 +31,11 @@ def cli(sweep, *args: str, timeout: float = 60):
     return run_cli(*args, env=env, cwd=root, timeout=timeout)
 
 
+# A FIFO opened for reading blocks forever: such a hang ends the command at this bound. A call
+# takes about 1.5 s alone; on CI's 2 cores beside 5 busy workers, one took over 30 s.
+HANG = 120
+
+
 def refused(proc, *fragments: str) -> None:
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
@@ -81,7 +86,7 @@ def test_metrics_that_are_not_a_file_read_as_none(sweep, kind, tmp_path):
     metrics.rename(kept)
     try:
         os.mkfifo(metrics) if kind == "fifo" else metrics.mkdir()
-        report = cli(sweep, "report", "s1", "--out", str(tmp_path / "r"), "--json", timeout=30)
+        report = cli(sweep, "report", "s1", "--out", str(tmp_path / "r"), "--json", timeout=HANG)
         assert report.returncode == 0, report.stderr[-2000:]
         assert next(r for r in json.loads(report.stdout) if r["job"] == 2)["steps"] is None
     finally:
@@ -144,7 +149,7 @@ def test_plot_out_must_name_a_file(sweep, tmp_path):
     refused(cli(sweep, "plot", "1", "--out", str(tmp_path)), "--out", "is not a file")
     fifo = tmp_path / "fig.png"
     os.mkfifo(fifo)
-    refused(cli(sweep, "plot", "1", "--out", str(fifo), timeout=30), "--out", "is not a file")
+    refused(cli(sweep, "plot", "1", "--out", str(fifo), timeout=HANG), "--out", "is not a file")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "work") == ["fig.png"]
 
 
@@ -152,7 +157,7 @@ def test_plot_out_must_name_a_file(sweep, tmp_path):
 def test_report_out_must_be_a_directory(sweep, tmp_path, kind):
     out = tmp_path / "taken"
     os.mkfifo(out) if kind == "fifo" else out.write_text("mine\n")
-    proc = cli(sweep, "report", "s1", "--out", str(out), timeout=30)
+    proc = cli(sweep, "report", "s1", "--out", str(out), timeout=HANG)
     refused(proc, "--out", "cannot make the directory")
     assert proc.stdout == ""  # nothing printed of a report that cannot be written
     if kind == "file":
