@@ -2,7 +2,7 @@
 
 A fixed port per job (20000 + job id, + 1 per failover attempt) collides on a shared node: one
 job's second attempt takes the next job's port, and two schedulers' job N take the same one
-(Perlmutter's shared QOS shares nodes too). So a profile may say `master_port: auto`: the job
+(a shared QOS shares nodes too). So a profile may say `master_port: auto`: the job
 script asks this host for a port nobody holds (`python -m mmm_orch.injob.rendezvous`), each relaunch
 gets a fresh one, and a rendezvous that could still not bind (another process took the port in
 between) is a launch fault: relaunched on a fresh port, never blamed on the code or a node.

@@ -324,8 +324,12 @@ def forget(db: JobDB, record: JobRecord) -> None:
     """Remove the record of a submission the scheduler never took, and its directories."""
     db.delete(record.id)
     host_for(record.remote).run(["rm", "-rf", "--", record.job_dir], timeout=30)
-    local = jobs_root_for(db.path) / posixpath.basename(record.job_dir)
-    shutil.rmtree(local, ignore_errors=True)
+    shutil.rmtree(_local_dir(db, record), ignore_errors=True)
+
+
+def _local_dir(db: JobDB, record: JobRecord) -> Path:
+    """The job's directory beside the database (the twin of a remote job's one)."""
+    return jobs_root_for(db.path) / posixpath.basename(record.job_dir)
 
 
 def job_id_from_log(host: Host, log_path: str) -> str | None:
@@ -364,9 +368,7 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
         # `submitting`, and the next one writes both again.
         whole = db.get(record.id, events=False)
         if whole is not None:
-            with contextlib.suppress(OSError):
-                write_record(jobs_root_for(db.path) / posixpath.basename(record.job_dir),
-                             {**record_copy(whole), "native_id": found[0]})
+            _copy_keeper(_local_dir(db, record), record_copy(whole))(found[0])
         db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
         return None
     if time.time() - record.submitted_at < grace:
