@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_state, write_probe, write_spec
+from conftest import TERMINAL, wait_state, write_probe, write_spec
 from faults import signal_node, trainer_pids
 from mmm_orch.injob.protocol import EXIT_INTERNAL_ERROR
 from mmm_orch.runtime.metrics import parse_line
@@ -69,7 +69,10 @@ def submit(cli, machine: str, *args: str) -> dict:
 
 
 def running_past(cli, row: dict, step: int, timeout: float = 240) -> dict:
-    """The failover state once the launch has passed `step` (a checkpoint is behind it)."""
+    """The failover state once the launch has passed `step` (a checkpoint is behind it). The
+    job may queue first behind the other tests' jobs (a spare needs a whole node): only the time
+    it runs counts against `timeout`."""
+    wait_state(cli, row["id"], ("running", *TERMINAL))
     until(lambda: failover_state(row) and steps(row["run_dir"])
           and steps(row["run_dir"])[-1]["step"] >= step, timeout,
           lambda: cli("logs", str(row["id"])).out[-3000:])

@@ -135,6 +135,7 @@ def test_the_example_survives_the_loss_of_a_nodes_ranks_on_a_spare(request, cli,
                  "--", *TRAIN, "--steps", "200", "--step-time", "0.1", "--checkpoint-every", "10")
     assert result.code == 0, result.err
     row = json.loads(result.out)
+    wait_state(cli, row["id"], ("running", *TERMINAL))  # three whole nodes: it may queue first
     deadline = time.monotonic() + 300
     while not ((Path(row["run_dir"]) / "metrics.jsonl").exists()
                and steps_of(row["run_dir"])[-1] >= 25):
