@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import select
+import selectors
 import subprocess
 import time
 from dataclasses import dataclass, replace
@@ -41,10 +43,67 @@ class Runner(Protocol):
 class LocalRunner:
     def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
             env: dict[str, str] | None = None) -> CommandResult:
-        proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **env} if env else None)
-        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        with subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, **env} if env else None) as proc:
+            try:
+                stdout, stderr = _output_and_exit(proc, time.monotonic() + timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise subprocess.TimeoutExpired(list(argv), timeout) from None
+            except BaseException:  # an interrupt: as subprocess.run, the command goes with it
+                proc.kill()
+                raise
+        return CommandResult(tuple(argv), proc.returncode, _text(stdout), _text(stderr))
+
+
+def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
+    """Both pipes read to their end, then the exit waited for, all before `deadline`
+    (subprocess.run's bounded wait would poll with sleeps of 1 ms and up: a command closes its
+    pipes an instant before it exits, so a short qsub or sbatch paid a millisecond or more)."""
+    chunks: dict[object, list[bytes]] = {proc.stdout: [], proc.stderr: []}
+    with selectors.PollSelector() as selector:
+        for pipe in chunks:
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            ready = selector.select(_left(deadline))
+            if not ready and _left(deadline) == 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            for key, _ in ready:
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    chunks[key.fileobj].append(chunk)
+                else:
+                    selector.unregister(key.fileobj)
+    if proc.poll() is None:
+        _sleep_until_exit(proc.pid, deadline)
+    proc.wait(timeout=_left(deadline))  # returns at once once exited; elsewhere it polls
+    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
+
+
+def _sleep_until_exit(pid: int, deadline: float) -> None:
+    """Linux 5.3 and later: a process's pidfd is readable once it has exited. Elsewhere nothing:
+    the wait after it polls."""
+    try:
+        pidfd = os.pidfd_open(pid)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return
+    try:
+        waiter = select.poll()
+        waiter.register(pidfd, select.POLLIN)
+        waiter.poll(_left(deadline) * 1000)
+    finally:
+        os.close(pidfd)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _text(data: bytes) -> str:
+    """As text=True reads it: invalid bytes replaced, every line ending a newline."""
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -136,6 +137,28 @@ def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
         run_command(LocalRunner(), [str(slow)], slurm_parse.TRANSIENT_ERRORS, budget)
     # Three unbounded attempts would take 90 s; the deadline keeps it near 3.
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("script", [
+    "exec >&- 2>&-; sleep 30",  # closes its pipes, then lives on: the exit is what is waited for
+    "sleep 30 & echo started",  # exits, but a child it left holds the pipes open
+], ids=["closed-pipes", "child-holds-pipes"])
+def test_a_local_command_is_bounded_however_it_hangs(script):
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        LocalRunner().run(["bash", "-c", script], timeout=1)
+    assert time.monotonic() - start < 10
+
+
+def test_a_local_command_is_read_whole_as_text(tmp_path):
+    # 2 MB on each pipe (more than a pipe holds, so both are read as they fill), a line ending
+    # in CR LF, a bare CR and a byte that is not UTF-8: read as text=True would.
+    script = ("head -c 2000000 /dev/zero | tr '\\0' o; printf 'a\\r\\nb\\rc\\377\\n'; "
+              "head -c 2000000 /dev/zero | tr '\\0' e >&2; exit 3")
+    result = LocalRunner().run(["bash", "-c", script], timeout=60)
+    assert result.returncode == 3
+    assert result.stdout == "o" * 2_000_000 + "a\nb\nc\ufffd\n"
+    assert result.stderr == "e" * 2_000_000
 
 
 def test_recorded_submit_loop_socket_timeouts_are_transient():
