@@ -52,7 +52,7 @@ class LocalRunner:
                 proc.kill()
                 proc.wait()
                 raise subprocess.TimeoutExpired(list(argv), timeout) from None
-            except BaseException:  # an interrupt: as subprocess.run, the command goes with it
+            except BaseException:  # an interrupt or any other error: the command goes with it
                 proc.kill()
                 raise
         return CommandResult(tuple(argv), proc.returncode, _text(stdout), _text(stderr))
@@ -68,7 +68,7 @@ def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, by
             selector.register(pipe, selectors.EVENT_READ)
         while selector.get_map():
             ready = selector.select(_left(deadline))
-            if not ready and _left(deadline) == 0:
+            if _left(deadline) == 0:  # ready or not: a command that never stops writing ends here
                 raise subprocess.TimeoutExpired(proc.args, 0)
             for key, _ in ready:
                 chunk = os.read(key.fd, 1 << 16)
@@ -78,7 +78,7 @@ def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, by
                     selector.unregister(key.fileobj)
     if proc.poll() is None:
         _sleep_until_exit(proc.pid, deadline)
-    proc.wait(timeout=_left(deadline))  # returns at once once exited; elsewhere it polls
+    proc.wait(timeout=_left(deadline))  # at once if it has exited; without a pidfd it polls
     return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
 
 
@@ -102,7 +102,8 @@ def _left(deadline: float) -> float:
 
 
 def _text(data: bytes) -> str:
-    """As text=True reads it: invalid bytes replaced, every line ending a newline."""
+    """UTF-8, as the SSH runner reads it, invalid bytes replaced; every line ending a newline
+    (as text=True has it)."""
     return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 

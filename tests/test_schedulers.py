@@ -5,6 +5,7 @@ test_slurm_cluster.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -17,6 +18,7 @@ from mmm_orch.schedulers import slurm_parse
 from mmm_orch.errors import SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef, Submission
+from mmm_orch import transport
 from mmm_orch.transport import LocalRunner, Retry, run_command
 from mmm_orch.schedulers.pbs import statuses_for
 from mmm_orch.schedulers.states import JobState
@@ -145,9 +147,30 @@ def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
 ], ids=["closed-pipes", "child-holds-pipes"])
 def test_a_local_command_is_bounded_however_it_hangs(script):
     start = time.monotonic()
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         LocalRunner().run(["bash", "-c", script], timeout=1)
     assert time.monotonic() - start < 10
+    assert (timed_out.value.cmd, timed_out.value.timeout) == (["bash", "-c", script], 1)
+
+
+def test_a_local_command_that_never_stops_writing_is_bounded(monkeypatch):
+    reads = 0
+
+    class SlowReads:  # a byte every 10 ms: the pipe cat fills is never empty, always ready
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def read(fd: int, size: int) -> bytes:
+            nonlocal reads
+            reads += 1
+            assert reads < 200, "still reading 1.5 s after the deadline"
+            time.sleep(0.01)
+            return os.read(fd, 1)
+
+    monkeypatch.setattr(transport, "os", SlowReads())
+    with pytest.raises(subprocess.TimeoutExpired):
+        LocalRunner().run(["cat", "/dev/zero"], timeout=0.5)
 
 
 def test_a_local_command_is_read_whole_as_text(tmp_path):
