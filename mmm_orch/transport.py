@@ -47,21 +47,22 @@ class LocalRunner:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**os.environ, **env} if env else None) as proc:
             try:
-                stdout, stderr = _output_and_exit(proc, time.monotonic() + timeout)
+                stdout, stderr = _output_and_exit(proc, timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                raise subprocess.TimeoutExpired(list(argv), timeout) from None
+                raise
             except BaseException:  # an interrupt or any other error: the command goes with it
                 proc.kill()
                 raise
         return CommandResult(tuple(argv), proc.returncode, _text(stdout), _text(stderr))
 
 
-def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
-    """Both pipes read to their end, then the exit waited for, all before `deadline`
+def _output_and_exit(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes]:
+    """Both pipes read to their end, then the exit waited for, all within `timeout` seconds
     (subprocess.run's bounded wait would poll with sleeps of 1 ms and up: a command closes its
     pipes an instant before it exits, so a short qsub or sbatch paid a millisecond or more)."""
+    deadline = time.monotonic() + timeout
     chunks: dict[object, list[bytes]] = {proc.stdout: [], proc.stderr: []}
     with selectors.PollSelector() as selector:
         for pipe in chunks:
@@ -69,7 +70,7 @@ def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, by
         while selector.get_map():
             ready = selector.select(_left(deadline))
             if _left(deadline) == 0:  # ready or not: a command that never stops writing ends here
-                raise subprocess.TimeoutExpired(proc.args, 0)
+                raise subprocess.TimeoutExpired(proc.args, timeout)
             for key, _ in ready:
                 chunk = os.read(key.fd, 1 << 16)
                 if chunk:
@@ -78,7 +79,10 @@ def _output_and_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, by
                     selector.unregister(key.fileobj)
     if proc.poll() is None:
         _sleep_until_exit(proc.pid, deadline)
-    proc.wait(timeout=_left(deadline))  # at once if it has exited; without a pidfd it polls
+    try:
+        proc.wait(timeout=_left(deadline))  # at once if it has exited; without a pidfd it polls
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(proc.args, timeout) from None
     return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
 
 
