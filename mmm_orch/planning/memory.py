@@ -9,15 +9,17 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
   reduce-scatter: (2 V h + 2 B (w + 4) / w) w / t, B the parameters of a block;
 - activations a block saves for backward, per micro-batch of b samples of s tokens: the two
   norms' inputs and outputs (4 s b h; under TP with sequence parallelism 4 s b h / t plus the
-  two gathered inputs, 2 s b h), attention's q, k, v after RoPE and repetition, its output and
-  wo's input (5 s b h / t), SwiGLU's four (4 s b f / t), and where the machine's attention
+  two gathered inputs, 2 s b h), attention's q, its output and wo's input (3 s b h / t) and k
+  and v after RoPE (2 s b k / t, k the KV heads' width: the kernel shares them among the query
+  heads), SwiGLU's four (4 s b f / t), and where the machine's attention
   kernel is the math one, the probabilities of its heads (b a s s / t); with checkpointing a
   block keeps only its input (s b h, / t under TP), and one block is recomputed at a time,
   after the loss's tensors are freed (the peak holds the larger of the two);
 - the loss: the final norm's input and output, and the logits of a chunk of the sequence
   (loss_chunk tokens without TP, the whole sequence under TP, where each rank has V / t of the
   vocabulary) in w, with their log-softmax and its gradient in fp32 (and under TP two fp32
-  buffers more, loss_parallel's).
+  buffers more, loss_parallel's); in chunks, the gradients made in forward wait for backward:
+  the output layer's (V h w) and the final norm output's (s b h w).
 The measured peak on CPU is within 25% of this for the layouts the tests run (dp, dp x tp,
 checkpointing on and off); see tests/test_memory_plan.py.
 """
@@ -72,7 +74,8 @@ def estimate(shape: Shape) -> Estimate:
     states = m.params / (shape.dp * t)
     tokens = s * b
     norms = 4 * h if t == 1 else 4 * h / t + 2 * h
-    block = tokens * (norms + 5 * h / t + 4 * f / t) * w
+    kv = m.n_kv_heads * m.head_dim
+    block = tokens * (norms + (3 * h + 2 * kv) / t + 4 * f / t) * w
     if shape.attention_matrix:
         block += b * m.n_heads / t * s * s * w
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
@@ -85,6 +88,8 @@ def estimate(shape: Shape) -> Estimate:
     # two fp32 buffers more (its max- and sum-reduced exponentials).
     per_logit = w + (16 if t > 1 and shape.loss_sharded else 8)
     loss = 2 * tokens * h * w + b * chunk * vocab_share * per_logit
+    if chunk < s:  # trainers/loss.py's gradients made in forward
+        loss += (v * h + tokens * h) * w
     return Estimate({
         "parameters": 4 * states, "gradients": 4 * states, "optimizer": 8 * states,
         "gathered": (2 * v * h * w + 2 * m.block_params * (w + 4)) / t,

@@ -63,6 +63,12 @@ def classifier_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ti
     return loss, timer.stop()
 
 
+def adamw(params, rt: Runtime, **options) -> torch.optim.AdamW:
+    """AdamW, fused into one kernel per step on CUDA (torchtitan's default there; the foreach
+    form reads and writes every parameter, gradient and moment in several passes)."""
+    return torch.optim.AdamW(params, fused=rt.device.type == "cuda", **options)
+
+
 def draw_per_rank(seed: int, rank: int) -> None:
     """Once the model is built from the seed every rank shares: each rank its own random stream
     from here on, so dropout masks differ across ranks as they do across the samples of one

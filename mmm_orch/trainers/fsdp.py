@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, autocast, classifier_step, draw_per_rank,
-                                   mean_across, mesh, param_dtype, run_dir)
+from mmm_orch.runtime.loop import (StepTimer, adamw, autocast, classifier_step,
+                                   draw_per_rank, mean_across, mesh, param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, [model.conv1, model.conv2, model.fc1, model.fc2], dp_mesh,
                      param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,

@@ -21,7 +21,8 @@ import torch
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
-from mmm_orch.runtime.loop import StepTimer, draw_per_rank, mean_across, mesh, param_dtype, run_dir
+from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
+                                   param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
                                 cfg.keep_checkpoints)
     step = 0

@@ -28,8 +28,8 @@ from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.dataset import SampleLog, TokenDataset
 from mmm_orch.runtime.dist import refuse
 from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
-from mmm_orch.runtime.loop import (StepTimer, draw_per_rank, mean_across, mesh, param_dtype,
-                                   run_dir, warmup_cosine)
+from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
+                                   param_dtype, run_dir, warmup_cosine)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model, (params, embedding_params) = build_model(cfg, args, ac, rt, dp_mesh, tp_mesh)
     draw_per_rank(cfg.seed, rt.rank)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
                                 cfg.keep_checkpoints, cfg.async_save)

@@ -18,8 +18,8 @@ import torch
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, classifier_step, draw_per_rank, mean_across, mesh,
-                                   param_dtype, run_dir)
+from mmm_orch.runtime.loop import (StepTimer, adamw, classifier_step, draw_per_rank,
+                                   mean_across, mesh, param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, parse
 from mmm_orch.trainers import parallelize
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         model.blocks = torch.nn.ModuleList(torch.compile(b) for b in model.blocks)
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.05)
+    optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
     checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
                                 cfg.keep_checkpoints)
     step = 0

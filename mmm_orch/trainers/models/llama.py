@@ -10,9 +10,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mmm_orch.model_shapes import LlamaArgs
 from mmm_orch.trainers.models.init import draw_whole
+
+
+# Fused kernels first, cuDNN's before FlashAttention-2's, as torchtitan orders them: on Hopper
+# cuDNN's is the faster (benchmarks/README.md). Grouped-query heads are shared inside the kernel
+# (enable_gqa) rather than copied. A backend the device lacks (cuDNN on ROCm and
+# XPU) is passed over; the CPU has its own kernels.
+ATTENTION_KERNELS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
@@ -44,10 +53,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, freqs), apply_rope(k, freqs)
-        k = k.repeat_interleave(self.repeats, dim=2)  # grouped-query: share each kv head
-        v = v.repeat_interleave(self.repeats, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), is_causal=True)
+        with sdpa_kernel(ATTENTION_KERNELS, set_priority=True):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2), is_causal=True,
+                                                 enable_gqa=self.repeats > 1)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -1,0 +1,157 @@
+"""CUDA correctness, on a GPU machine (needs only torch and this checkout):
+
+1. the four trainers run their learning configurations on CUDA under torchrun, one rank, NCCL,
+   side by side, and each one's loss falls by what tests/test_trainers.py asks on CPU;
+2. the llama3 trainer's model from the same weights (drawn on the CPU, copied to the GPU),
+   fp32, on one batch: the loss (whole and in chunks) and the gradients on CPU and CUDA;
+3. the chunked loss on CUDA in bf16 (FSDP's parameter dtype) against one cross-entropy over the
+   whole vocabulary's logits.
+
+    python benchmarks/cuda_checks.py      # results: $OUT/cuda_checks.json, else benchmarks/results/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+LEARNING = {  # tests/test_trainers.py's learning runs, on one rank
+    "fsdp": ["--tiny", "--epochs", "2"],
+    "fsdp_tp": ["--tiny", "--steps", "40", "--tp", "1"],
+    "vit": ["--tiny", "--steps", "30"],
+    "llama3": ["--tiny", "--steps", "40", "--warmup-steps", "5"],
+}
+
+
+def trainers_learn(work: Path) -> dict:
+    procs = {}
+    for port, (trainer, args) in enumerate(LEARNING.items(), start=29610):
+        out = work / trainer
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+               f"--master-port={port}", "-m", f"mmm_orch.trainers.{trainer}", *args,
+               "--output-dir", str(out), "--run-name", "run"]
+        procs[trainer] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          env={**os.environ, "MMM_DEVICE": "cuda",
+                                               "PYTHONPATH": os.pathsep.join(
+                                                   [str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    results = {}
+    for trainer, proc in procs.items():
+        log = proc.communicate(timeout=300)[0]
+        row = {"exit": proc.returncode}
+        metrics = work / trainer / "run" / "metrics.jsonl"
+        if metrics.exists():
+            records = [json.loads(line) for line in metrics.read_text().splitlines()]
+            losses = [r["loss"] for r in records if r["event"] == "step"]
+            first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+            row.update(steps=len(losses), first5=first, last5=last, falls=last < first - 0.3,
+                       mem_gib=max((r.get("mem_gib") or 0) for r in records
+                                   if r["event"] == "step"))
+        if proc.returncode:
+            row["log_tail"] = log[-3000:]
+        results[trainer] = row
+    return results
+
+
+def same_batch_cpu_and_cuda() -> dict:
+    import torch
+
+    from mmm_orch.trainers.llama3 import Config, resolve
+    from mmm_orch.trainers.loss import token_losses
+    from mmm_orch.trainers.models.llama import Transformer
+
+    args, batch, seq, _, _ = resolve(Config(config="debug", seq_len=256, batch_size=4))
+    cpu = Transformer(args)
+    cpu.init_weights(seed=1)
+    gpu = Transformer(args).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    tokens = torch.randint(args.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    result = {"model": f"debug ({args.n_layers} layers, dim {args.dim}, vocab {args.vocab_size}), "
+                       f"batch {batch} x {seq} tokens, fp32",
+              "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}
+    for chunk in (0, 64):
+        losses, grads = {}, {}
+        for name, model, device in (("cpu", cpu, "cpu"), ("cuda", gpu, "cuda")):
+            model.zero_grad()
+            loss = token_losses(model, inputs.to(device), labels.to(device), chunk, tp=1)
+            loss.backward()
+            losses[name] = loss.item()
+            grads[name] = {k: p.grad.detach().cpu() for k, p in model.named_parameters()}
+        worst = max(((grads["cuda"][k] - g).norm() / g.norm()).item()
+                    for k, g in grads["cpu"].items())
+        result[f"chunk_{chunk}"] = {"loss_cpu": losses["cpu"], "loss_cuda": losses["cuda"],
+                                    "abs_diff": abs(losses["cpu"] - losses["cuda"]),
+                                    "worst_grad_rel_diff": worst,
+                                    "within_1e-4": abs(losses["cpu"] - losses["cuda"]) <= 1e-4}
+    return result
+
+
+def chunked_loss_bf16_on_cuda() -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from mmm_orch.trainers.loss import token_losses
+
+    torch.manual_seed(0)
+    vocab, dim, seq = 128256, 1024, 2048
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Parameter(torch.randn(1, seq, dim, device="cuda",
+                                                         dtype=torch.bfloat16))
+            self.output = torch.nn.Linear(dim, vocab, bias=False, device="cuda",
+                                          dtype=torch.bfloat16)
+
+        def forward(self, tokens, hidden_only=False):
+            return self.hidden if hidden_only else self.output(self.hidden)
+
+    head = Head()
+    labels = torch.randint(vocab, (1, seq), device="cuda")
+    tokens = torch.zeros_like(labels)
+    out = {}
+    for chunk in (0, 512):
+        head.zero_grad()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = token_losses(head, tokens, labels, chunk, tp=1)
+        loss.backward()
+        torch.cuda.synchronize()
+        out[chunk] = (loss.item(), head.hidden.grad.float(), head.output.weight.grad.float(),
+                      (torch.cuda.max_memory_allocated() - base) / 2**30)
+    whole, chunked = out[0], out[512]
+    reference = F.cross_entropy((head.hidden.double() @ head.output.weight.double().T)[0],
+                                labels[0]).item()
+    return {"shape": f"vocab {vocab}, dim {dim}, {seq} tokens, bf16",
+            "loss_whole": whole[0], "loss_chunked": chunked[0], "loss_fp64": reference,
+            "grad_hidden_rel_diff": ((chunked[1] - whole[1]).norm() / whole[1].norm()).item(),
+            "grad_weight_rel_diff": ((chunked[2] - whole[2]).norm() / whole[2].norm()).item(),
+            "peak_gib_whole": whole[3], "peak_gib_chunked": chunked[3]}
+
+
+def main() -> None:
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "cuda_checks.json"
+    report: dict = {}
+    for name, check in (("same_batch_cpu_and_cuda", same_batch_cpu_and_cuda),
+                        ("chunked_loss_bf16", chunked_loss_bf16_on_cuda),
+                        ("trainers_learn", lambda: trainers_learn(Path(tempfile.mkdtemp())))):
+        started = time.monotonic()
+        try:
+            report[name] = check()
+        except Exception as exc:  # one broken check must not hide the others' results
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        report[name + "_s"] = round(time.monotonic() - started, 1)
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(name, json.dumps(report[name], default=str)[:1500], flush=True)
+
+
+if __name__ == "__main__":
+    main()
