@@ -7,6 +7,18 @@ class MmmError(Exception):
 
     exit_code = 2
 
+    def __str__(self) -> str:
+        # One line, whatever the message quotes (a file's text, a scheduler's words): a line
+        # break or other control character in it is shown escaped, as repr() would.
+        return one_line(super().__str__())
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other unprintable characters escaped."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
 
 class InvalidValue(MmmError):
     """A value the user gave that is not allowed: which field, the value, and what is allowed

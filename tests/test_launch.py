@@ -343,3 +343,24 @@ def test_an_interactive_qsub_driven_through_a_terminal_launches_on_two_vnodes(cl
     assert (row["state"], row["machine"]) == ("completed", "pbs-local")
     assert sorted(line.split()[1] for line in cli("logs", "1").out.splitlines()
                   if line.startswith("rank ")) == ["0", "1", "2", "3"]
+
+
+def test_finding_the_machine_runs_no_profiles_command(cli, isolated, monkeypatch, tmp_path):
+    """A colleague's profile beside the user's, whose node-list command would run anything:
+    looking for the allocation's machine reads profiles as data, so it never runs, whether the
+    machine is named, found or not found; only the machine in use lists its nodes its way."""
+    marker = tmp_path / "ran"
+    for name, hostnames in (("colleague", "['n\\d+']"), ("other", "['zz\\d+']")):
+        write_machine(isolated, name, f"extends: slurm-local\nname: {name}\n"
+                      f"hostnames: {hostnames}\n"
+                      f"scheduler: {{node_list: 'touch {marker}; echo n1'}}\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    for words in (("launch", "slurm-local", "dist_check", "--dry-run"),
+                  ("launch", "dist_check", "--dry-run"),
+                  ("launch", "slurm-local", "dist_check", "-N", "9", "--dry-run")):
+        cli(*words)
+        assert not marker.exists(), words
+    assert cli("launch", "colleague", "dist_check", "--dry-run").code == 0
+    assert marker.exists()  # named, it is the machine in use: its own command lists the nodes
+    assert_nothing_recorded()

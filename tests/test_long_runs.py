@@ -6,7 +6,6 @@ a chain whose first link fails stops there; `rerun --resume` continues a stopped
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,6 +20,18 @@ CHAIN_SPEC = """extends: llama3_debug
 name: llama_chain
 args: {config: debug, tiny: true, warmup_steps: 20}
 watchdog: {walltime_margin: "00:00:20"}
+"""
+# The same training with every step lasting STEP_S (tests/paced_llama3.py): the tiny model's
+# steps take about 0.03 s on a quiet host, so even ten times slower a step still lasts STEP_S,
+# and a fixed number of steps needs the same links however loaded the host is.
+STEP_S = 0.5
+PACED_SPEC = f"""extends: llama3_debug
+name: llama_chain
+trainer: paced_llama3
+args: {{config: debug, tiny: true, warmup_steps: 20}}
+watchdog: {{walltime_margin: "00:00:20"}}
+env: {{PYTHONUNBUFFERED: "1", PYTHONPATH: "{Path(__file__).resolve().parent}",
+       MMM_TEST_STEP_S: "{STEP_S}"}}
 """
 
 
@@ -66,15 +77,11 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
                                                                  leftovers_cancelled):
     request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
-    write_spec(isolated, "llama_chain", CHAIN_SPEC)
-    # How many steps need three links here, now. At most about 35 s of training fit in one link
-    # (60 s, less the 20 s margin and a start of 5 s or more). The host's load comes and goes, so
-    # the links may run faster than the calibration did: count with its fastest tenth of steps,
-    # and 3 links' worth. A loaded host needs more links (up to 20).
-    calibration = local_run(isolated, 150, "calibration")
-    assert calibration.wait(timeout=300) == 0, calibration.stderr.read()
-    dts = sorted(r["dt"] for r in metrics(isolated / "outputs" / "calibration"))
-    steps = math.ceil(3 * 35 / dts[len(dts) // 10])
+    write_spec(isolated, "llama_chain", PACED_SPEC)
+    # Three links' worth: at most 35 s of training fit in one link (60 s, less the 20 s margin
+    # and a start of 5 s or more), so 105 s of steps cross at least two walltimes. On a host
+    # ten times slower the ranks start in up to 30 s: 7 links of the 20.
+    steps = round(3 * 35 / STEP_S)
 
     result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", "--walltime",
                  "00:01:00", "--chain", "20", "--json")

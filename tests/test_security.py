@@ -60,3 +60,83 @@ def test_secret_looking_env_names_are_refused(cli, isolated):
         result = cli("render", "local", "fsdp", "--env", f"{name}=s3cr3t", "--out", "job.sh")
         assert result.code == 2 and name in result.err and "s3cr3t" not in result.err
     assert list(isolated.iterdir()) == []
+
+
+def _text_leaves(value, loc=()):
+    """Every (path, text) of a profile or spec as plain data (lists and mappings walked)."""
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _text_leaves(item, (*loc, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _text_leaves(item, (*loc, index))
+
+
+def _as_data(kind: str, name: str) -> dict:
+    from mmm_orch.config import registry
+    from mmm_orch.config.yamlio import adapter
+
+    load, cls = ((registry.load_machine, "Machine") if kind == "machines" else
+                 (registry.load_workload, "Workload"))
+    obj = load(name)
+    return json.loads(json.dumps(adapter(type(obj)).dump_python(obj, mode="json")))
+
+
+def _put(data, loc, value):
+    for part in loc[:-1]:
+        data = data[part]
+    data[loc[-1]] = value
+
+
+SHELL_FIELDS = {("setup",), ("scheduler", "node_list"), ("rendezvous", "master_addr"),
+                ("rendezvous", "master_port")}
+
+
+def test_a_line_break_in_any_text_of_a_profile_or_spec_is_refused(cli, isolated):
+    """Each text of every packaged profile and spec, in turn given a line break and a command
+    after it (a copy under another name): refused with one line naming the field, nothing
+    rendered, nothing run; the shell-line fields alone take it."""
+    import yaml
+
+    from mmm_orch.config import registry
+
+    marker = isolated / "pwned"
+    line_breaks = 0
+    for kind, names, render in (
+            ("machines", ["aurora", "perlmutter", "slurm-local", "local"],
+             lambda n: ("render", n, "dist_check", "-A", "P", "--out", "job.sh")),
+            ("workloads", ["llama3_debug", "fsdp", "command"],
+             lambda n: ("render", "local", n, "--out", "job.sh") + (
+                 ("--", "python3", "x.py") if n.startswith("command") else ()))):
+        for name in names:
+            data = _as_data(kind, name)
+            for loc, text in _text_leaves(data):
+                if loc[:len(loc) - (isinstance(loc[-1], int))] in SHELL_FIELDS or loc == ("name",):
+                    continue
+                copy = json.loads(json.dumps(data))
+                _put(copy, loc, f"{text}\ntouch {marker}")
+                copy["name"] = f"{name}-x"
+                folder = isolated / ".mmm-orch" / kind
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{name}-x.yaml").write_text(yaml.safe_dump(copy))
+                result = cli(*render(f"{name}-x"))
+                shown = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc)
+                assert result.code == 2, (loc, result.out[-300:], result.err)
+                assert len(result.err.strip().splitlines()) == 1, result.err
+                if "a line break is not allowed" in result.err:
+                    assert str(loc[-1]) in result.err, (shown, result.err)
+                    line_breaks += 1  # (the others: a choice, a name, a pattern: refused so)
+                assert not (isolated / "job.sh").exists() and not marker.exists()
+    assert line_breaks > 100, line_breaks  # the walk reached the profiles' free texts
+
+
+def test_the_shell_line_fields_still_take_several_lines(cli, isolated):
+    from conftest import write_machine
+
+    write_machine(isolated, "multi", "extends: local\nname: multi\n"
+                  "setup: ['export A=1\n\n    export B=2']\n")
+    result = cli("render", "multi", "dist_check", "--out", "job.sh")
+    assert result.code == 0, result.err
+    assert "export A=1\nexport B=2" in (isolated / "job.sh").read_text()

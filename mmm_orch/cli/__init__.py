@@ -10,7 +10,7 @@ from mmm_orch.version import __version__
 from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, launch_cmds,
                           nodes_cmds, sweep_cmds, usage_cmds)
 from mmm_orch.cli.common import ArgParser
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, one_line
 
 GROUPS = (config_cmds, job_cmds, launch_cmds, sweep_cmds, usage_cmds, inspect_cmds, env_cmds,
           nodes_cmds, db_cmds)
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for users, the traceback with --debug
         if args.debug:
             raise
-        print(f"mmm-orch: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-              file=sys.stderr)
+        print(f"mmm-orch: internal error: {type(exc).__name__}: {one_line(str(exc))} (rerun "
+              "with --debug)", file=sys.stderr)
         return 1
     finally:
         # One SSH connection and one database connection per command, closed at its end.

@@ -20,7 +20,10 @@ from typing import Any
 from mmm_orch.version import __version__
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
-_MODEL_SOURCES = ("common.py", "machine.py", "workload.py", "cache.py")
+# What decides a validated object: the models and the validation (a change to any of them
+# makes every cached profile and spec stale).
+_MODEL_SOURCES = ("common.py", "machine.py", "charging.py", "failures.py", "workload.py",
+                  "yamlio.py", "cache.py")
 
 
 def _digest(data: bytes) -> str:

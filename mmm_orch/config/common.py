@@ -21,6 +21,40 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 
 
+# Field metadata of the texts that are shell code by design (setup lines, the node-list command,
+# the rendezvous expressions): the profile's author wrote them to run, and they reach the job
+# script as lines. Every other text is one line (first_line_break).
+SHELL_LINES = {"shell_lines": True}
+# What str.splitlines() breaks at: a shell ends a line at \n alone, a terminal or editor at more.
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def first_line_break(value: Any, loc: tuple = ()) -> tuple[tuple, str] | None:
+    """(where, text) of the first text holding a line break in a validated profile or spec,
+    keys included, skipping the SHELL_LINES fields; None when every text is one line. A comment
+    line of the job script, a directive or a quoted value then stays one line."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if not f.metadata.get("shell_lines"):
+                found = first_line_break(getattr(value, f.name), (*loc, f.name))
+                if found:
+                    return found
+    elif isinstance(value, str):
+        if not LINE_BREAKS.isdisjoint(value):
+            return loc, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = first_line_break(key, (*loc, key)) or first_line_break(item, (*loc, key))
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = first_line_break(item, (*loc, index))
+            if found:
+                return found
+    return None
+
+
 def config(cls):
     """A frozen, keyword-only dataclass whose unknown keys are validation errors."""
     cls.__pydantic_config__ = {"extra": "forbid"}

@@ -21,6 +21,7 @@ from mmm_orch.config.common import (
     Flag,
     NonEmptyStr,
     NodeTemplated,
+    SHELL_LINES,
     NonNegativeInt,
     Number,
     PositiveInt,
@@ -53,7 +54,7 @@ class Scheduler:
     forbidden_directives: list[str] = field(default_factory=list)
     # A shell command printing the job's nodes, one a line, in order, where the scheduler's own
     # listing does not name them apart ("" = the scheduler's: Slurm's node list, PBS's node file).
-    node_list: str = ""
+    node_list: str = field(default="", metadata=SHELL_LINES)
     # The directive keeping nodes out of the allocation ({nodes}: comma-separated), for nodes
     # known to be bad; "" where the scheduler has none (PBS: failover keeps them out of the
     # launch instead).
@@ -198,8 +199,8 @@ class Devices:
 @config
 class Rendezvous:
     # Shell expressions evaluated in the job script on the first node.
-    master_addr: str = ""
-    master_port: str = ""
+    master_addr: str = field(default="", metadata=SHELL_LINES)
+    master_port: str = field(default="", metadata=SHELL_LINES)
     # The address at which ranks reach a node of the job's node list ({node}: its name there,
     # {short}: up to the first dot). Failover puts rank 0 on the first active node, which need
     # not be the job's first.
@@ -313,7 +314,12 @@ class Machine:
     charging: Charging = field(default_factory=Charging)
     directives: list[Templated] = field(default_factory=list)
     queues: list[Queue] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
+    # The job script runs in a login shell (bash -l), which reads the system's and the user's
+    # start-up files: what the facilities' `module` command and their examples expect. The test
+    # servers say false: their jobs must not depend on this host's dotfiles. (PBS starts the
+    # user's login shell itself, whatever the script's first line says.)
+    login_shell: Flag = True
     presets: list[Preset] = field(default_factory=list)
     devices: Devices = field(default_factory=Devices)
     rendezvous: Rendezvous = field(default_factory=Rendezvous)

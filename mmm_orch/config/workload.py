@@ -28,6 +28,12 @@ class Option:
     pattern: str = ""
     help: str = ""
 
+    def __post_init__(self) -> None:
+        # A choice is also shown in every error about the option: one line each.
+        for choice in self.choices:
+            if not choice.isprintable():
+                raise ValueError(f"choices: {choice!r} is not one line of printable text")
+
     def allowed(self) -> str:
         """What a value must be, in words (for error messages)."""
         if self.type == "bool":

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from mmm_orch.config.common import first_line_break
 from mmm_orch.errors import ConfigError
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
@@ -172,7 +173,7 @@ def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
     from pydantic import ValidationError
 
     try:
-        return adapter(cls).validate_python(doc.data if data is None else data)
+        obj = adapter(cls).validate_python(doc.data if data is None else data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -188,3 +189,10 @@ def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
             msg = f"{format_loc(loc) or 'document'}: {err['msg']}{shown}"
         more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
         raise ConfigError(f"{doc.where(loc)}: {msg}{more}") from None
+    broken = first_line_break(obj)
+    if broken:
+        loc, text = broken
+        raise ConfigError(f"{doc.where(loc)}: {format_loc(loc)}: a line break is not allowed "
+                          f"here (got {text!r}); only the shell lines (setup, "
+                          "scheduler.node_list, rendezvous.master_addr/master_port) may hold one")
+    return obj

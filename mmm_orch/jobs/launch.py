@@ -64,9 +64,11 @@ def which_machine(named: str, allocation: Allocation | None, hostname: str) -> s
 
 def _matching_profiles(allocation: Allocation | None,
                        hostname: str) -> tuple[list[str], dict[str, str]]:
-    """The profiles whose hostnames match (inside an allocation: its first node as each
-    profile of its scheduler lists the nodes), and every profile that declares hostnames, with
-    its scheduler's kind."""
+    """The profiles whose hostnames match (inside an allocation: its first node as the scheduler
+    names it), and every profile that declares hostnames, with its scheduler's kind. Matching
+    reads the profiles as data: a profile's commands (scheduler.node_list) run only once it is
+    the machine in use, never to find out whether it is (a colleague's profile in the directory
+    would otherwise run its node_list here)."""
     from mmm_orch.config import registry
 
     matching: list[str] = []
@@ -83,11 +85,7 @@ def _matching_profiles(allocation: Allocation | None,
             continue
         host = hostname
         if allocation is not None:
-            try:
-                nodes = as_the_profile_lists(name, machine.scheduler.node_list, allocation).nodes
-            except MmmError:
-                continue  # its way of listing nodes does not work here: not this machine
-            host = nodes[0] if nodes else ""
+            host = allocation.nodes[0] if allocation.nodes else ""
         if any(re.fullmatch(pattern, host) for pattern in machine.hostnames):
             matching.append(name)
     return matching, declaring

@@ -109,6 +109,9 @@ class Environment:
     path: str
     stage: bool
     stage_dir: str
+    # The script runs in a login shell (`bash -l`: the system's and the user's start-up files,
+    # which set up `module` on the facilities) or a plain one.
+    login_shell: bool = True
 
 
 # A command's run is told through the job's environment (protocol.RUN_DIR_VAR, RESUME_VAR,

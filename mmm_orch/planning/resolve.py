@@ -307,7 +307,8 @@ def _environment(machine: Machine, workload: Workload, override: MachineOverride
                    "jobs run the interpreter that submitted them)")
     return Environment(setup=tuple(machine.setup), groups=tuple(groups), path=path,
                        stage=request.stage_env,
-                       stage_dir=machine.environment.stage_dir if machine.environment else "/tmp")
+                       stage_dir=machine.environment.stage_dir if machine.environment else "/tmp",
+                       login_shell=machine.login_shell)
 
 
 def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntry]:
