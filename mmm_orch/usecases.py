@@ -139,6 +139,8 @@ def launch(request: Request, db: str | None = None, template: str | None = None,
     request = dataclasses.replace(request, machine=machine)
     planned = plan(request, db)
     if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
+        if request.command:
+            inside.check_program(planned, request.command[0])
         return _ready(planned, template, "", env_check)
     if allocation is None:
         raise MmmError(f"launch: not inside an allocation on {planned.machine}: get one with "

@@ -92,7 +92,7 @@ def test_a_machine_of_another_scheduler_than_the_allocations_is_refused(cli, mon
     assert result.code == 2 and "--nodes 3 is invalid: slurm job 5 has 2 usable nodes" in result.err
     result = cli("launch", "slurm-local", "--", "no-such-program-here", "--flag")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1
-    assert "'no-such-program-here' is not found inside the allocation" in result.err, result.err
+    assert "'no-such-program-here' is not found where the job runs" in result.err, result.err
     result = cli("launch", "slurm-local", "--dry-run", "--", "python3", "-c", "pass")
     assert result.code == 0 and "srun --nodes=2" in result.out, result.err  # python3: found
     assert_nothing_recorded()
@@ -363,4 +363,68 @@ def test_finding_the_machine_runs_no_profiles_command(cli, isolated, monkeypatch
         assert not marker.exists(), words
     assert cli("launch", "colleague", "dist_check", "--dry-run").code == 0
     assert marker.exists()  # named, it is the machine in use: its own command lists the nodes
+    assert_nothing_recorded()
+
+
+HOSTILE_NODELISTS = {
+    "bracket groups that multiply": "a[0-99999]b[0-99999]",
+    "a range of 5000 digits": "n[1-" + "9" * 5000 + "]",
+    "shell syntax in a name": "n[1-2]$(touch canary)",
+    "a line break in a name": "n1\ntouch canary",
+    "a backquote": "`touch canary`",
+    "unbalanced brackets": "n[1-2",
+    "a range backwards": "n[5-1]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_NODELISTS))
+def test_a_hostile_slurm_node_list_is_refused_at_once(cli, isolated, monkeypatch, case):
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", HOSTILE_NODELISTS[case])
+    started = time.monotonic()
+    for words in (("launch", "slurm-local", "dist_check", "--dry-run"),
+                  ("launch", "dist_check", "--dry-run")):
+        result = cli(*words)
+        assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+        assert "host list" in result.err, result.err
+    assert time.monotonic() - started < 10  # counted, not expanded
+    assert not (isolated / "canary").exists()
+    assert_nothing_recorded()
+
+
+def _fifo(path: Path) -> str:
+    os.mkfifo(path)
+    return str(path)
+
+
+HOSTILE_NODEFILES = {  # what PBS_NODEFILE names: made in tmp_path
+    "a FIFO": _fifo,
+    "/dev/zero": lambda _: "/dev/zero",
+    "a directory": lambda path: (path.mkdir(), str(path))[1],
+    "bytes that are not UTF-8": lambda path: (path.write_bytes(b"vm0\n\xff\xfe\n"), str(path))[1],
+    "shell syntax in a name": lambda path: (path.write_text("vm0\n$(touch canary)\n"),
+                                            str(path))[1],
+    "a name with a space": lambda path: (path.write_text("vm0\nvm 1\n"), str(path))[1],
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_NODEFILES))
+def test_a_hostile_pbs_node_file_is_refused_unread(cli, isolated, monkeypatch, tmp_path, case):
+    monkeypatch.setenv("PBS_JOBID", "7.server")
+    monkeypatch.setenv("PBS_NODEFILE", HOSTILE_NODEFILES[case](tmp_path / "nodes"))
+    for words in (("launch", "pbs-local", "dist_check", "--dry-run"),
+                  ("launch", "dist_check", "--dry-run")):
+        result = cli(*words)  # a FIFO read would block here: pytest's timeout would end it
+        assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+        assert "PBS_NODEFILE" in result.err, result.err
+    assert not (isolated / "canary").exists()
+    assert_nothing_recorded()
+
+
+def test_launch_here_checks_the_program_and_its_words_before_anything_is_recorded(cli, isolated):
+    for words in (("launch", "local", "--", "no-such-program-here"),
+                  ("launch", "local", "--", "   ", "x"), ("launch", "local", "--", "")):
+        result = cli(*words)
+        assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+        assert "command after --" in result.err, result.err
     assert_nothing_recorded()

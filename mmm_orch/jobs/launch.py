@@ -16,7 +16,7 @@ from pathlib import Path
 from mmm_orch.errors import MmmError
 from mmm_orch.planning import Plan, Request
 from mmm_orch.schedulers import scheduler_for
-from mmm_orch.schedulers.allocation import Allocation, unique_lines
+from mmm_orch.schedulers.allocation import Allocation, node_names
 from mmm_orch.transport import LocalRunner
 
 
@@ -27,7 +27,7 @@ def as_the_profile_lists(machine: str, node_list: str, allocation: Allocation) -
     if not node_list:
         return allocation
     result = LocalRunner().run(["bash", "-c", node_list], timeout=60)
-    nodes = tuple(unique_lines(result.stdout))
+    nodes = tuple(node_names(result.stdout, f"machine {machine}: scheduler.node_list"))
     if result.returncode != 0 or not nodes:
         raise MmmError(f"machine {machine}: scheduler.node_list found no nodes in "
                        f"{allocation.scheduler} job {allocation.job_id} (exit {result.returncode}: "
@@ -136,8 +136,9 @@ def placed_on(plan: Plan, allocation: Allocation, nodes: tuple[str, ...], jobs_r
 
 
 def check_program(plan: Plan, program: str) -> None:
-    """Before anything is recorded: the command's program is found here, inside the allocation,
-    where the job looks for it (on PATH after the setup lines and the job environment)."""
+    """Before anything is recorded: the command's program is found here (inside the allocation,
+    or on the machine that runs jobs here), where the job looks for it (on PATH after the setup
+    lines and the job environment, in the shell the job script runs in)."""
     from mmm_orch import envs
 
     lines = [*plan.environment.setup,
@@ -145,11 +146,12 @@ def check_program(plan: Plan, program: str) -> None:
              *([f'export PATH={shlex.quote(plan.launch.python_dir)}:"$PATH"']
                if plan.launch.python_is_submitters else []),
              'command -v -- "$1" >/dev/null']
-    result = LocalRunner().run(["bash", "-lc", "\n".join(lines), "bash", program], timeout=300)
+    shell = "-lc" if plan.environment.login_shell else "-c"
+    result = LocalRunner().run(["bash", shell, "\n".join(lines), "bash", program], timeout=300)
     if result.returncode != 0:
-        raise MmmError(f"command after -- is invalid: {program!r} is not found inside the "
-                       f"allocation (on PATH after {plan.machine}'s setup lines and job "
-                       "environment); give its path, or install it")
+        raise MmmError(f"command after -- is invalid: {program!r} is not found where the job "
+                       f"runs (on PATH after {plan.machine}'s setup lines and job environment); "
+                       "give its path, or install it")
 
 
 def allocate_argv(plan: Plan, command: list[str] | None = None) -> list[str]:

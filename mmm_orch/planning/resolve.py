@@ -110,8 +110,8 @@ def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
         raise fail("command after --", f"{len(command)} words", f"at most {MAX_COMMAND_WORDS}")
     for i, word in enumerate(command):
         checks.check_text(f"command word {i + 1}", word)
-    if command and not command[0]:
-        raise fail("command after --", "", "it starts with the program to run")
+    if command and not command[0].strip():
+        raise fail("command after --", command[0], "it starts with the program to run")
 
 
 def _nodes(machine: Machine, workload: Workload, override: MachineOverride | None,

@@ -7,10 +7,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
+from mmm_orch.config.common import NODE_NAME
 from mmm_orch.errors import MmmError
+from mmm_orch.paths import NotReadable, read_regular
+
+# Bounds on what the scheduler's variables may name: more nodes than any machine has, a node
+# file far above the largest (one line a rank of 10,000 nodes), a node number of 18 digits.
+MAX_NODES = 100_000
+MAX_NODEFILE_BYTES = 64 << 20
+_NUMBER_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -28,17 +35,42 @@ def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
         return Allocation("slurm", env["SLURM_JOB_ID"], tuple(expand_hostlist(nodelist)))
     if env.get("PBS_JOBID"):
         nodefile = env.get("PBS_NODEFILE", "")
-        try:
-            text = Path(nodefile).read_text() if nodefile else ""
-        except OSError as exc:
-            raise MmmError(f"PBS_NODEFILE {nodefile!r}: cannot read: {exc.strerror}") from None
-        return Allocation("pbs", env["PBS_JOBID"], tuple(unique_lines(text)))
+        return Allocation("pbs", env["PBS_JOBID"],
+                          tuple(node_names(_node_file(nodefile) if nodefile else "",
+                                           f"PBS_NODEFILE {nodefile!r}")))
     return None
+
+
+def _node_file(path: str) -> str:
+    """The node file's text: a regular file of bounded size in UTF-8 (a FIFO or a device put
+    there is refused unread, not waited on)."""
+    try:
+        data = read_regular(path, MAX_NODEFILE_BYTES)
+    except NotReadable as exc:
+        raise MmmError(f"PBS_NODEFILE: {exc}") from None
+    except OSError as exc:
+        raise MmmError(f"PBS_NODEFILE {path!r}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise MmmError(f"PBS_NODEFILE {path!r}: not UTF-8 text (byte {exc.start}); a node file "
+                       "names one host a line") from None
 
 
 def unique_lines(text: str) -> list[str]:
     """A PBS node file's hosts, each once, in order (it lists a host once per chunk or rank)."""
     return list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def node_names(text: str, source: str) -> list[str]:
+    """unique_lines(text), each a node name (letters, digits, `-_.[]`: no shell syntax, no
+    control characters), refused naming `source` otherwise."""
+    names = unique_lines(text)
+    for name in names:
+        if not NODE_NAME.match(name):
+            raise MmmError(f"{source}: node name {name[:80]!r} is invalid: letters, digits and "
+                           "-_.[] only")
+    return names
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -48,10 +80,43 @@ def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host list as names: `n[1-3,7],gpu02` -> n1 n2 n3 n7 gpu02, keeping
     zero padding (`nid[0008-0010]` -> nid0008 nid0009 nid0010); several bracket groups in one
     name expand in order (`r[1-2]n[1-2]`). A malformed list is an error naming it."""
+    items = _split_top(text)
+    # Counted before any is made: bracket groups multiply (`a[0-99999]b[0-99999]`).
+    if sum(_count(item, text) for item in items) > MAX_NODES:
+        raise MmmError(f"host list {text[:200]!r} is invalid: it names more than {MAX_NODES} "
+                       "nodes")
     names: list[str] = []
-    for item in _split_top(text):
+    for item in items:
         names += _expand_one(item, text)
+    for name in names:
+        if not NODE_NAME.match(name):
+            raise MmmError(f"host list {text[:200]!r} is invalid: node name {name[:80]!r}: "
+                           "letters, digits and -_.[] only")
     return list(dict.fromkeys(names))
+
+
+def _count(item: str, whole: str) -> int:
+    """How many names `item` expands to."""
+    count = 1
+    while (open_at := item.find("[")) >= 0:
+        close_at = item.index("]", open_at)
+        count *= sum(last - first + 1
+                     for first, last, _ in map(lambda p: _range(p, whole),
+                                               item[open_at + 1:close_at].split(",")))
+        item = item[close_at + 1:]
+    return count
+
+
+def _range(part: str, whole: str) -> tuple[int, int, int]:
+    """(first, last, zero-padded width) of `3`, `1-8` or `0008-0010`."""
+    match = _RANGE.match(part.strip())
+    if not match or any(len(g or "") > _NUMBER_DIGITS for g in match.groups()):
+        raise MmmError(f"host list {whole[:200]!r} is malformed: {part[:40]!r} is no number or "
+                       f"range of at most {_NUMBER_DIGITS} digits")
+    first, last = int(match[1]), int(match[2] or match[1])
+    if last < first:
+        raise MmmError(f"host list {whole[:200]!r} is malformed: range {part!r}")
+    return first, last, len(match[1])
 
 
 def _split_top(text: str) -> list[str]:
@@ -77,14 +142,9 @@ def _expand_one(item: str, whole: str) -> list[str]:
     close_at = item.index("]", open_at)
     prefix, body, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
     out = []
+    tails = _expand_one(rest, whole)
     for part in body.split(","):
-        match = _RANGE.match(part.strip())
-        if not match:
-            raise MmmError(f"host list {whole!r} is malformed: {part!r} is no number or range")
-        first, last = match[1], match[2] or match[1]
-        if int(last) < int(first) or int(last) - int(first) > 100_000:
-            raise MmmError(f"host list {whole!r} is malformed: range {part!r}")
-        width = len(first)
-        for number in range(int(first), int(last) + 1):
-            out += [f"{prefix}{number:0{width}d}{tail}" for tail in _expand_one(rest, whole)]
+        first, last, width = _range(part, whole)
+        for number in range(first, last + 1):
+            out += [f"{prefix}{number:0{width}d}{tail}" for tail in tails]
     return out
