@@ -155,6 +155,7 @@ def launch(request: Request, db: str | None = None, template: str | None = None,
     bad = () if use_bad_nodes else bad_nodes(db, request.machine)
     nodes = inside.nodes_for(allocation, request, first_node, bad)
     sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
+    inside.check_fits(sized, allocation)
     if request.command:
         inside.check_program(sized, request.command[0])
     return _ready(inside.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))), template,

@@ -428,3 +428,34 @@ def test_launch_here_checks_the_program_and_its_words_before_anything_is_recorde
         assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
         assert "command after --" in result.err, result.err
     assert_nothing_recorded()
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_an_allocation_granting_fewer_cpus_than_the_plan_is_refused_with_both(isolated):
+    """A bare `salloc -N 2` on the test cluster's shared nodes grants one CPU a node: the launch
+    of two ranks a node is refused before anything runs, with the numbers and an allocation
+    that fits (with --ntasks-per-node=2 it runs: test_runtime_contract's salloc launches)."""
+    proc = subprocess.run(["salloc", "-p", "debug", "-N", "2", "-t", "00:05:00", *MMM_ORCH,
+                           "launch", "slurm-local", "dist_check"], cwd=isolated,
+                          capture_output=True, text=True, timeout=300)
+    error = [line for line in proc.stderr.splitlines() if line.startswith("mmm-orch")]
+    assert proc.returncode == 2 and len(error) == 1, proc.stderr
+    assert "grants 1 CPU on a node (SLURM_JOB_CPUS_PER_NODE=1(x2))" in error[0], error
+    assert "the plan runs 2 ranks x 1 CPU a node" in error[0], error
+    assert "salloc --partition=debug --nodes=2 --ntasks-per-node=2" in error[0], error
+    assert_nothing_recorded()
+
+
+def test_a_pbs_allocation_granting_fewer_cpus_is_refused(cli, isolated, monkeypatch, tmp_path):
+    (tmp_path / "nodes").write_text("vm0\n")
+    # (nodes as the node file names them: pbs-local's own node_list asks its server)
+    write_machine(isolated, "pbsx", "extends: pbs-local\nname: pbsx\nscheduler: {node_list: ''}\n")
+    monkeypatch.setenv("PBS_JOBID", "7.server")
+    monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "nodes"))
+    monkeypatch.setenv("NCPUS", "1")
+    result = cli("launch", "pbsx", "dist_check", "--dry-run")
+    assert result.code == 2 and "grants 1 CPU on a node (NCPUS=1)" in result.err, result.err
+    monkeypatch.setenv("NCPUS", "2")
+    result = cli("launch", "pbsx", "dist_check", "--dry-run")
+    assert result.code == 0, result.err
+    assert_nothing_recorded()

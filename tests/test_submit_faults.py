@@ -347,3 +347,26 @@ def test_submit_killed_at_random_instants(sched):
     jobs = len({i for i, st in sched.jobs_named("sweepkill").items() if st not in ("CANCELLED", "F")})
     assert jobs <= 10
     exactly_once(sched, "sweepkill", jobs)
+
+
+@pytest.mark.parametrize("machine,directive,words", [
+    ("slurm-local", "--bogus-option", "unrecognized option '--bogus-option'"),
+    ("slurm-local", "--mem=900G", "Memory specification can not be satisfied"),
+    ("pbs-local", "-l bogus=3", "Unknown resource Resource_List.bogus"),
+])
+def test_a_directive_the_scheduler_refuses_is_one_call_and_exit_2(request, cli, isolated,
+                                                                    machine, directive, words):
+    """The live scheduler's refusal of a directive (an option sbatch does not take, memory no
+    node has, a resource PBS does not know) is permanent: one call, exit 2 with its words,
+    nothing recorded, no retry for a minute."""
+    from conftest import assert_nothing_recorded, write_machine
+
+    request.getfixturevalue("slurm_cluster" if machine == "slurm-local" else "pbs_server")
+    write_machine(isolated, "refuses", f"extends: {machine}\nname: refuses\n"
+                  f"directives: [{json.dumps(directive)}]\n")
+    started = time.monotonic()
+    result = cli("submit", "refuses", "dist_check")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert words in result.err, result.err
+    assert time.monotonic() - started < 20, time.monotonic() - started
+    assert_nothing_recorded()

@@ -163,6 +163,21 @@ def allocate_argv(plan: Plan, command: list[str] | None = None) -> list[str]:
     return scheduler.allocate_argv(plan.queue.account, plan.queue.walltime_hms, directives, command)
 
 
+def check_fits(plan: Plan, allocation: Allocation) -> None:
+    """Before anything is recorded: the allocation grants each node the CPUs the plan's ranks
+    take there (a bare `salloc -N 2` on shared nodes grants one a node, and srun would refuse
+    the launch inside the job)."""
+    layout = plan.layout
+    needed = layout.ranks_per_node * layout.cpus_per_rank
+    granted = allocation.cpus_per_node
+    if granted is not None and granted < needed:
+        raise MmmError(f"{allocation.scheduler} job {allocation.job_id} is invalid for this "
+                       f"launch: it grants {granted} CPU{'s' if granted > 1 else ''} on a node "
+                       f"({allocation.cpus_said_by}), and the plan runs {layout.ranks_per_node} "
+                       f"ranks x {layout.cpus_per_rank} CPU{'s' if layout.cpus_per_rank > 1 else ''}"
+                       f" a node; get one that fits with `{allocation_hint(plan)}`")
+
+
 def allocation_hint(plan: Plan) -> str:
     return shlex.join(allocate_argv(plan))
 

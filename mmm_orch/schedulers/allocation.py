@@ -25,6 +25,10 @@ class Allocation:
     scheduler: str  # slurm, pbs
     job_id: str
     nodes: tuple[str, ...]  # in the scheduler's order, each once
+    # The fewest CPUs the allocation grants on one of its nodes, and the variable that says so
+    # (None: the scheduler does not say).
+    cpus_per_node: int | None = None
+    cpus_said_by: str = ""
 
 
 def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
@@ -32,13 +36,36 @@ def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-        return Allocation("slurm", env["SLURM_JOB_ID"], tuple(expand_hostlist(nodelist)))
+        cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "")
+        return Allocation("slurm", env["SLURM_JOB_ID"], tuple(expand_hostlist(nodelist)),
+                          *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus))
     if env.get("PBS_JOBID"):
         nodefile = env.get("PBS_NODEFILE", "")
+        ncpus = env.get("NCPUS", "")  # the ncpus of the job's chunks (one a node here)
         return Allocation("pbs", env["PBS_JOBID"],
                           tuple(node_names(_node_file(nodefile) if nodefile else "",
-                                           f"PBS_NODEFILE {nodefile!r}")))
+                                           f"PBS_NODEFILE {nodefile!r}")),
+                          *_cpus("NCPUS", ncpus))
     return None
+
+
+def _cpus(variable: str, value: str) -> tuple[int | None, str]:
+    return (fewest_cpus(value), f"{variable}={value}") if value else (None, "")
+
+
+_CPU_COUNTS = re.compile(r"^(\d{1,6})(?:\(x(\d{1,6})\))?$")
+
+
+def fewest_cpus(text: str) -> int:
+    """The smallest of Slurm's per-node CPU counts (`2(x3),1`: three nodes of 2, one of 1), or
+    of a plain number (PBS's NCPUS)."""
+    counts = []
+    for part in text.split(","):
+        match = _CPU_COUNTS.match(part.strip())
+        if not match:
+            raise MmmError(f"CPUs per node {text[:80]!r} are invalid: counts such as 2(x3),1")
+        counts.append(int(match[1]))
+    return min(counts)
 
 
 def _node_file(path: str) -> str:

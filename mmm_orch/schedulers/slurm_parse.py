@@ -37,9 +37,12 @@ UNSENT_ERRORS = re.compile(
     r"Unable to contact slurm controller \(connect failure\)|Connection refused|"
     r"Resource temporarily unavailable", re.I)
 # sbatch's refusal: its error words, and status 1 (SLURM_EXIT_ERROR, when a site sets another,
-# only makes a refusal look ambiguous: the record then waits for `status`).
-REFUSAL = re.compile(r"^sbatch: (error|fatal): ", re.M)
-REFUSAL_CODES = frozenset({1})
+# only makes a refusal look ambiguous: the record then waits for `status`); or an option it does
+# not take (a directive of the script), refused as it parses them, before asking the controller
+# anything: status 255 and getopt's words.
+REFUSAL = re.compile(r"^sbatch: ((error|fatal): |unrecognized option |invalid option |option .* "
+                     r"requires an argument)", re.M)
+REFUSAL_CODES = frozenset({1, 255})
 # The job carries its submission tag as its comment (`#SBATCH --comment=...`).
 TAG_PREFIX = "mmm-orch:"
 
