@@ -9,6 +9,7 @@ import os
 import re
 import select
 import selectors
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, replace
@@ -43,19 +44,29 @@ class Runner(Protocol):
 class LocalRunner:
     def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
             env: dict[str, str] | None = None) -> CommandResult:
+        # Its own process group: a command given up on goes with everything it started (a
+        # balance tool's helper, a shell's pipeline), not only its first process.
         with subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, **env} if env else None) as proc:
+                              env={**os.environ, **env} if env else None,
+                              start_new_session=True) as proc:
             try:
                 stdout, stderr = _output_and_exit(proc, timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_group(proc)
                 proc.wait()
                 raise
             except BaseException:  # an interrupt or any other error: the command goes with it
-                proc.kill()
+                _kill_group(proc)
                 raise
         return CommandResult(tuple(argv), proc.returncode, _text(stdout), _text(stderr))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is gone: its leader at least
+        proc.kill()
 
 
 def _output_and_exit(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes]:

@@ -153,6 +153,28 @@ def test_a_local_command_is_bounded_however_it_hangs(script):
     assert (timed_out.value.cmd, timed_out.value.timeout) == (["bash", "-c", script], 1)
 
 
+def test_a_local_command_given_up_on_goes_with_everything_it_started(tmp_path):
+    """A tool that hangs (a balance tool, a login node's wrapper) is ended with its children:
+    nothing it started runs on after the timeout."""
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $! > {pids}; wait"
+    with pytest.raises(subprocess.TimeoutExpired):
+        LocalRunner().run(["bash", "-c", script], timeout=1)
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, f"{child} still runs after the command was given up"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a killed process not yet reaped by init is no longer running
+
+
 def test_a_local_command_that_never_stops_writing_is_bounded(monkeypatch):
     reads = 0
 
