@@ -17,11 +17,14 @@ locks, as for the CLI).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
-from mmm_orch.api_job import Job, lock, refresh
+from mmm_orch.api_job import (MAX_INT, Job, flag_of, invalid, items_of, jobs_of, lock, name_of,
+                              number_of, path_of, refresh, text_of, whole_of)
 from mmm_orch.errors import InvalidValue
 from mmm_orch.limits import MAX_LINKS
 from mmm_orch.planning.model import Plan, Request
@@ -52,29 +55,28 @@ class PlanOptions:
     max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
 
     def __post_init__(self) -> None:
-        """Python's types where the command line's parser would check them: a wrong type is an
-        InvalidValue, never a TypeError from deep inside."""
-        _of("machine", self.machine, str)
-        for name in ("workload", "queue", "walltime", "account", "name", "workdir"):
-            _of(name, getattr(self, name), str, none=True)
-        if self.nodes is not None:
-            _count("nodes", self.nodes, 1)
-        _count("spare_nodes", self.spare_nodes, 0)
-        _of("stage_env", self.stage_env, bool)
-        if self.max_node_hours is not None and (isinstance(self.max_node_hours, bool) or
-                                                not isinstance(self.max_node_hours, (int, float))):
-            raise InvalidValue("max_node_hours", self.max_node_hours, "a positive number or None")
-        for name in ("options", "env"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, Mapping)
-                                      or not all(isinstance(k, str) for k in value)):
-                raise InvalidValue(name, value, "a mapping of names (str) to values")
-        for name in ("presets", "no_presets", "command"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, (str, bytes))
-                                      or not all(isinstance(v, str) for v in value)):
-                raise InvalidValue(name, value, "a list of str, e.g. " + (
-                    "['python3', '-m', 'mypkg.train']" if name == "command" else "['nccl-ofi']"))
+        """Python's types where the command line's parser would check them, each value made
+        plain: a wrong type is an InvalidValue, never a TypeError from deep inside. What a name
+        or a walltime may say, planning checks, in the command line's words."""
+        plain = {
+            "machine": text_of("machine", self.machine),
+            **{field: text_of(field, getattr(self, field), none=True)
+               for field in ("workload", "queue", "walltime", "account", "name", "workdir")},
+            "nodes": whole_of("nodes", self.nodes, 1, none=True),
+            "spare_nodes": whole_of("spare_nodes", self.spare_nodes, 0),
+            "stage_env": flag_of("stage_env", self.stage_env),
+            "max_node_hours": number_of("max_node_hours", self.max_node_hours, none=True),
+            "options": None if self.options is None else _settings("options", self.options),
+            "env": None if self.env is None else {
+                key: text_of(f"env {key}", value)
+                for key, value in _keyed("env", self.env, "{'NCCL_DEBUG': 'INFO'}").items()},
+            "command": None if self.command is None else _words(
+                "command", self.command, "['python3', '-m', 'mypkg.train']"),
+            "presets": _words("presets", self.presets, "['nccl-ofi']"),
+            "no_presets": _words("no_presets", self.no_presets, "['nccl-ofi']"),
+        }
+        for field, value in plain.items():
+            object.__setattr__(self, field, value)
 
     def request(self, swept: bool = False) -> Request:
         if self.workload is None and not self.command:
@@ -93,42 +95,106 @@ class PlanOptions:
             max_node_hours=self.max_node_hours)
 
 
-def _of(name: str, value: Any, kind: type, none: bool = False) -> None:
-    if not (isinstance(value, kind) or (none and value is None)):
-        raise InvalidValue(name, value, f"a {kind.__name__}" + (" or None" if none else ""))
+def _words(field: str, value: Any, example: str) -> tuple[str, ...]:
+    return tuple(text_of(field, word) for word in items_of(field, value, "str", example))
 
 
-def _count(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or \
-            (high is not None and value > high):
-        raise InvalidValue(name, value, f"a whole number {low}-{high}" if high is not None
-                           else f"a whole number >= {low}")
+def _keyed(field: str, value: Any, example: str) -> dict[str, Any]:
+    """A mapping of names to values, each name made plain; a name with '=' is refused, as the
+    command line's KEY=VALUE would split it elsewhere."""
+    if not isinstance(value, Mapping):
+        raise invalid(field, value, f"a mapping of names (str) to values, e.g. {example}")
+    plain = {}
+    for key, each in value.items():
+        if not isinstance(key, str) or "=" in key:
+            raise invalid(field, key, "names (str) without '=' as keys")
+        plain[str.__str__(key)] = each
+    return plain
 
 
-def _word(value: Any) -> str:
+def _setting(field: str, value: Any) -> bool | int | float | str:
+    """A trainer option's value: a bool, int, float or str (which type the option takes is
+    checked once planned, by _typed)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -MAX_INT <= value <= MAX_INT:
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise invalid(field, value, "a bool, int (below 2**63), float or str")
+
+
+def _settings(field: str, value: Any) -> dict[str, Any]:
+    return {key: _setting(f"{field} {key}", each)
+            for key, each in _keyed(field, value, "{'steps': 10}").items()}
+
+
+_PYTHON_TYPES = {"bool": ((bool,), "True or False"), "int": ((int,), "an int"),
+                 "float": ((int, float), "an int or float"), "str": ((str,), "a str"),
+                 "choice": ((str,), "a str")}
+
+
+def _typed(workload: str, field: str, given: Mapping[str, Sequence[Any]]) -> None:
+    """Each option given a value of its Python type: planning reads values as the command line's
+    text, where 'yes' is a bool and '10' an int; from Python those are mistakes."""
+    from mmm_orch.config.registry import load_workload
+
+    options = load_workload(workload).options
+    for key, values in given.items():
+        kinds, allowed = _PYTHON_TYPES[options[key].type]
+        for value in values:
+            # (isinstance counts a bool as an int)
+            if isinstance(value, bool) != (kinds == (bool,)) or not isinstance(value, kinds):
+                raise invalid(f"{field} {key}", value, allowed + (
+                    f", {options[key].allowed()}" if options[key].type == "choice" else ""))
+
+
+def _word(value: bool | int | float | str) -> str:
     """A value as the command line spells it (`--set steps=10`, `--set compile=true`)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _plan_options(machine: Any, workload: Any, options: dict[str, Any]) -> PlanOptions:
+    """PlanOptions from a call's keywords: an unknown one is an UnknownName, as a misspelt
+    option is on the command line."""
+    from mmm_orch.config.registry import unknown_name
+
+    known = [field.name for field in dataclasses.fields(PlanOptions)
+             if field.name not in ("machine", "workload")]
+    for key in options:
+        if key not in known:
+            raise unknown_name("keyword", key, known)
+    return PlanOptions(machine, workload, **options)
+
+
+def _planned(options: PlanOptions, db: str | None) -> Plan:
+    from mmm_orch import usecases
+
+    made = usecases.plan(options.request(), db)
+    _typed(made.workload, "options", {k: [v] for k, v in (options.options or {}).items()})
+    return made
 
 
 def plan(machine: str, workload: str | None = None, *, db: str | None = None,
          **options: Any) -> Plan:
     """The validated, immutable plan (what `mmm-orch render` shows); nothing is written.
     Keyword options: those of PlanOptions."""
-    from mmm_orch import usecases
-
-    request = PlanOptions(machine, workload, **options).request()
+    chosen, db = _plan_options(machine, workload, options), path_of("db", db, none=True)
     with lock:
-        return usecases.plan(request, db)
+        return _planned(chosen, db)
 
 
 def render(machine: str, workload: str | None = None, *, template: str | None = None,
            db: str | None = None, **options: Any) -> str:
     """The job script the plan would submit, for review."""
-    from mmm_orch import usecases
+    from mmm_orch.render import render as script
 
-    request = PlanOptions(machine, workload, **options).request()
+    chosen, db = _plan_options(machine, workload, options), path_of("db", db, none=True)
+    template = path_of("template", template, none=True)
     with lock:
-        return usecases.script(request, db, template)
+        return script(_planned(chosen, db), template)
 
 
 def submit(machine: str | Plan, workload: str | None = None, *, chain: int = 0,
@@ -141,19 +207,20 @@ def submit(machine: str | Plan, workload: str | None = None, *, chain: int = 0,
     record the next refresh settles."""
     from mmm_orch import usecases
 
-    if chain:
-        _count("chain", chain, 1, MAX_LINKS)
+    chain = whole_of("chain", chain, 0, MAX_LINKS)  # 0: one job, no chain
+    host, env_check = name_of("host", host, none=True), flag_of("env_check", env_check)
+    template, db = path_of("template", template, none=True), path_of("db", db, none=True)
     if isinstance(machine, Plan):
         if workload is not None or options:
             given = "workload" if workload is not None else sorted(options)[0]
-            raise InvalidValue(given, workload if workload is not None else options[given],
-                               "nothing beside a plan: its options were fixed by plan()")
-        request = None
+            raise invalid(given, workload if workload is not None else options[given],
+                          "nothing beside a plan: its options were fixed by plan()")
+        chosen = None
     else:
-        request = PlanOptions(machine, workload, **options).request()
+        chosen = _plan_options(machine, workload, options)
     with lock:
-        prepared = (usecases.prepare(request, db, template, host, env_check, chain) if request
-                    else usecases.prepare_plan(machine, template, host, env_check, chain, db))
+        checked = machine if chosen is None else _planned(chosen, db)
+        prepared = usecases.prepare_plan(checked, template, host, env_check, chain, db)
         if chain:
             return [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
         return Job(usecases.submit(prepared, db), db)
@@ -175,22 +242,31 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
     point."""
     from mmm_orch import usecases
 
-    fixed = PlanOptions(machine, workload, **options)
-    if nodes is not None and (isinstance(nodes, (str, bytes)) or not nodes):
-        raise InvalidValue("nodes", nodes, "a non-empty list of node counts, e.g. [1, 2, 4]")
-    if grid is not None and not isinstance(grid, Mapping):
-        raise InvalidValue("grid", grid, "a mapping of option names to lists of values")
-    for key, values in (grid or {}).items():
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise InvalidValue(f"grid {key}", values, "a list of values, e.g. [1e-3, 3e-4]")
+    fixed = _plan_options(machine, workload, options)
+    host, env_check = name_of("host", host, none=True), flag_of("env_check", env_check)
+    template, db = path_of("template", template, none=True), path_of("db", db, none=True)
+    swept_nodes = None if fixed.nodes is None else str(fixed.nodes)
+    if nodes is not None:
+        counts = [whole_of("nodes", n, 1) for n in items_of("nodes", nodes, "node counts",
+                                                             "[1, 2, 4]")]
+        if not counts:
+            raise invalid("nodes", nodes, "a non-empty list of node counts, e.g. [1, 2, 4]")
+        swept_nodes = ",".join(map(str, counts))
+    grid = {} if grid is None else {
+        key: [_setting(f"grid {key}", v) for v in items_of(f"grid {key}", values, "values",
+                                                             "[1e-3, 3e-4]")]
+        for key, values in _keyed("grid", grid, "{'lr': [1e-3, 3e-4]}").items()}
+    for key, values in grid.items():
+        if not values:
+            raise invalid(f"grid {key}", values, "a non-empty list of values, e.g. [1e-3, 3e-4]")
+    fixed_values = {key: [value] for key, value in (fixed.options or {}).items()}
     axes = [f"{key}={','.join(_word(v).replace(',', chr(92) + ',') for v in values)}"
-            for key, values in {**{k: [v] for k, v in (fixed.options or {}).items()},
-                                **(grid or {})}.items()]
-    swept_nodes = ",".join(str(n) for n in nodes) if nodes is not None else (
-        str(fixed.nodes) if fixed.nodes is not None else None)
+            for key, values in {**fixed_values, **grid}.items()]
     with lock:
         swept, planned = usecases.sweep_points(fixed.request(swept=True), swept_nodes, axes, db,
                                                template)
+        _typed(planned[0].plan.workload, "options", fixed_values)
+        _typed(planned[0].plan.workload, "grid", grid)
         sweep_id, records = usecases.submit_sweep(swept, planned, db, template, host, env_check)
     return Sweep(sweep_id, [Job(r, db) for r in records], [p.values for p in planned])
 
@@ -200,6 +276,7 @@ def job(job_id: int, db: str | None = None) -> Job:
     from mmm_orch.errors import MmmError
     from mmm_orch.jobs.db import open_db
 
+    job_id, db = whole_of("job_id", job_id, 1), path_of("db", db, none=True)
     with lock:
         opened = open_db(db)
         record = opened.get(job_id, events=False) if opened is not None else None
@@ -215,8 +292,11 @@ def jobs(machine: str | None = None, state: str | None = None, sweep: int | None
     from mmm_orch.jobs.sweeps import sweep_jobs
     from mmm_orch.schedulers.states import JobState
 
+    machine, state = name_of("machine", machine, none=True), text_of("state", state, none=True)
     if state is not None and state not in {s.value for s in JobState}:
-        raise InvalidValue("state", state, "one of " + ", ".join(s.value for s in JobState))
+        raise invalid("state", state, "one of " + ", ".join(s.value for s in JobState))
+    sweep, limit = whole_of("sweep", sweep, 1, none=True), whole_of("limit", limit, 1, none=True)
+    db = path_of("db", db, none=True)
     with lock:
         opened = open_db(db)
         if opened is None:
@@ -234,7 +314,9 @@ def report(targets: Sweep | Iterable[Job], out: str | Path | None = None) -> lis
     from mmm_orch.api_job import _db
     from mmm_orch.reporting import build, table
 
-    chosen = targets.jobs if isinstance(targets, Sweep) else list(targets)
+    chosen = jobs_of("targets", targets.jobs if isinstance(targets, Sweep) else targets,
+                     empty=False)
+    out = path_of("out", out, none=True)
     values = targets.points if isinstance(targets, Sweep) else None
     title = f"sweep {targets.id}" if isinstance(targets, Sweep) else \
         "jobs " + ", ".join(str(each.id) for each in chosen)
@@ -252,6 +334,10 @@ def usage(machine: str | None = None, account: str | None = None, since: str | N
     from mmm_orch.jobs.db import open_db
     from mmm_orch.jobs.usage import as_dicts
 
+    machine = name_of("machine", machine, none=True)
+    account = name_of("account", account, none=True)
+    since, by = text_of("since", since, none=True), text_of("by", by, none=True)
+    db = path_of("db", db, none=True)
     with lock:
         rows, _ = usecases.usage(open_db(db), machine, account, since, by)
     return as_dicts(rows)
@@ -262,4 +348,5 @@ def balance(machine: str, account: str | None = None, host: str | None = None) -
     where it cannot tell, no allocations and a `note` saying why."""
     from mmm_orch.allocations import balance as ask
 
-    return ask(machine, account, host).to_dict()
+    machine, account = text_of("machine", machine), name_of("account", account, none=True)
+    return ask(machine, account, name_of("host", host, none=True)).to_dict()

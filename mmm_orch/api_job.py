@@ -4,15 +4,123 @@ diagnose, rerun) going through the same use cases."""
 
 from __future__ import annotations
 
+import math
+import operator
+import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
+from mmm_orch.errors import InvalidValue
 from mmm_orch.jobs.record import JobRecord
 
 # One connection per database file and process (jobs/db.py): threads take turns with it.
 lock = threading.RLock()
+
+# SQLite's largest integer: no id, count or line number is larger (nor can be stored).
+MAX_INT = 2**63 - 1
+
+
+# The API's checks of Python values, one per kind, each returning the value made plain (a str or
+# int subclass's own __str__ is never called later, e.g. by an f-string deep inside).
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, on one line and cut short; the type's
+    name where the repr fails or spans lines."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any object may be given, and its repr may raise anything
+        text = ""
+    if not text or not text.isprintable():
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= 80 else text[:60] + "..."
+
+
+def invalid(field: str, value: Any, allowed: str) -> InvalidValue:
+    return InvalidValue(field, value, allowed, f"{field} {shown(value)} is invalid: {allowed}")
+
+
+def text_of(field: str, value: Any, none: bool = False) -> str | None:
+    """A str, left to be checked by what reads it (planning says what a name may be, in the
+    command line's words)."""
+    if none and value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(field, value, "a str" + (" or None" if none else ""))
+    return str.__str__(value)
+
+
+def name_of(field: str, value: Any, none: bool = False) -> str | None:
+    """A name nothing downstream checks (a filter, a login host): one line, not empty."""
+    value = text_of(field, value, none)
+    if value is not None and (not value or not value.isprintable()):
+        raise invalid(field, value, "a name: one line of text, not empty"
+                      + (", or None" if none else ""))
+    return value
+
+
+def path_of(field: str, value: Any, none: bool = False) -> str | None:
+    """A file's path (str or pathlib.Path): one line, not empty."""
+    if none and value is None:
+        return None
+    plain = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(plain, str) or not plain or not plain.isprintable():
+        raise invalid(field, value, "a path (str or Path), one line"
+                      + (", or None" if none else ""))
+    return str.__str__(plain)
+
+
+def whole_of(field: str, value: Any, low: int, high: int = MAX_INT,
+             none: bool = False) -> int | None:
+    if none and value is None:
+        return None
+    try:  # any integer type (numpy's too), never a bool
+        plain = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        plain = None
+    if plain is None or not low <= plain <= high:
+        allowed = f"a whole number {low}-{high}" if high < MAX_INT else \
+            f"a whole number >= {low} (below 2**63)"
+        raise invalid(field, value, allowed + (" or None" if none else ""))
+    return plain
+
+
+def number_of(field: str, value: Any, zero: bool = False, none: bool = False) -> float | None:
+    """A finite number of seconds or node-hours: greater than 0 (`zero`: or 0)."""
+    if none and value is None:
+        return None
+    try:
+        plain = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            else math.nan
+    except OverflowError:  # an int past a float's range
+        plain = math.nan
+    if not (math.isfinite(plain) and (plain >= 0 if zero else plain > 0)):
+        raise invalid(field, value, ("a finite number >= 0" if zero else "a finite number > 0")
+                      + (" or None" if none else ""))
+    return plain
+
+
+def flag_of(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise invalid(field, value, "True or False")
+    return value
+
+
+def items_of(field: str, value: Any, what: str, example: str) -> list[Any]:
+    """The items of a list (or any iterable but a str, bytes or mapping), not yet checked."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise invalid(field, value, f"a list of {what}, e.g. {example}")
+    return list(value)
+
+
+def jobs_of(field: str, value: Any, empty: bool = True) -> list[Job]:
+    found = items_of(field, value, "Jobs", "mmm_orch.jobs()")
+    if not all(isinstance(each, Job) for each in found) or not (found or empty):
+        raise invalid(field, value, "a " + ("" if empty else "non-empty ") + "list of Jobs, "
+                      "e.g. mmm_orch.jobs()")
+    return found
 
 
 def _db(path: str | None):
@@ -31,7 +139,7 @@ def refresh(jobs: Iterable[Job]) -> list[Job]:
     does; ended jobs are not asked again) and update each."""
     from mmm_orch.jobs.track import refresh as refresh_records
 
-    jobs = list(jobs)
+    jobs = jobs_of("jobs", jobs)
     by_db: dict[str | None, list[Job]] = {}
     for job in jobs:
         by_db.setdefault(job.db, []).append(job)
@@ -49,9 +157,12 @@ class Job:
     """A recorded job. Its fields are as last refreshed (`refresh()`, `wait()`, or the module's
     refresh() for many at once)."""
 
-    def __init__(self, record: JobRecord, db: str | None = None):
+    def __init__(self, record: JobRecord, db: str | Path | None = None):
+        if not isinstance(record, JobRecord):
+            raise invalid("record", record, "a JobRecord (Jobs come from submit(), job(), jobs())")
         self.record = record
-        self.db = db  # the job database's path; None: the default ($MMM_ORCH_DB, XDG state)
+        # The job database's path; None: the default ($MMM_ORCH_DB, XDG state).
+        self.db = path_of("db", db, none=True)
 
     def __eq__(self, other: object) -> bool:  # the same recorded job, however it was found
         return isinstance(other, Job) and (self.id, self.db) == (other.id, other.db)
@@ -84,6 +195,8 @@ class Job:
     def wait(self, timeout: float | None = None, poll: float = 2.0, max_poll: float = 30.0) -> Job:
         """Until the job has ended: refresh every `poll` seconds, backing off to `max_poll`.
         TimeoutError after `timeout` seconds (the job goes on)."""
+        timeout = number_of("timeout", timeout, zero=True, none=True)
+        poll, max_poll = number_of("poll", poll), number_of("max_poll", max_poll)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.refresh().done:
             if deadline is not None and time.monotonic() >= deadline:
@@ -97,8 +210,8 @@ class Job:
         """The log so far ('' before the job writes one); its last `tail` lines."""
         from mmm_orch import inspection
 
-        text, _ = inspection.log_text(self.record, tail)
-        return (text or b"").decode(errors="replace")
+        log, _ = inspection.log_text(self.record, whole_of("tail", tail, 0, none=True))
+        return (log or b"").decode(errors="replace")
 
     def follow(self) -> Iterator[str]:
         """The log as it is written (whole lines), until the job ends."""
@@ -148,6 +261,7 @@ class Job:
         """Submit its recorded plan again (`resume`: from its run's latest checkpoint)."""
         from mmm_orch import usecases
 
+        resume = flag_of("resume", resume)
         with lock:
             return Job(usecases.rerun(self.record, resume, self.db), self.db)
 

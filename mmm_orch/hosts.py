@@ -54,9 +54,10 @@ class LocalHost(LocalRunner):
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # (fdopen refuses a directory outright)
+            os.close(fd)
+            return None
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
             handle.seek(offset)
             return handle.read(limit)
 

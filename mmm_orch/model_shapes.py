@@ -43,6 +43,14 @@ class LlamaArgs:
         return self.n_layers * self.block_params + 2 * self.vocab_size * self.dim + self.dim
 
 
+def micro_batches(global_batch: int, batch_size: int, dp: int) -> int | None:
+    """The micro-batches a step accumulates on each data-parallel rank to make `global_batch`
+    samples (0: one a rank), or None where batch_size x dp does not divide it: the trainer's
+    rule (runtime/data.py), which the plan checks before the queue (planning/memory.py)."""
+    per_forward = batch_size * dp
+    return None if global_batch % per_forward else global_batch // per_forward or 1
+
+
 DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
 
 

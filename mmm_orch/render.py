@@ -9,8 +9,10 @@ from pathlib import Path
 
 from mmm_orch.errors import ConfigError
 from mmm_orch.injob import protocol
-from mmm_orch.paths import search_dirs
+from mmm_orch.paths import NotReadable, read_regular, search_dirs
 from mmm_orch.planning import Plan
+
+MAX_BYTECODE = 16 << 20  # a compiled job script template is tens of kilobytes
 
 
 def _bytecode_cache():
@@ -18,13 +20,31 @@ def _bytecode_cache():
     directory is the sandbox's own: code compiled without its rewriting is never loaded."""
     import jinja2
 
+    class Cache(jinja2.FileSystemBytecodeCache):
+        """It only saves time: an entry is read only from a regular file (a FIFO there would
+        block), and one that cannot be read or written (a full disk, a file in the directory's
+        place) is compiled again, never fatal."""
+
+        def load_bytecode(self, bucket) -> None:
+            try:
+                data = read_regular(self._get_cache_filename(bucket), MAX_BYTECODE)
+            except (OSError, NotReadable):
+                return
+            bucket.bytecode_from_string(data)
+
+        def dump_bytecode(self, bucket) -> None:
+            try:
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass
+
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     directory = os.path.join(root, "mmm-orch", "jinja-sandbox-1")
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(directory) if os.access(directory, os.W_OK) else None
+    return Cache(directory) if os.access(directory, os.W_OK) else None
 
 
 def _environment(extra_dir: Path | None):
@@ -86,6 +106,26 @@ def render(plan: Plan, template: str | None = None) -> str:
     except jinja2.sandbox.SecurityError as exc:
         raise ConfigError(f"template {template or name}: refused by the sandbox: {exc}") from None
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"template {name}: {exc}{_moved(exc)}") from None
+        where = _line(exc)
+        raise ConfigError(f"{where}: template error: {exc}{_moved(exc)}" if where
+                          else f"template {name}: {exc}{_moved(exc)}") from None
     except RecursionError:
         raise ConfigError(f"template {template or name}: includes or macros nest without end") from None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        # What an expression can raise: 1 / 0, 'a' + 1, '%d' % 'a', a float past its range.
+        where = _line(exc)
+        if where is None:  # raised outside any template: mmm-orch's own
+            raise
+        raise ConfigError(f"{where}: template error: {exc} ({type(exc).__name__})") from None
+
+
+def _line(exc: BaseException) -> str | None:
+    """'FILE:LINE' of the template line that raised `exc` (the innermost, where one includes
+    another), from the frames Jinja puts in the traceback for template code; None if none."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__jinja_exception__") is exc:
+            where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where

@@ -167,8 +167,6 @@ def allocation_for_launch(request: Request, launch_words: list[str], program: tu
     """`launch --allocate`: the plan, and the command that gets an allocation for it from the
     scheduler (salloc, qsub -I) and runs `mmm-orch` `launch_words` (the launch as asked, less
     --allocate) in it, reporting the launched job's exit code to the file `report`."""
-    import sys
-
     from mmm_orch.jobs import launch as inside
     from mmm_orch.schedulers.allocation import current
 
@@ -181,9 +179,15 @@ def allocation_for_launch(request: Request, launch_words: list[str], program: tu
     if planned.scheduler == "local":
         raise MmmError(f"--allocate: machine {machine} has no scheduler to get an allocation "
                        "from; launch without --allocate")
-    inner = [sys.executable, "-m", "mmm_orch", *launch_words, "--report-to", report,
-             *(["--", *program] if program else [])]
-    return planned, inside.allocate_argv(planned, inner)
+    return planned, inside.allocate_argv(planned, _inner_launch(launch_words, program, report))
+
+
+def _inner_launch(launch_words: list[str], program: tuple[str, ...], report: str) -> list[str]:
+    """The launch that runs inside the allocation, reporting its exit code to `report`."""
+    import sys
+
+    return [sys.executable, "-m", "mmm_orch", *launch_words, "--report-to", report,
+            *(["--", *program] if program else [])]
 
 
 def launch_in_a_new_allocation(request: Request, launch_words: list[str],
@@ -195,9 +199,12 @@ def launch_in_a_new_allocation(request: Request, launch_words: list[str],
     from mmm_orch.jobs.submit import new_tag
 
     report = jobs_root_for(db_path(db)) / f"launch-{new_tag()}.json"
-    planned, argv = allocation_for_launch(request, launch_words, program, str(report), db)
+    planned, _ = allocation_for_launch(request, launch_words, program, str(report), db)
+    inner = _inner_launch(launch_words, program, str(report))
     report.parent.mkdir(parents=True, exist_ok=True)
-    inside.run_allocation(planned, argv)
+    inside.allocate(planned, db_path(db),
+                  lambda name, tag: inside.allocate_argv(planned, inner, name, tag),
+                  lambda argv: inside.run_allocation(planned, argv))
     code = inside.read_exit_report(report)
     if code is None:
         raise SchedulerError(f"--allocate: the allocation ended without the launch's report "

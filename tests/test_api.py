@@ -61,12 +61,18 @@ def api_call(argv: list[str]):
                                        options=options, chain=args.chain or 0, host=args.host,
                                        **common)
     grid = {key: value.split(",") for key, value in options.items()}
-    nodes = args.nodes.split(",") if args.nodes else None
+    nodes = None if not args.nodes else [int(n) if n.isdigit() else n
+                                         for n in args.nodes.split(",")]
     return lambda: mmm_orch.sweep(args.machine, args.workload, nodes=nodes, grid=grid,
                                   host=args.host, **common)
 
 
-SPELLED = [(case[0], api_call(case[1]), case[2]) for case in CASES]
+# Where Python's own types refuse a value first, the words name the parameter as Python spells
+# it (the command line parses a node count itself; Python is given an int, up to SQLite's).
+PYTHON_WORDS = {"huge node count": ["nodes 99999999999999999999999 is invalid"],
+                "sweep nodes not a number": ["nodes 'x' is invalid"],
+                "sweep nodes empty item": ["nodes '' is invalid"]}
+SPELLED = [(case[0], api_call(case[1]), PYTHON_WORDS.get(case[0], case[2])) for case in CASES]
 SPELLED = [case for case in SPELLED if case[1] is not None]
 
 

@@ -271,7 +271,7 @@ def test_a_replaced_database_is_noticed_then_recovered(cli, isolated, noop, how)
         one_line_error(result, str(db_file()), says, f"{lost} ", "mmm-orch db recover")
         assert snapshot(state) == files, name  # nothing written, no job submitted
     check = cli("db", "check")
-    assert check.code == 1 and "NEEDS RECOVERY" in check.out, check
+    assert check.code == 2 and "NEEDS RECOVERY" in check.out, check
     assert snapshot(state) == files
     recovered = cli("db", "recover")
     assert recovered.code == 0, recovered.err

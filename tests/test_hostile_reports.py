@@ -54,6 +54,8 @@ BAD_ROWS = {
     "NaN literals": '{"event": "step", "step": 1, "loss": NaN, "dt": Infinity}',
     "nested values": '{"event": "step", "step": 1, "loss": {"a": [1]}, "dt": [0.1]}',
     "a huge step number": '{"event": "step", "step": 99999999999999999999999999999, "dt": 0.1}',
+    "400-digit numbers": '{"event": "step", "step": 2, "loss": ' + "9" * 400 + ', "dt": '
+                         + "1" * 400 + ', "tokens_per_s": -' + "7" * 400 + "}",
     "a megabyte line": '{"event": "step", "step": 1, "pad": "' + "x" * (1 << 20) + '"}',
     "deep nesting": "[" * 100_000 + "]" * 100_000,
     "binary": "\x00\x01\x02\xff\xfe",
@@ -162,6 +164,22 @@ def test_report_out_must_be_a_directory(sweep, tmp_path, kind):
     assert proc.stdout == ""  # nothing printed of a report that cannot be written
     if kind == "file":
         assert out.read_text() == "mine\n"
+
+
+def test_a_report_the_disk_cannot_hold_is_written_whole_or_not_at_all(sweep, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("FULL-DISK REPORT TEST NOT RUN: mounting a small tmpfs needs root")
+    import subprocess
+
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(full)], check=True)
+    try:
+        proc = cli(sweep, "report", "s1", "--out", str(full / "r"))
+        refused(proc, "--out")
+        assert list(full.iterdir()) == [], list(full.rglob("*"))  # no figure, no page, no dir
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=False)
 
 
 def test_the_reports_still_read_the_real_rows(sweep, tmp_path):

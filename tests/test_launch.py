@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -159,9 +160,74 @@ def test_allocate_gets_an_allocation_launches_in_it_and_keeps_the_exit_code(requ
                            sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=300)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
-    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    # Two jobs: the allocation the scheduler gave (recorded before it was asked for) and the
+    # launch that ran in it.
+    row = wait_state(cli, 2, TERMINAL, timeout=60)
     assert (row["state"], row["exit_code"], row["nodes"]) == ("failed", 3, 2)
+    allocation = wait_state(cli, 1, TERMINAL, timeout=120)
+    assert allocation["native_id"] and allocation["scheduler"] == kind, allocation
     assert not list((isolated.parent / "state" / "mmm-orch" / "jobs").glob("launch-*.json"))
+
+
+HELD = {  # an allocation that stays pending: Slurm's start an hour from now, PBS's parked queue
+    "slurm": ("extends: slurm-local\nname: held\ndirectives: ['--nodes={nodes}', "
+              "'--ntasks-per-node={ranks_per_node}', '--cpus-per-task={cpus_per_rank}', "
+              "'--begin=now+3600']\n", []),
+    "pbs": ("extends: pbs-local\nname: held\n", ["-q", "parked"]),
+}
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_allocate_killed_while_it_waits_leaves_its_allocation_recorded(request, cli, isolated,
+                                                                      kind, how,
+                                                                      leftovers_cancelled):
+    """The allocation is recorded before it is asked for: stopped (SIGTERM) while it waits, the
+    launch cancels what it asked for; killed outright, `status` finds the allocation by its tag
+    and `cancel` ends it. Nothing stays queued that the job database does not show."""
+    request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
+    profile, words = HELD[kind]
+    write_machine(isolated, "held", profile)
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "PBS_JOBID")}
+    err = isolated / "launch.err"
+    with open(err, "w") as stderr:
+        launch = subprocess.Popen([*MMM_ORCH, "launch", "held", "--name", "held", *words,
+                                   "--allocate", "--", "true"], cwd=isolated, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=stderr, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _queued_by_name("held", kind):
+        assert launch.poll() is None and time.monotonic() < deadline, err.read_text()
+        time.sleep(0.5)
+    os.kill(launch.pid, getattr(signal, how))
+    launch.wait(timeout=60)
+    rows = json.loads(cli("status", "--all", "--json").out)
+    assert len(rows) == 1 and rows[0]["native_id"], rows  # found (by its tag after a SIGKILL)
+    if how == "SIGKILL":
+        assert rows[0]["state"] == "pending", rows
+        assert cli("cancel", "1").code == 0
+    assert wait_state(cli, 1, TERMINAL, timeout=120)["state"] == "cancelled"
+    deadline = time.monotonic() + 60
+    while _queued_by_name("held", kind):
+        assert time.monotonic() < deadline, "the allocation is still queued"
+        time.sleep(1)
+    if _group_alive(launch.pid):  # (salloc of a killed launch ends with its cancelled job)
+        os.killpg(launch.pid, signal.SIGKILL)
+
+
+def _queued_by_name(name: str, kind: str) -> bool:
+    """Whether the scheduler holds a queued job of that name (asked directly, not through us)."""
+    argv = (["squeue", "--noheader", "--states=PENDING,RUNNING", "--name", name, "-o", "%i"]
+            if kind == "slurm" else [f"{PBS_BIN}/qselect", "-N", name, "-s", "QR"])
+    return bool(subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip())
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def test_allocate_refuses_inside_an_allocation_and_on_a_machine_without_a_scheduler(cli, monkeypatch):
@@ -459,3 +525,33 @@ def test_a_pbs_allocation_granting_fewer_cpus_is_refused(cli, isolated, monkeypa
     result = cli("launch", "pbsx", "dist_check", "--dry-run")
     assert result.code == 0, result.err
     assert_nothing_recorded()
+
+
+def test_a_launch_killed_outright_takes_its_job_with_it(cli, isolated):
+    """The launch holds its job: SIGKILLed (no handler runs), its supervisor still stops every
+    process of the job as a cancel would, and the record ends; nothing runs on without it."""
+    pids = isolated / "pids"
+    launch = subprocess.Popen([*MMM_ORCH, "launch", "local", "--", sys.executable, "-c",
+                               f"import os, time; open('{pids}.'+os.environ['RANK'], 'w')"
+                               ".write(str(os.getpid())); time.sleep(600)"],
+                              cwd=isolated, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while len(list(isolated.glob("pids.*"))) < 2:
+        assert launch.poll() is None and time.monotonic() < deadline, launch.stderr.read()
+        time.sleep(0.2)
+    ranks = [int(p.read_text()) for p in isolated.glob("pids.*")]
+    launch.kill()
+    launch.wait()
+    deadline = time.monotonic() + 60
+    while any(_running(pid) for pid in ranks):
+        assert time.monotonic() < deadline, "the job's ranks outlived its launch"
+        time.sleep(0.2)
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert row["state"] == "cancelled", row
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False

@@ -100,8 +100,6 @@ def test_a_line_break_in_any_text_of_a_profile_or_spec_is_refused(cli, isolated)
     rendered, nothing run; the shell-line fields alone take it."""
     import yaml
 
-    from mmm_orch.config import registry
-
     marker = isolated / "pwned"
     line_breaks = 0
     for kind, names, render in (

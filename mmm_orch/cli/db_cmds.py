@@ -21,10 +21,15 @@ def register(sub) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from mmm_orch.jobs import recover
     from mmm_orch.jobs.db import db_path
+    from mmm_orch.jobs.dbfile import DatabaseError
 
-    lines = recover.check(db_path(args.db))
+    path = db_path(args.db)
+    lines = recover.check(path)
     print("\n".join(lines))
-    return 0 if "NEEDS RECOVERY" not in lines[0] else 1
+    if "NEEDS RECOVERY" in lines[0]:
+        # A finding, not a bug in mmm-orch: exit 2, as for any database that cannot be used.
+        raise DatabaseError(f"job database {path} needs recovery: run `mmm-orch db recover`")
+    return 0
 
 
 def cmd_backup(args: argparse.Namespace) -> int:

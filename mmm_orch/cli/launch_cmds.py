@@ -79,24 +79,29 @@ def _report(args: argparse.Namespace, code: int) -> None:
 
 
 def _in_the_foreground(args: argparse.Namespace, record) -> int:
-    """Stream the job's output until it ends and exit with its code. Ctrl-C or SIGTERM stops it
-    as `mmm-orch cancel` would: every rank on every node, a trainer saving first; exit 130."""
+    """Stream the job's output until it ends and exit with its code. Ctrl-C, SIGTERM or SIGHUP
+    (the terminal or the allocation gone; not under nohup) stops it as `mmm-orch cancel` would: every rank on
+    every node, a trainer saving first; exit 130. Killed outright, this process leaves the job
+    to its supervisor, which stops it the same way (it holds the job: jobs/submit.py)."""
     from mmm_orch import usecases
     from mmm_orch.cli.job_cmds import follow
     from mmm_orch.hosts import host_for
+    from mmm_orch.jobs.submit import stop_signals
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    stops = stop_signals()
+    for stop in stops:
+        signal.signal(stop, interrupt)
     db = common.jobs_db(args)
     try:
         return follow(db, record.id, strip_ansi=False, exit_with_job=True)
     except KeyboardInterrupt:
         print(f"\nmmm-orch: stopping job {record.id} (every rank; a trainer saves first)",
               file=sys.stderr)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop runs to its end
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for stop in (signal.SIGINT, *stops):  # the stop runs to its end
+        signal.signal(stop, signal.SIG_IGN)
     for line in usecases.cancel(db, [db.get(record.id, events=False)]):
         print(f"mmm-orch: {line}", file=sys.stderr)
     follow(db, record.id, strip_ansi=False, start=host_for("").size(record.log_path))

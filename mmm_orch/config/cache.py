@@ -6,6 +6,7 @@ the search path and the bytes of every file the object was built from are all un
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -24,6 +25,10 @@ from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 # makes every cached profile and spec stale).
 _MODEL_SOURCES = ("common.py", "machine.py", "charging.py", "failures.py", "workload.py",
                   "yamlio.py", "cache.py")
+
+
+# An entry is a validated profile or spec as JSON: a few times the 1 MiB a source file may have.
+MAX_ENTRY_BYTES = 8 * MAX_CONFIG_BYTES
 
 
 def _digest(data: bytes) -> str:
@@ -79,8 +84,10 @@ def get(kind: str, path: Path, cls: type, search_digest: str) -> Any | None:
     if (hit := _memo.get(key)) is not None and _unchanged(hit[0]):
         return hit[1]
     try:
-        entry = json.loads(_entry_path(kind, path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        entry = json.loads(read_regular(_entry_path(kind, path), MAX_ENTRY_BYTES))
+    except (OSError, ValueError, RecursionError):  # NotReadable is a ValueError
+        return None
+    if not isinstance(entry, dict):
         return None
     if entry.get("models") != _models_digest() or entry.get("search") != search_digest:
         return None
@@ -106,8 +113,9 @@ def put(kind: str, path: Path, obj: Any, deps: list[Path], search_digest: str) -
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp.write_text(json.dumps(entry), encoding="utf-8")
         tmp.replace(target)
-    except OSError:  # a read-only cache only costs speed
-        tmp.unlink(missing_ok=True)
+    except OSError:  # only a cache: one read-only, full or blocked by a file costs speed
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=None)

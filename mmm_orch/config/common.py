@@ -8,6 +8,7 @@ without importing it, which keeps `mmm-orch render` fast.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import string
 from typing import Annotated, Any, Callable
@@ -170,4 +171,14 @@ def _typed(*kinds: type, what: str) -> Callable[[Any], Any]:
 PositiveInt = Annotated[int, Check(before=_typed(int, what="a whole number")), at.Ge(1)]
 NonNegativeInt = Annotated[int, Check(before=_typed(int, what="a whole number")), at.Ge(0)]
 Number = Annotated[float, Check(before=_typed(int, float, what="a number"))]
+
+
+def _finite_positive(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):  # a NaN would pass every comparison made with it
+        raise ValueError("expected a finite number more than 0")
+    return value
+
+
+PositiveNumber = Annotated[float, Check(before=_typed(int, float, what="a number"),
+                                        after=_finite_positive)]
 Flag = Annotated[bool, Check(before=_typed(bool, what="true or false"))]

@@ -25,6 +25,7 @@ from mmm_orch.config.common import (
     NonNegativeInt,
     Number,
     PositiveInt,
+    PositiveNumber,
     ShellValue,
     Templated,
     Walltime,
@@ -72,8 +73,8 @@ class NodeShape:
     gpus: NonNegativeInt
     device: Literal["cuda", "rocm", "xpu", "cpu"]
     gpu_model: str = ""
-    gpu_memory_gib: Number | None = None
-    memory_gib: Number | None = None
+    gpu_memory_gib: PositiveNumber | None = None
+    memory_gib: PositiveNumber | None = None
     # What torch's scaled_dot_product_attention runs in training here: a fused kernel, or the
     # math one, which saves every head's s x s attention probabilities (planning/memory.py).
     attention_kernel: Literal["fused", "math"] = "fused"
@@ -315,10 +316,8 @@ class Machine:
     directives: list[Templated] = field(default_factory=list)
     queues: list[Queue] = field(default_factory=list)
     setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
-    # The job script runs in a login shell (bash -l), which reads the system's and the user's
-    # start-up files: what the facilities' `module` command and their examples expect. The test
-    # servers say false: their jobs must not depend on this host's dotfiles. (PBS starts the
-    # user's login shell itself, whatever the script's first line says.)
+    # The job script runs in a login shell (bash -l: the start-up files that set up `module`,
+    # as the facilities' examples do); the test servers' jobs must not read this host's.
     login_shell: Flag = True
     presets: list[Preset] = field(default_factory=list)
     devices: Devices = field(default_factory=Devices)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from types import MappingProxyType
 
@@ -157,11 +158,23 @@ def point_latest(run_dir: str | Path, step: int) -> None:
 
 
 def latest_step(run_dir: str | Path) -> int | None:
-    """The step of the run's newest complete checkpoint, or None."""
+    """The step of the run's newest complete checkpoint, or None (also where `latest` is no
+    small regular file: a FIFO or a link to /dev/zero is not waited on nor read without end)."""
     try:
-        return checkpoint_step((Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT).read_text())
+        fd = os.open(Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT,
+                     os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 64).decode()
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
+    step = checkpoint_step(text)
+    return step if step is not None and len(text) < 64 else None
 
 
 def say(marker: str, text: str = "") -> None:

@@ -362,13 +362,18 @@ class JobDB(BadNodes):
 
     # -- safety copies -----------------------------------------------------------------------
 
-    def _refresh_backup(self, force: bool = False) -> None:
+    def _refresh_backup(self) -> None:
         """Copy the whole database to jobs.db.backup when the copy is older than BACKUP_EVERY.
         A failed backup never fails the write that triggered it."""
         target = backup_path(self.path)
         with contextlib.suppress(OSError):
-            if not force and time.time() - target.stat().st_mtime < BACKUP_EVERY:
+            if time.time() - target.stat().st_mtime < BACKUP_EVERY:
                 return
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self._copy_to(target)
+
+    def _copy_to(self, target: Path) -> None:
+        """The whole database copied to `target` by SQLite's online backup, whole or not at all."""
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             copy = sqlite3.connect(tmp)
@@ -378,9 +383,18 @@ class JobDB(BadNodes):
                 copy.close()
             os.chmod(tmp, 0o600)
             tmp.replace(target)
-        except (sqlite3.Error, OSError):
-            tmp.unlink(missing_ok=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
 
     def backup(self) -> Path:
-        self._refresh_backup(force=True)
-        return backup_path(self.path)
+        """jobs.db.backup written now, or DatabaseError (a directory there, a full disk)."""
+        target = backup_path(self.path)
+        try:
+            self._copy_to(target)
+        except OSError as exc:
+            raise DatabaseError(f"backup {target}: not written: {exc.strerror or exc}") from None
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"backup {target}: not written: {describe(exc)}") from None
+        return target

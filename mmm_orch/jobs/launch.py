@@ -1,7 +1,8 @@
 """`mmm-orch launch`: a plan run inside an allocation the scheduler already gave (interactive, or
 a batch script someone else wrote). The script is the one a batch job of the same plan would
 run, rendered by the same template; it runs on this node under the local executor's supervisor
-(walltime, cancel, exit code), on the allocation's nodes through the machine's launcher."""
+(walltime, cancel, exit code), on the allocation's nodes through the machine's launcher; or,
+with --allocate, in an allocation asked for here and recorded as a job of its own."""
 
 from __future__ import annotations
 
@@ -9,14 +10,22 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shlex
 from pathlib import Path
+from typing import Callable
 
 from mmm_orch.errors import MmmError
+from mmm_orch.hosts import host_for
+from mmm_orch.injob import protocol
+from mmm_orch.jobs.db import open_db
+from mmm_orch.jobs.submit import (cancel, forget, job_dirs, record_values,
+                                  signals_as_interrupts)
 from mmm_orch.planning import Plan, Request
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.allocation import Allocation, node_names
+from mmm_orch.schedulers.base import Submission
 from mmm_orch.transport import LocalRunner
 
 
@@ -154,13 +163,15 @@ def check_program(plan: Plan, program: str) -> None:
                        "give its path, or install it")
 
 
-def allocate_argv(plan: Plan, command: list[str] | None = None) -> list[str]:
+def allocate_argv(plan: Plan, command: list[str] | None = None, name: str = "",
+                  tag: str = "") -> list[str]:
     """The command that gets an allocation for `plan` (its account, queue, walltime and resource
     directives), running `command` in it (else a shell)."""
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
     directives = [word for line in (*plan.queue.directives, *plan.queue.resources)
                   for word in shlex.split(line)]
-    return scheduler.allocate_argv(plan.queue.account, plan.queue.walltime_hms, directives, command)
+    return scheduler.allocate_argv(plan.queue.account, plan.queue.walltime_hms, directives, command,
+                                   name, tag)
 
 
 def check_fits(plan: Plan, allocation: Allocation) -> None:
@@ -204,15 +215,73 @@ def read_exit_report(path: Path) -> int | None:
 def run_allocation(plan: Plan, argv: list[str]) -> None:
     """Run allocate_argv's `argv` in the foreground, this process's terminal its own; under a
     pseudo-terminal where the scheduler wants one and this process has none (qsub -I in a
-    script). What runs inside reports to the caller by a file."""
+    script). What runs inside reports to the caller by a file. Interrupted, the command goes
+    with it (what it asked the scheduler for is then the caller's to cancel)."""
     import subprocess
     import sys
 
+    import psutil
+
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
     if not scheduler.allocate_needs_terminal or (sys.stdin.isatty() and sys.stdout.isatty()):
-        subprocess.run(argv, check=False)
+        subprocess.run(argv, check=False)  # (an interrupt kills the command)
         return
     import pty
 
     sys.stdout.flush()
-    pty.spawn(argv)  # copies the terminal's output to our stdout, and our stdin to it
+    try:
+        pty.spawn(argv)  # copies the terminal's output to our stdout, and our stdin to it
+    except BaseException:
+        for child in psutil.Process().children():
+            child.kill()
+        raise
+
+
+def allocate(plan: Plan, db_file: Path, argv_for: Callable[[str, str], list[str]],
+             run: Callable[[list[str]], None]) -> None:
+    """`launch --allocate`'s allocation, a job of its own: recorded before the scheduler is
+    asked, asked for by `argv_for(name, tag)` (salloc, qsub -I: the job carries the name and
+    tag a batch job does), waited for in the foreground by `run`, then settled by its tag: its
+    id once the scheduler shows the job, or no record when the scheduler has none. A SIGTERM,
+    SIGHUP or Ctrl-C ends the wait and cancels what was asked for; killed outright, mmm-orch
+    leaves the record `submitting` for `status` to find the allocation by its tag, as after an
+    interrupted submit (and to end it, or `mmm-orch cancel` it)."""
+    scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
+    tag, local_dir, job_dir = job_dirs(plan, db_file, "", "")
+    plan = plan.placed(job_dir, tag, scheduler.directive_path(
+        posixpath.join(job_dir, protocol.LOG_FILE)), None)
+    argv = argv_for(plan.name, tag)
+    values = record_values(plan, "", "", shlex.join(argv))
+    db = open_db(str(db_file), create=True)
+    assert db is not None
+    created = host_for("").make_private_dir(str(local_dir))
+    job_id = None
+    try:
+        with signals_as_interrupts():
+            job_id = db.insert(**values)
+    except BaseException:
+        if job_id is not None:
+            db.delete(job_id)
+        host_for("").remove_tree(created)
+        raise
+    submission = Submission(script=Path(job_dir), workdir=plan.launch.workdir,
+                            job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
+                            walltime=plan.queue.walltime, name=plan.name, tag=tag,
+                            submitted_at=values["submitted_at"])
+    try:
+        with signals_as_interrupts():
+            run(argv)
+    except OSError as exc:  # no salloc or qsub here: nothing was asked for
+        forget(db, db.get(job_id, events=False))
+        raise MmmError(f"--allocate: cannot run {argv[0]}: {exc.strerror}") from None
+    except KeyboardInterrupt:  # (SIGTERM and SIGHUP too)
+        found = scheduler.find(submission)
+        if found:  # asked for and not wanted any more: nothing of it may stay queued
+            db.accepted(job_id, found[0], "allocation interrupted: cancelled")
+            cancel(db, db.get(job_id, events=False))
+        raise
+    found = scheduler.find(submission)
+    if found:
+        db.accepted(job_id, found[0])
+    elif found is not None:  # the scheduler answered that it has no such job: it refused
+        forget(db, db.get(job_id, events=False))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 import time
 from typing import TYPE_CHECKING, Callable, Iterator
+
+from mmm_orch.errors import MmmError
 
 if TYPE_CHECKING:
     from mmm_orch.hosts import Host
@@ -20,6 +23,20 @@ def clean(chunk: bytes, strip_ansi: bool) -> str:
     return chunk.decode("utf-8", errors="replace")
 
 
+def read(host: Host, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
+    """Up to `limit` bytes of the log from `offset`; None where no regular file is. The local host
+    opens a directory before it can tell (IsADirectoryError), and a socket cannot be opened
+    (ENXIO): a log that is one of these is no log. Another error is one line naming the log."""
+    try:
+        return host.read_from(path, offset, limit)
+    except (IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return None
+        raise MmmError(f"log {path}: cannot read it: {exc.strerror or exc}") from None
+
+
 def tail(host: Host, path: str, lines: int, block: int = 1 << 16) -> tuple[bytes, int]:
     """The last `lines` lines of the file and the offset where they end, reading backwards in
     blocks (a remote log may be large)."""
@@ -27,7 +44,7 @@ def tail(host: Host, path: str, lines: int, block: int = 1 << 16) -> tuple[bytes
     data, start = b"", end
     while start > 0 and data.count(b"\n") <= lines:
         start = max(0, start - block)
-        data = (host.read_from(path, start, end - start) or b"")
+        data = read(host, path, start, end - start) or b""
     kept = data.splitlines(keepends=True)[-lines:] if lines else []
     return b"".join(kept), end
 
@@ -41,7 +58,7 @@ def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
     last_check = 0.0
     waited = False
     while True:
-        chunk = host.read_from(path, offset)
+        chunk = read(host, path, offset)
         if chunk:
             # Hold back a trailing partial line until it is complete (or the job ended).
             cut = chunk.rfind(b"\n") + 1
@@ -56,7 +73,7 @@ def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
         if now - last_check >= done_every:
             last_check = now
             if is_done():
-                while rest := host.read_from(path, offset):
+                while rest := read(host, path, offset):
                     offset += len(rest)
                     yield rest
                 return
@@ -64,13 +81,14 @@ def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
 
 
 def head_and_tail(host: Host, path: str, head: int = 8 << 20, last: int = 1 << 16) -> str | None:
-    """The start and the end of a log (markers sit there), without reading all of a huge one."""
-    size = host.size(path)
-    if size is None:
+    """The start and the end of a log (markers sit there), without reading all of a huge one;
+    None where no log (no regular file) is."""
+    first = read(host, path, 0, head)
+    if first is None:
         return None
-    first = host.read_from(path, 0, head) or b""
+    size = host.size(path) or 0
     if size > head:
-        first += b"\n" + (host.read_from(path, max(head, size - last), last) or b"")
+        first += b"\n" + (read(host, path, max(head, size - last), last) or b"")
     return first.decode("utf-8", errors="replace")
 
 

@@ -149,8 +149,15 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGHUP while submitting: handled like Ctrl-C, so that the record is settled."""
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """What stops mmm-orch as Ctrl-C does: SIGTERM, and SIGHUP unless this process was started
+    to ignore it (`nohup mmm-orch launch ... &` lives on past the terminal, as it asked)."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, *hangup)
+
+
 @contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
+def signals_as_interrupts() -> Iterator[None]:
     """In the main thread. A submit in another thread (the Python API) leaves signals to the
     program's own main thread: its record, written before the scheduler is asked, is then
     settled by the next refresh."""
@@ -161,7 +168,7 @@ def _signals_as_interrupts() -> Iterator[None]:
     def interrupt(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, interrupt) for sig in stop_signals()}
     try:
         yield
     finally:
@@ -199,13 +206,14 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun).
     `here`: the script runs on this computer under the local executor's supervisor instead
-    (`launch`, inside an allocation the scheduler already gave)."""
+    (`launch`, inside an allocation the scheduler already gave), held by this process: the job
+    is stopped once it ends (nothing of it outlives the launch, nor so the allocation)."""
     Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
     kind, commands = ("local", {}) if here else (plan.scheduler, plan.scheduler_commands)
     scheduler = scheduler_for(kind, commands, host)
-    tag, local_dir, job_dir = _job_dirs(plan, db_file, remote, home)
+    tag, local_dir, job_dir = job_dirs(plan, db_file, remote, home)
     log_directive = scheduler.directive_path(posixpath.join(job_dir, protocol.LOG_FILE))
     _check_workdir(host, plan)
     db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
@@ -229,14 +237,14 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         script = render(plan, template)
         script_path = posixpath.join(job_dir, "job.sh")
         host.write_file(script_path, script, 0o700)
-        values = {**_record_values(plan, remote, script_path, script), **(links or {}),
+        values = {**record_values(plan, remote, script_path, script), **(links or {}),
                   **({"scheduler": kind, "commands": commands} if here else {})}
         if plan.placement.failover:  # what the failover loop inside the job classifies failures with
             from mmm_orch.config.failures import signatures_json
 
             host.write_file(posixpath.join(job_dir, protocol.FAILURES_FILE),
                             signatures_json(plan.machine), 0o600)
-        with _signals_as_interrupts():
+        with signals_as_interrupts():
             job_id = db.insert(**values)
     except OSError as exc:  # a full disk, a read-only place: nothing was asked of the scheduler
         undo()
@@ -248,13 +256,12 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     submission = Submission(script=Path(script_path), workdir=plan.launch.workdir,
                             job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
                             walltime=plan.queue.walltime, name=plan.name, tag=tag,
-                            submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal)
+                            submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal,
+                            held_by=os.getpid() if here else 0)
     keep = _copy_keeper(local_dir, {"id": job_id, **values})
     native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
     keep(native_id)
-    record = db.accepted(job_id, native_id) or db.get(job_id)
-    assert record is not None
-    return record
+    return db.accepted(job_id, native_id) or db.get(job_id)
 
 
 def _copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
@@ -268,7 +275,7 @@ def _copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], Non
     return keep
 
 
-def _job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, Path, str]:
+def job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, Path, str]:
     """A new tag, the job's directory beside the database, and where the job's files go (that
     one, or its twin on the login host)."""
     tag = new_tag()
@@ -278,7 +285,7 @@ def _job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, P
                             else str(local_dir))
 
 
-def _record_values(plan: Plan, remote: str, script_path: str, script: str) -> dict[str, Any]:
+def record_values(plan: Plan, remote: str, script_path: str, script: str) -> dict[str, Any]:
     """The new record's fields, from the placed plan and its script."""
     workdir = plan.launch.workdir
     return dict(
@@ -297,7 +304,7 @@ def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, 
     """The scheduler's id for the recorded job; a refusal proven undoes the record, anything
     ambiguous keeps it (and its copy, `keep`) for `status` to settle by the job's tag."""
     try:
-        with _signals_as_interrupts():
+        with signals_as_interrupts():
             return scheduler.submit(submission)
     except (SubmissionRefused, Unreachable):
         undo()  # proof that the scheduler does not have the job: nothing is left behind

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, resolve
@@ -40,11 +40,7 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
     option, an axis of one). Empty lists and repeated values are refused."""
     found: dict[str, list[str]] = {}
     if nodes is not None:
-        found["nodes"] = _values("--nodes", nodes)
-        for value in found["nodes"]:
-            if not _NODES.fullmatch(value) or int(value) < 1:
-                raise MmmError(f"--nodes {value[:40]!r} is invalid: node counts are whole numbers "
-                               "1-9999999")
+        found["nodes"] = _node_counts("--nodes", _values("--nodes", nodes))
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -52,6 +48,8 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
         if key in found:
             raise MmmError(f"--set {key}: given twice; list all its values in one --set")
         found[key] = _values(f"--set {key}", text, allow_empty_value=True)
+        if key == "nodes":  # a sweep's own axis, as --nodes is, not a trainer option
+            _node_counts("--set nodes", found[key])
     count = 1
     for values in found.values():
         count *= len(values)
@@ -60,6 +58,14 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
         raise MmmError(f"sweep: {sizes} is {count} points, more than {MAX_POINTS}; split it into "
                        "smaller sweeps")
     return found
+
+
+def _node_counts(flag: str, values: list[str]) -> list[str]:
+    for value in values:
+        if not _NODES.fullmatch(value) or int(value) < 1:
+            raise MmmError(f"{flag} {value[:40]!r} is invalid: node counts are whole numbers "
+                           "1-9999999")
+    return values
 
 
 def _values(flag: str, text: str, allow_empty_value: bool = False) -> list[str]:
@@ -113,7 +119,10 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
             plan = resolve(point_request)
         except MmmError as exc:
             label = " ".join(f"{k}={v if v.isprintable() else repr(v)}" for k, v in values.items())
-            raise MmmError(f"sweep point {index} ({label}): {exc}") from None
+            said = f"sweep point {index} ({label}): {exc}"
+            if isinstance(exc, InvalidValue):  # (the API's callers catch it by its class)
+                raise InvalidValue(exc.field, exc.value, exc.allowed, said) from None
+            raise MmmError(said) from None
         out.append(Point(index, {"nodes": plan.layout.nodes, **{k: v for k, v in values.items()
                                                           if k != "nodes"}}, plan))
     if not out:

@@ -6,7 +6,6 @@ against (budgets.yaml beside the user's machine profiles)."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,8 +13,11 @@ from typing import Any
 
 from mmm_orch.errors import ConfigError, InvalidValue
 from mmm_orch.jobs.db import JobDB
+from mmm_orch.jobs.dbfile import DatabaseError
 from mmm_orch.jobs.record import JobRecord
-from mmm_orch.planning.cost import hours, most_of
+from mmm_orch.jobs.startup import MAX_EPOCH
+from mmm_orch.planning.checks import bounded
+from mmm_orch.planning.cost import MAX_NODE_HOURS, MAX_WHOLE, hours, most_of
 from mmm_orch.planning.model import Plan
 
 GROUPINGS = ("workload", "sweep", "chain", "day")
@@ -45,6 +47,36 @@ def parse_since(text: str | None) -> float | None:
                            "YYYY-MM-DDTHH:MM") from None
 
 
+# A record's times: the local date of MAX_EPOCH's last day can be in year 10000 east of UTC.
+_LATEST = MAX_EPOCH - 86400
+# The numbers of a record that usage and budgets read: name, least, most, whole, may be None,
+# what is allowed.
+_TIME = "seconds since 1970, before the year 9999"
+_NUMBERS = (("submitted_at", 0, _LATEST, False, False, _TIME),
+            ("ended_at", 0, _LATEST, False, True, _TIME),
+            ("nodes", 0, MAX_WHOLE, True, False, "a whole number >= 0"),
+            ("spares", 0, MAX_WHOLE, True, False, "a whole number >= 0"),
+            ("charged_nodes", 0, MAX_WHOLE, True, True, "a whole number >= 0"),
+            ("charged_seconds", 0, _LATEST, False, True, "a number of seconds >= 0"),
+            ("charge", 0, MAX_NODE_HOURS, False, True, f"a number from 0 to {MAX_NODE_HOURS:g}"))
+
+
+def checked(record: JobRecord) -> JobRecord:
+    """`record` once each number usage and budgets read from it is one mmm-orch writes. One that
+    is not (the database was changed by hand) is refused, not skipped: a sum that leaves a job
+    out is wrong, and a budget that cannot count a job's charge cannot be kept."""
+    for name, least, most, whole, optional, allowed in _NUMBERS:
+        value = getattr(record, name)
+        if value is None and optional:
+            continue
+        try:
+            bounded(f"job {record.id}'s {name}", value, least, most, allowed, whole)
+        except InvalidValue as exc:
+            raise DatabaseError(f"{exc}; the job database was changed by hand (mmm-orch writes "
+                                "no such value): set it right with sqlite3") from None
+    return record
+
+
 def _group(record: JobRecord, by: str | None, kinds: dict[int, str]) -> str:
     if by == "workload":
         return record.workload
@@ -62,7 +94,7 @@ def usage(db: JobDB, machine: str | None = None, account: str | None = None,
     """The rows of `mmm-orch usage`, from the records as last refreshed."""
     if by is not None and by not in GROUPINGS:
         raise InvalidValue("--by", by, "one of " + ", ".join(GROUPINGS))
-    records = [r for r in db.list() if (machine is None or r.machine == machine)
+    records = [checked(r) for r in db.list() if (machine is None or r.machine == machine)
                and (account is None or r.account == account)]
     if account is not None and not records and account not in db.accounts():
         known = sorted(db.accounts())
@@ -148,10 +180,8 @@ def account_budget(account: str | None, machine: str) -> tuple[float, float | No
                 or not isinstance(entry.get("machine", ""), str):
             raise ConfigError(f"{where}: keys account (a name), node_hours, and machine (a name) "
                               "and since (YYYY-MM-DD) if wanted")
-        amount = entry.get("node_hours")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
-                or not math.isfinite(amount) or amount < 0:
-            raise ConfigError(f"{where}.node_hours {amount!r} is invalid: a number >= 0")
+        amount = bounded(f"{where}.node_hours", entry.get("node_hours"), 0, MAX_NODE_HOURS,
+                         f"a number >= 0, at most {MAX_NODE_HOURS:g}")
         since = entry.get("since")
         try:
             start = parse_since(str(since)) if since is not None else None
@@ -173,7 +203,10 @@ def account_left(db: JobDB | None, plan: Plan) -> tuple[float, str] | None:
     amount, since, everywhere = budget
     spent = committed = 0.0
     for record in (db.list(machine=None if everywhere else plan.machine) if db is not None else []):
-        if record.account != plan.queue.account or (since and _when(record) < since):
+        if record.account != plan.queue.account:
+            continue
+        checked(record)
+        if since and _when(record) < since:
             continue
         if record.charge is not None:
             spent += record.charge

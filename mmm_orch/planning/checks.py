@@ -34,11 +34,32 @@ def check_text(field: str, value: str) -> str:
     if bad:
         shown = ", ".join(repr(c) if not 0xD800 <= ord(c) <= 0xDFFF else "a byte that is not UTF-8"
                           for c in bad)
-        raise MmmError(f"{field} {value!r} is invalid: it contains {shown}; values are one line "
-                       "of text")
+        raise InvalidValue(field, value, "one line of text",
+                           f"{field} {value!r} is invalid: it contains {shown}; values are one "
+                           "line of text")
     return value
 
 
+def bounded(field: str, value: Any, low: float, high: float, allowed: str,
+            whole: bool = False) -> Any:
+    """`value` when it is a number (a bool is not; with `whole`, an int) from `low` to `high`.
+    Every number a user or a file gives passes here before arithmetic uses it: a NaN passes
+    every comparison, an infinity or a 401-digit integer overflows a float. Else InvalidValue
+    naming the field, the value (shown short) and what is allowed."""
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        raise InvalidValue(field, value, allowed, f"{field} {shown(value)} is invalid: {allowed}")
+    return value
+
+
+def shown(value: Any) -> str:
+    """A value for a one-line message, cut short (a huge integer by its size: Python refuses to
+    print one of more than 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = len(str(value)) if value.bit_length() < 14000 else "over 4000"
+        return f"(an integer of {digits} digits)"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def fail(field: str, value: Any, allowed: str) -> InvalidValue:

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.errors import InvalidValue
+from mmm_orch.planning.checks import bounded, shown
 from mmm_orch.planning.model import CostPlan, Plan
 from mmm_orch.walltime import format_walltime
+
+# A budget or a charge: a facility's whole year is about 10^8 node-hours.
+MAX_NODE_HOURS = 1e12
+# A count or seconds in a record (what SQLite's INTEGER holds).
+MAX_WHOLE = 2**63 - 1
 
 
 def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, walltime: int,
@@ -44,24 +51,42 @@ def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | 
     seconds = elapsed if elapsed is not None else max(0.0, ended - started)
     try:
         recorded = json.loads(plan_json)
-        rules = recorded.get("cost")
-        if not seconds or (scheduler == "local" and recorded.get("scheduler") != "local"):
-            return nodes, seconds, 0.0
-        price = CostPlan(**{name: rules[name] for name in _RULES}).charge(nodes, seconds)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        price = nodes * seconds / 3600  # no rules (recorded before plans were priced, or edited)
+    except (ValueError, TypeError, RecursionError):
+        recorded = None
+    if not seconds or (scheduler == "local" and isinstance(recorded, dict)
+                       and recorded.get("scheduler") != "local"):
+        return nodes, seconds, 0.0
+    rules = recorded_rules(recorded)
+    # No rules: recorded before plans were priced, or edited.
+    price = rules.charge(nodes, seconds) if rules else nodes * seconds / 3600
     return nodes, seconds, price if math.isfinite(price) and price >= 0 else nodes * seconds / 3600
 
 
 def most_of(plan: Any, otherwise: float) -> float:
     """The most a recorded plan (Plan.to_dict) can be charged; `otherwise` without its rules."""
+    rules = recorded_rules(plan)
+    return rules.most if rules else otherwise
+
+
+# The numbers of a recorded plan's rules: (least, most, whole).
+_RULES = {"nodes": (0, MAX_WHOLE, True), "spare_nodes": (0, MAX_WHOLE, True),
+          "walltime": (0, MAX_WHOLE, True), "minimum": (0, MAX_WHOLE, True),
+          "factor": (0, sys.float_info.max, False)}
+
+
+def recorded_rules(plan: Any) -> CostPlan | None:
+    """The pricing rules a recorded plan holds, each number checked (the job database is
+    readable, so it may have been changed by hand); None where it holds none as mmm-orch writes
+    them."""
     try:
-        return CostPlan(**{name: plan["cost"][name] for name in _RULES}).most
-    except (TypeError, KeyError):
-        return otherwise
-
-
-_RULES = ("unit", "nodes", "spare_nodes", "walltime", "factor", "charged_for", "minimum")
+        rules = plan["cost"]
+        numbers = {name: bounded(name, rules[name], least, most, "", whole)
+                   for name, (least, most, whole) in _RULES.items()}
+        if rules["charged_for"] not in ("elapsed", "walltime"):
+            return None
+        return CostPlan(unit=str(rules["unit"]), charged_for=rules["charged_for"], **numbers)
+    except (TypeError, KeyError, InvalidValue):
+        return None
 
 
 def hours(value: float) -> str:
@@ -138,8 +163,10 @@ def parse_budget(value: str | float | None) -> float | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not number > 0 or number == float("inf"):
-        raise InvalidValue("--max-node-hours", value, "a positive number of node-hours")
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float's range
+        number = math.nan
+    allowed = f"a positive number of node-hours, at most {MAX_NODE_HOURS:g}"
+    if not 0 < number <= MAX_NODE_HOURS:
+        raise InvalidValue("--max-node-hours", value, allowed,
+                           f"--max-node-hours {shown(value)} is invalid: {allowed}")
     return number

@@ -29,11 +29,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from mmm_orch.errors import MmmError
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
+from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs, micro_batches
+from mmm_orch.planning.checks import bounded
 from mmm_orch.planning.model import MemoryPlan
 
 GIB = 1 << 30
+# The most a size option may be (a trillion tokens, layers, samples): past every real run, and low
+# enough that the estimate's products stay finite floats (2^40 cubed is far below 10^308).
+MAX_SIZE = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
 
 def sized(machine, workload, args: dict, layout):
     """The plan's memory section for a workload with a memory model, or None; MmmError when the
-    estimate is above the device's memory (MMM_ORCH_MEMORY_CHECK=0: said, not refused)."""
+    estimate is above the device's memory (MMM_ORCH_MEMORY_CHECK=0: said, not refused), when a
+    size is past MAX_SIZE, or when the trainer would refuse the global batch."""
     if workload.resources.memory_model != "llama3":
         return None
 
@@ -127,17 +132,23 @@ def sized(machine, workload, args: dict, layout):
         option = workload.options.get(name)
         return args.get(name, option.default if option else None)
 
+    def size(name: str, least: int = 1) -> int | None:
+        value = arg(name)
+        return None if value is None else bounded(
+            name, value, least, MAX_SIZE, f"a whole number from {least} to {MAX_SIZE}", whole=True)
+
     preset = TINY if arg("tiny") else PRESETS[arg("config") or "debug"]
-    model = replace(preset.model, n_layers=arg("n_layers") or preset.model.n_layers,
-                    vocab_size=arg("vocab_size") or preset.model.vocab_size)
-    tp = arg("tp") or 1
+    model = replace(preset.model, n_layers=size("n_layers") or preset.model.n_layers,
+                    vocab_size=size("vocab_size") or preset.model.vocab_size)
+    tp = size("tp") or 1
     accelerator = machine.node.gpus > 0
-    shape = Shape(model, batch=arg("batch_size") or preset.batch_size,
-                  seq=arg("seq_len") or preset.seq_len, dp=max(1, layout.ranks // tp), tp=tp,
+    shape = Shape(model, batch=size("batch_size") or preset.batch_size,
+                  seq=size("seq_len") or preset.seq_len, dp=max(1, layout.ranks // tp), tp=tp,
                   ac=arg("ac") or preset.ac,
                   value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
-                  loss_chunk=_or(arg("loss_chunk"), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
+                  loss_chunk=_or(size("loss_chunk", 0), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
                   attention_matrix=machine.node.attention_kernel == "math")
+    check_global_batch(size("global_batch", 0) or 0, shape)
     found = estimate(shape)
     device = machine.node.gpu_memory_gib if accelerator else None
     plan = MemoryPlan({k: v / GIB for k, v in found.parts.items()}, device)
@@ -150,6 +161,17 @@ def sized(machine, workload, args: dict, layout):
                "no single change fits it: combine more nodes, tp and ac=full")
             + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)")
     return plan
+
+
+def check_global_batch(global_batch: int, shape: Shape) -> None:
+    """The trainer's rule (runtime/data.py, GlobalBatch.of): a step accumulates micro-batches of
+    batch_size samples on each data-parallel rank, so a global batch (0: one micro-batch a rank)
+    is a multiple of batch_size x dp. Refused here, not in the job after its wait in the queue."""
+    per_forward = shape.batch * shape.dp
+    if micro_batches(global_batch, shape.batch, shape.dp) is None:
+        raise InvalidValue("global_batch", global_batch, f"0 or a multiple of batch_size "
+                           f"{shape.batch} x {shape.dp} data-parallel ranks = {per_forward}, "
+                           "the samples one forward pass takes on all ranks")
 
 
 def _or(value, default):

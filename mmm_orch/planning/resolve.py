@@ -132,7 +132,8 @@ def _walltime(machine: Machine, workload: Workload, override: MachineOverride | 
         try:
             walltime = parse_walltime(request.walltime)
         except ValueError as exc:
-            raise MmmError(f"--walltime: {exc}") from None
+            raise InvalidValue("--walltime", request.walltime, str(exc),
+                               f"--walltime: {exc}") from None
     else:
         walltime = (override and override.walltime) or workload.defaults.walltime
     if machine.min_walltime and walltime < machine.min_walltime:

@@ -36,25 +36,35 @@ def report(records: list[JobRecord], values: list[dict[str, Any]] | None, out: P
     rows = table.rows(jobs)
     if out is None:
         return Report(rows, jobs, None)
-    _report_dir(out)
+    created = _report_dir(out)
+    there = set(out.iterdir())
     figures: list[Path] = []
     hint = PLOT_HINT if importlib.util.find_spec("matplotlib") is None else ""
     try:
-        if not hint:
-            from mmm_orch.reporting import figures as draw
+        try:
+            if not hint:
+                from mmm_orch.reporting import figures as draw
 
-            figures = draw.report_figures(rows, jobs, out)
-        page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
-    except OSError as exc:
-        raise MmmError(f"--out {str(out)!r}: cannot write the figures: {exc.strerror}") from None
-    write_whole(str(out / "report.html"), page)
+                figures = draw.report_figures(rows, jobs, out)
+            page = html.page(f"mmm-orch report: {title}", rows, figures, table.DEFINITIONS, hint)
+        except OSError as exc:
+            raise MmmError(f"--out {str(out)!r}: cannot write the figures: "
+                           f"{exc.strerror}") from None
+        write_whole(str(out / "report.html"), page)
+    except BaseException:  # a full disk, an interrupt: the report is written whole or not at all
+        for path in set(out.iterdir()) - there:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        _remove_dirs(created)
+        raise
     return Report(rows, jobs, out / "report.html", figures, hint)
 
 
-def _report_dir(out: Path) -> None:
+def _report_dir(out: Path) -> list[Path]:
     """`report --out` names a directory (made when missing) that the figures and report.html go
     into: a file, a FIFO or a place that takes no files is refused before anything is written or
-    printed, and a directory made for it is removed again."""
+    printed, and a directory made for it is removed again. Returns the directories it made,
+    innermost first."""
     import tempfile
 
     if out.exists() and not out.is_dir():
@@ -66,9 +76,14 @@ def _report_dir(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()  # it takes files: a read-only place says so here
     except OSError as exc:
-        for directory in created:  # innermost first
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        _remove_dirs(created)
         doing = "write into" if out.is_dir() else "make"
         raise MmmError(f"--out {str(out)!r}: cannot {doing} the directory: "
                        f"{exc.strerror or exc}") from None
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for directory in created:  # innermost first
+        with contextlib.suppress(OSError):
+            directory.rmdir()

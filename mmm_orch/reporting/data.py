@@ -84,7 +84,10 @@ def notes(jobs: list[JobData]) -> str:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number a float holds (JSON's integers have no bound: 400 digits are no metric)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 1e300 if isinstance(value, int) else math.isfinite(value)
 
 
 class StepReader:

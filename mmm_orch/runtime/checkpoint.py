@@ -13,7 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
-from mmm_orch.runtime import stop
+from mmm_orch.runtime import runfiles, stop
+from mmm_orch.runtime.runfiles import RunFileError
 
 
 class Checkpointer:
@@ -160,24 +161,33 @@ class Checkpointer:
         `allow_fresh` lets it start from step 0."""
         if not resume:
             return None
-        state = self.load_latest(model, optimizer)
+        try:
+            state = self.load_latest(model, optimizer)
+        except RunFileError as exc:  # every rank reads the same `latest`
+            self._refuse(f"--resume: {exc}")
         if state is None and not allow_fresh:
-            if self.is_main:
-                print(f"[runtime] error: --resume: no checkpoint in {self.root}; name the run to "
-                      "continue with --run-name, or pass --allow-fresh to start from step 0",
-                      flush=True)
-            if dist.is_initialized():  # no rank exits, and has the launcher stop the main one,
-                dist.barrier()         # before the main one said why
-            raise SystemExit(2)
+            self._refuse(f"--resume: no checkpoint in {self.root}; name the run to continue with "
+                         "--run-name, or pass --allow-fresh to start from step 0")
         return state
+
+    def _refuse(self, message: str) -> NoReturn:
+        if self.is_main:
+            print(f"[runtime] error: {message}", flush=True)
+        if dist.is_initialized():  # no rank exits, and has the launcher stop the main one,
+            dist.barrier()         # before the main one said why
+        raise SystemExit(2)
 
     def load_latest(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """Restore model and optimizer in place; returns train.json's content, or None."""
-        step = protocol.latest_step(self.run_dir)
+        """Restore model and optimizer in place; returns train.json's content, or None.
+        RunFileError when `latest` names no complete checkpoint of the run."""
+        step = runfiles.latest_step(self.run_dir)
         if step is None:
             return None
         path = self.root / protocol.checkpoint_name(step)
+        train = runfiles.read_small(path / "train.json", 1 << 20)
+        if train is None:
+            raise RunFileError(f"{path} has no train.json: not a complete checkpoint")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
@@ -186,7 +196,7 @@ class Checkpointer:
         rng = path / f"rng-{dist.get_rank()}.pt"
         if rng.exists():  # a run resumed on another number of ranks starts its draws afresh
             _set_rng_state(torch.load(rng, weights_only=True))
-        return json.loads((path / "train.json").read_text())
+        return json.loads(train)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mmm_orch.injob import protocol
-from mmm_orch.runtime import launch_env, stop
+from mmm_orch.runtime import launch_env, runfiles, stop
 from mmm_orch.runtime.metrics import MetricLogger
 
 if TYPE_CHECKING:
@@ -76,17 +76,25 @@ def should_resume() -> bool:
 def latest_checkpoint() -> Checkpoint | None:
     """The checkpoint to go on from when should_resume(), else None. Asked to resume with no
     checkpoint (a chain link after one that saved nothing): exit 2, unless the job allows a
-    fresh start (a failover attempt before the first save)."""
+    fresh start (a failover attempt before the first save). A `latest` that names no checkpoint
+    directory of the run (damaged, not a file, a link out of the run): exit 2, on every rank."""
     if not should_resume():
         return None
-    step = protocol.latest_step(run_dir())
+    try:
+        step = runfiles.latest_step(run_dir())
+    except runfiles.RunFileError as exc:
+        _refuse(f"cannot resume: {exc}")
     if step is not None:
-        return Checkpoint(step, checkpoint_path(step))
+        return Checkpoint(step, runfiles.step_dir(run_dir(), step))
     if os.environ.get(protocol.ALLOW_FRESH_VAR) == "1":
         return None
+    _refuse(f"asked to resume, but {run_dir() / protocol.CHECKPOINTS_DIR} holds no checkpoint")
+
+
+def _refuse(message: str) -> NoReturn:
+    """Exit 2; rank 0 says why."""
     if rank() == 0:
-        print(f"[runtime] error: asked to resume, but {run_dir() / protocol.CHECKPOINTS_DIR} "
-              "holds no checkpoint", file=sys.stderr, flush=True)
+        print(f"[runtime] error: {message}", file=sys.stderr, flush=True)
     finish(2)
 
 
@@ -113,20 +121,23 @@ def report_step(step: int, **metrics: Any) -> None:
 
 
 def checkpoint_path(step: int) -> Path:
-    """The directory to save step `step`'s checkpoint in (made on first use)."""
-    path = run_dir() / protocol.CHECKPOINTS_DIR / protocol.checkpoint_name(step)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The directory to save step `step`'s checkpoint in (made on first use); ValueError for a
+    step that is no int >= 0, or where something else than a directory stands in its place."""
+    path = runfiles.step_dir(run_dir(), step)
+    if runfiles.kind(path) == "missing":
+        path.mkdir(parents=True, exist_ok=True)  # exist_ok: other ranks make it at once
+    return runfiles.existing_step_dir(run_dir(), step)
 
 
 def checkpoint_saved(step: int, save_s: float | None = None) -> None:
     """Call on every rank once all of them wrote step `step` into checkpoint_path(step): rank 0
     names it the latest (what chains and failover resume from) and logs it; `save_s`, the
-    time the save took, lets the watchdog stop early enough for the next one."""
+    time the save took, lets the watchdog stop early enough for the next one. ValueError (on
+    rank 0) when there is no checkpoint_path(step) to name."""
     if rank() != 0:
         return
+    path = runfiles.existing_step_dir(run_dir(), step)
     protocol.point_latest(run_dir(), step)
-    path = checkpoint_path(step)
     _logger().event(protocol.CHECKPOINT_EVENT, step=step, path=str(path),
                     save_s=save_s if save_s is not None else 0.0)
 
@@ -149,7 +160,10 @@ def finish(code: int = 0) -> NoReturn:
 def _logger() -> MetricLogger:
     if _state["logger"] is None:
         resumed = latest_checkpoint()
-        _state["logger"] = MetricLogger(run_dir(), {"argv": sys.argv, "started": time.time()},
-                                        enabled=rank() == 0,
-                                        resumed_from=resumed.step if resumed else 0)
+        try:
+            _state["logger"] = MetricLogger(run_dir(), {"argv": sys.argv, "started": time.time()},
+                                            enabled=rank() == 0,
+                                            resumed_from=resumed.step if resumed else 0)
+        except runfiles.RunFileError as exc:  # rank 0's alone: the launcher stops the others
+            _refuse(str(exc))
     return _state["logger"]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from mmm_orch.model_shapes import micro_batches
+
 
 def batch_indices(step: int, dp_rank: int, batch_size: int, dp_size: int) -> torch.Tensor:
     """Global sample indices of `dp_rank`'s share of step `step` (0-based), one forward a step."""
@@ -46,11 +48,11 @@ class GlobalBatch:
     def of(cls, global_batch: int, batch_size: int, dp: int, dp_rank: int) -> GlobalBatch:
         """`global_batch` samples a step (0: one micro-batch a rank); ValueError when the ranks
         cannot split it evenly."""
-        per_forward = batch_size * dp
-        if global_batch % per_forward:
+        accumulation = micro_batches(global_batch, batch_size, dp)
+        if accumulation is None:
             raise ValueError(f"--global-batch {global_batch} is not a multiple of batch_size "
-                             f"{batch_size} x {dp} data-parallel ranks = {per_forward}")
-        return cls(batch_size, dp, dp_rank, global_batch // per_forward or 1)
+                             f"{batch_size} x {dp} data-parallel ranks = {batch_size * dp}")
+        return cls(batch_size, dp, dp_rank, accumulation)
 
     @property
     def size(self) -> int:
@@ -117,9 +119,10 @@ def read_idx(path: Path) -> torch.Tensor:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
-    if zero != 0 or dtype != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()})")
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4].ljust(4, b"\xff"))
+    if zero != 0 or dtype != 0x08 or len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()}, "
+                         f"{len(data)} bytes)")
     dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
     body = bytearray(data[4 + 4 * ndim:])
     expected = 1
@@ -137,9 +140,9 @@ def mnist(data_dir: str, split: str) -> TensorSet:
 
     def find(kind: str) -> Path:
         for name in (f"{prefix}-{kind}", f"{prefix}-{kind}.gz"):
-            if (root / name).exists():
+            if (root / name).is_file():  # a regular file: a FIFO would block the read
                 return root / name
-        raise FileNotFoundError(f"{root / (prefix + '-' + kind)}[.gz] not found")
+        raise FileNotFoundError(f"{root / (prefix + '-' + kind)}[.gz]: no such regular file")
 
     images = read_idx(find("images-idx3-ubyte")).float().div(255).sub(0.1307).div(0.3081)
     labels = read_idx(find("labels-idx1-ubyte")).long()

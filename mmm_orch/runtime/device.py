@@ -10,6 +10,13 @@ from dataclasses import dataclass
 import torch
 
 _BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
+# What MMM_BACKEND may name: torch's collective backends (ROCm's RCCL is behind nccl), and
+# oneCCL's ccl.
+_ALLOWED_BACKENDS = ("nccl", "gloo", "xccl", "ccl", "mpi", "ucc")
+
+
+class DeviceError(RuntimeError):
+    """MMM_DEVICE / MMM_BACKEND name what this process cannot use (one line, says which)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ def _registered(backend: str) -> str:
     try:
         import oneccl_bindings_for_pytorch  # noqa: F401 - registers the 'ccl' backend
     except ImportError:
-        raise RuntimeError("backend ccl needs oneccl_bindings_for_pytorch, which this Python "
+        raise DeviceError("backend ccl needs oneccl_bindings_for_pytorch, which this Python "
                            "cannot import (on torch >= 2.8 XPU builds, use xccl)") from None
     return backend
 
@@ -108,13 +115,16 @@ def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
     if device_type == "rocm":
         device_type = "cuda"  # ROCm builds of torch use the cuda device type
     if device_type not in _BACKENDS:
-        raise RuntimeError(f"MMM_DEVICE={device_type!r}: expected cuda, rocm, xpu, mps or cpu")
-    backend = (_registered(env["MMM_BACKEND"]) if env.get("MMM_BACKEND") else
+        raise DeviceError(f"MMM_DEVICE={device_type!r}: expected cuda, rocm, xpu, mps or cpu")
+    chosen = env.get("MMM_BACKEND")
+    if chosen and chosen not in _ALLOWED_BACKENDS:
+        raise DeviceError(f"MMM_BACKEND={chosen!r}: expected {', '.join(_ALLOWED_BACKENDS)}")
+    backend = (_registered(chosen) if chosen else
                _xpu_backend() if device_type == "xpu" else _BACKENDS[device_type])
     if device_type in ("cpu", "mps"):
         return Device(device_type, None, backend)
     count = _count(device_type)
     if count == 0:
-        raise RuntimeError(f"MMM_DEVICE={device_type} but torch sees no {device_type} device "
+        raise DeviceError(f"MMM_DEVICE={device_type} but torch sees no {device_type} device "
                            f"(torch {torch.__version__})")
     return Device(device_type, local_rank % count, backend)

@@ -54,7 +54,12 @@ def setup(timeout_s: float = 600) -> Runtime:
         launch = detect()
     except LaunchEnvError as exc:
         sys.exit(f"[runtime] error: {exc}")
-    device = device_mod.select(launch.local_rank)
+    try:
+        device = device_mod.select(launch.local_rank)
+    except device_mod.DeviceError as exc:  # every rank of a node finds the same: all stop
+        if launch.local_rank == 0:
+            print(f"[runtime] error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if device.type == "cuda":
         torch.cuda.set_device(device.index)
     elif device.type == "xpu":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import math
+import os
 import time
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from mmm_orch.runtime.dist import Runtime
+from mmm_orch.injob import protocol
+from mmm_orch.runtime import runfiles
+from mmm_orch.runtime.dist import Runtime, refuse
 
 
 class StepTimer:
@@ -83,7 +87,7 @@ def draw_seed(seed: int, rank: int) -> int:
 def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
     """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
     if rt.world_size % tp:
-        raise SystemExit(f"tp={tp} does not divide the world size {rt.world_size}")
+        refuse(rt, "runtime", f"--tp {tp}: expected a divisor of the world size {rt.world_size}")
     return init_device_mesh(rt.device.type, (rt.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
@@ -124,11 +128,8 @@ _RUN_LOCK = None  # rank 0 holds the run directory's lock for the life of the pr
 def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
     """<output_dir>/<run_name>, the same on every rank. mmm-orch always names the run; started by
     hand, a run is named after its job id or, outside a job, the time rank 0 started. Rank 0 holds
-    a lock on the directory for the whole run: two runs never write one directory at once."""
-    global _RUN_LOCK
-    import fcntl
-    import os
-
+    a lock on the directory for the whole run: two runs never write one directory at once. A
+    directory in use, or one whose files are not what a run keeps there: exit 2 on every rank."""
     name = run_name
     if not name:
         job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID", "").split(".")[0]
@@ -136,40 +137,52 @@ def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
         dist.broadcast_object_list(picked, src=0)
         name = f"{trainer}-{picked[0]}"
     path = Path(output_dir) / name
-    holder = ""
-    if rt.is_main:
-        path.mkdir(parents=True, exist_ok=True)
-        _RUN_LOCK = open(path / ".lock", "a+")
-        # A relaunch after a failure waits this long for the ranks of the launch that ended,
-        # which may take the scheduler's kill grace (Slurm's KillWait) to go.
-        deadline = time.monotonic() + float(os.environ.get("MMM_RUN_LOCK_WAIT", "0"))
-        waiting = False
-        while True:
-            try:
-                fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _RUN_LOCK.seek(0)
-                _RUN_LOCK.truncate()
-                _RUN_LOCK.write(f"{rt.hostname} {os.getpid()}\n")
-                _RUN_LOCK.flush()
-                holder = ""
-            except BlockingIOError:
-                _RUN_LOCK.seek(0)
-                holder = _RUN_LOCK.read().strip() or "another process"
-                if time.monotonic() < deadline:
-                    if not waiting:
-                        waiting = True
-                        print(f"[runtime] run directory {path} is still held by {holder}; waiting "
-                              f"up to {deadline - time.monotonic():.0f}s for it to stop", flush=True)
-                    time.sleep(1)
-                    continue
-            except OSError:  # a filesystem without flock: run unguarded
-                holder = ""
-            break
-    verdict = [holder]
+    verdict = [_claim(path, rt.hostname) if rt.is_main else ""]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
-        if rt.is_main:
-            print(f"[runtime] error: run directory {path} is in use by another run ({verdict[0]}); "
-                  "give this run another --run-name", flush=True)
-        raise SystemExit(2)
+        refuse(rt, "runtime", verdict[0])
     return path
+
+
+def _claim(path: Path, hostname: str) -> str:
+    """Rank 0: make the run directory and take its lock; why the run cannot have it, or ""."""
+    global _RUN_LOCK
+    if os.path.lexists(path) and not path.is_dir():
+        return (f"run directory {path} is {runfiles.kind(path)}, not a directory; give this run "
+                "another --run-name")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make the run directory {path}: {exc.strerror}"
+    # What the run writes in it: a FIFO there would block it, a link would be written through.
+    for entry, wanted in ((".lock", "a regular file"), (protocol.METRICS_FILE, "a regular file"),
+                          (protocol.CHECKPOINTS_DIR, "a directory")):
+        if (found := runfiles.kind(path / entry)) not in ("missing", wanted):
+            return (f"{path / entry} is {found}, not {wanted}: not a run directory this "
+                    "runtime wrote; give this run another --run-name")
+    _RUN_LOCK = open(path / ".lock", "a+")
+    # A relaunch after a failure waits this long for the ranks of the launch that ended,
+    # which may take the scheduler's kill grace (Slurm's KillWait) to go.
+    deadline = time.monotonic() + float(os.environ.get("MMM_RUN_LOCK_WAIT", "0"))
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _RUN_LOCK.seek(0)
+            _RUN_LOCK.truncate()
+            _RUN_LOCK.write(f"{hostname} {os.getpid()}\n")
+            _RUN_LOCK.flush()
+            return ""
+        except BlockingIOError:
+            _RUN_LOCK.seek(0)
+            holder = _RUN_LOCK.read().strip() or "another process"
+            if time.monotonic() >= deadline:
+                return (f"run directory {path} is in use by another run ({holder}); give this "
+                        "run another --run-name")
+            if not waiting:
+                waiting = True
+                print(f"[runtime] run directory {path} is still held by {holder}; waiting "
+                      f"up to {deadline - time.monotonic():.0f}s for it to stop", flush=True)
+            time.sleep(1)
+        except OSError:  # a filesystem without flock: run unguarded
+            return ""

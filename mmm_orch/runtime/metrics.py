@@ -13,13 +13,18 @@ time, for startup analysis (`resumed_step` when the launch continues a run from 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from mmm_orch.injob import protocol
+from mmm_orch.runtime.runfiles import kind, open_read, open_write, step_number
 from mmm_orch.runtime.tracking import numbers, open_trackers
+
+# A metric's name: one `key=value` field whatever it holds (TensorBoard-style `train/loss` too).
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 
 
 def say(line: str) -> None:
@@ -33,10 +38,20 @@ def _format(value: Any) -> str:
         if abs(value) >= 100:
             return f"{value:.1f}"
         return f"{value:.4f}" if abs(value) >= 1e-2 else f"{value:.4g}"
-    return str(value)
+    text = str(value)
+    if all(ch.isprintable() and not ch.isspace() for ch in text):
+        return text
+    # One field on its line: a line break in a value (a path, a message) would start a line of
+    # its own in the job log, which could pass for a marker. Escaped as JSON escapes it.
+    return json.dumps(text).replace(" ", "\\u0020")
 
 
 def format_line(fields: dict[str, Any]) -> str:
+    """`key=value ...`; ValueError for a key that is not a metric's name."""
+    for key in fields:
+        if not (isinstance(key, str) and _KEY.fullmatch(key)):
+            raise ValueError(f"metric name {key!r}: expected a letter or _ then letters, digits "
+                             "and _ . / -")
     return " ".join(f"{key}={_format(value)}" for key, value in fields.items() if value is not None)
 
 
@@ -51,10 +66,10 @@ def _drop_after(path: Path, step: int) -> None:
     every step once, as the run that went on computed it. Lines are kept as bytes, unread: one
     that is not a record (cut short by the crash, not UTF-8) stays as it was for the reports to
     skip, and a resume never fails on it."""
-    if not path.is_file():
+    if kind(path) == "missing":
         return
     partial = path.with_suffix(".jsonl.partial")
-    with open(path, "rb") as old, open(partial, "wb") as new:
+    with open_read(path) as old, open_write(partial, "wb") as new:
         for line in old:
             if _step_of(line) <= step:
                 new.write(line if line.endswith(b"\n") else line + b"\n")
@@ -90,7 +105,7 @@ class MetricLogger:
             path = run_dir / protocol.METRICS_FILE
             if self.resumed:
                 _drop_after(path, resumed_from)
-            self._file = open(path, "a" if self.resumed else "w", encoding="utf-8")
+            self._file = open_write(path, "a" if self.resumed else "w", encoding="utf-8")
             self._write({"event": "config", "time": time.time(), "config": config})
         # Main rank only; each tracker imports its package only when the run asks for it.
         self._trackers = open_trackers(run_dir, config, resumed_from) if enabled else []
@@ -101,6 +116,10 @@ class MetricLogger:
         self._file.flush()
 
     def step(self, step: int, **fields: Any) -> None:
+        """ValueError for a step that is no int >= 0 or a field named as no metric is, on every
+        rank alike."""
+        step = step_number(step)  # it is in the marker line, and each record's key
+        line = format_line({"step": step, **fields})
         if not self.enabled:
             return
         now = time.time()
@@ -109,7 +128,7 @@ class MetricLogger:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
             marker = protocol.RESUMED_STEP if self.resumed else protocol.FIRST_STEP
             say(f"{marker}{now:.3f} step={step} at={stamp}")
-        say(format_line({"step": step, **fields}))
+        say(line)
         self._write({"event": "step", "time": now, "step": step, **fields})
         for tracker in self._trackers:
             tracker.log(step, numbers(fields))

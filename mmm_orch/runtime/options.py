@@ -1,15 +1,35 @@
 """Typed command-line options from a trainer's config dataclass: `--key-with-dashes VALUE`,
 booleans as `--flag/--no-flag`, choices from Literal types. Unknown options are an error.
-`--tiny` swaps in a trainer's small defaults; options given on the command line still win."""
+`--tiny` swaps in a trainer's small defaults; options given on the command line still win.
+
+A value given is held to its field's rules (`option(...)`): every number finite, within its
+bounds; names one path component; directories what they say. A value that breaks them stops
+every rank with one line naming the option, the value and what it may be, and exit 2, before
+the process group starts and before anything is written."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import operator
+import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Callable, Literal, NoReturn
+
+from mmm_orch.runtime import runfiles
+
+_BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
+
+
+def option(default: Any, help: str = "", **rules: Any) -> Any:
+    """A Config field: its default, its --help, and the rules a given value must keep: `ge`,
+    `gt`, `le` (bounds; a float is finite besides), `name=True` (one path component, or ""),
+    `directory="may-create"` (a directory, or a path one can be made at) or `"existing"`."""
+    return field(default=default, metadata={"help": help, **rules})
 
 
 @dataclass(frozen=True)
@@ -17,26 +37,33 @@ class RunOptions:
     """Options every trainer takes; a trainer's Config adds its own after these."""
 
     dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = 1
-    output_dir: str = "outputs"
-    run_name: str = ""
-    checkpoint_every: int = 0
-    keep_checkpoints: int = field(default=0, metadata={
-        "help": "keep the newest K checkpoints, removing older ones (0 = keep all)"})
-    tensorboard: bool = field(default=False, metadata={
-        "help": "TensorBoard event files in the run directory (the tensorboard extra)"})
-    wandb: Literal["off", "offline", "online"] = field(default="off", metadata={
-        "help": "a W&B run (the wandb extra): offline files to `wandb sync` later, or online "
-                "where the compute nodes reach W&B (with the machine's proxy preset)"})
-    wandb_project: str = field(default="mmm-orch", metadata={"help": "the W&B project"})
-    resume: bool = field(default=False, metadata={
-        "help": "continue from the run's latest checkpoint; an error when there is none"})
-    allow_fresh: bool = field(default=False, metadata={
-        "help": "with --resume: start from step 0 when the run has no checkpoint yet"})
+    seed: int = option(1, ge=0, le=2**32 - 1)
+    output_dir: str = option("outputs", directory="may-create")
+    run_name: str = option("", "the run's directory in --output-dir (one path component)",
+                           name=True)
+    checkpoint_every: int = option(0, ge=0)
+    keep_checkpoints: int = option(
+        0, "keep the newest K checkpoints, removing older ones (0 = keep all)", ge=0)
+    tensorboard: bool = option(
+        False, "TensorBoard event files in the run directory (the tensorboard extra)")
+    wandb: Literal["off", "offline", "online"] = option(
+        "off", "a W&B run (the wandb extra): offline files to `wandb sync` later, or online "
+               "where the compute nodes reach W&B (with the machine's proxy preset)")
+    wandb_project: str = option("mmm-orch", "the W&B project", name=True)
+    resume: bool = option(
+        False, "continue from the run's latest checkpoint; an error when there is none")
+    allow_fresh: bool = option(
+        False, "with --resume: start from step 0 when the run has no checkpoint yet")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, without the usage block that would bury it."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None = None) -> Any:
-    parser = argparse.ArgumentParser(description=cls.__doc__, allow_abbrev=False)
+    parser = _Parser(description=cls.__doc__, allow_abbrev=False)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
@@ -52,7 +79,55 @@ def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None 
             parser.add_argument(flag, dest=f.name, choices=choices, default=f.default,
                                 type=type(choices[0]), help=help_text)
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=f.default, help=help_text)
+            parser.add_argument(flag, dest=f.name, type=_checked(kind, f.metadata),
+                                default=f.default, help=help_text)
     if tiny and parser.parse_known_args(argv)[0].tiny:
         parser.set_defaults(**tiny)
     return cls(**vars(parser.parse_args(argv)))
+
+
+def _checked(kind: type, rules: typing.Mapping[str, Any]) -> Callable[[str], Any]:
+    """argparse's type for a field: the value converted, then held to the field's rules."""
+    def convert(text: str) -> Any:
+        value = kind(text)  # a ValueError: argparse says "invalid int value: 'x'"
+        if (expected := _broken(value, rules)) is not None:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def _broken(value: Any, rules: typing.Mapping[str, Any]) -> str | None:
+    """What `value` should have been, in words, when it breaks a rule; None when it keeps all."""
+    if isinstance(value, (int, float)):
+        bounds = [(test, sign, rules[key]) for key, (test, sign) in _BOUNDS.items()
+                  if key in rules]
+        expected = " ".join(["a finite number" if isinstance(value, float) else "an integer",
+                             " and ".join(f"{sign} {bound}" for _, sign, bound in bounds)]).strip()
+        finite = not isinstance(value, float) or math.isfinite(value)
+        return None if finite and all(test(value, bound) for test, _, bound in bounds) \
+            else expected
+    if rules.get("name") and value and not _one_component(value):
+        return ("one path component: no '/', not '.' or '..', printable characters, "
+                "at most 255 bytes")
+    if (directory := rules.get("directory")) and value:
+        return _not_a_directory(Path(value), directory == "existing")
+    return None
+
+
+def _one_component(name: str) -> bool:
+    return ("/" not in name and name not in (".", "..") and name.isprintable()
+            and len(name.encode("utf-8", "surrogateescape")) <= 255)
+
+
+def _not_a_directory(path: Path, existing: bool) -> str | None:
+    """What a directory option's path should have been, when it is not a directory there (or,
+    for one that may be made, the first path above it that is there is no directory)."""
+    there = path if existing else next(
+        (p for p in (path, *path.parents) if os.path.lexists(p)), Path("."))
+    if there.is_dir():  # a link to a directory is one
+        return None
+    if existing:
+        return f"an existing directory ({path} is {runfiles.kind(path)})"
+    return f"a directory or a path to make one at ({there} is {runfiles.kind(there)})"

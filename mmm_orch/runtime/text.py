@@ -10,14 +10,21 @@ Tokenizers (the format found from the file, nothing downloaded):
 
 Documents: `.txt`/`.md` files are split at blank lines (a paragraph is a document), `.jsonl`
 files give one document per line (the field `text_field`), `.parquet` files one per row (the
-column `text_field`). A directory stands for the files in it, in name order.
+column `text_field`). A directory stands for the files in it, in name order. A document may
+have at most MAX_DOCUMENT_CHARS characters (8 Mi): the tokenizers take ~150 bytes of memory per
+character of one document (a 200 MB one ran the Hugging Face tokenizer out of memory), and real
+documents (a book, an article, a source file) stay far below it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -30,6 +37,12 @@ LLAMA3_SPECIAL_TOKENS = 256
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[SEP]")
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
 TEXT_SUFFIXES = (".txt", ".md")
+MAX_DOCUMENT_CHARS = 8 << 20
+# A JSON line holds one document, escaped (\uXXXX: 6 characters for one), and other fields.
+MAX_JSON_LINE_CHARS = 8 * MAX_DOCUMENT_CHARS
+# The largest published tokenizer files are ~35 MB (Gemma 3's tokenizer.json): a bigger one is
+# not a tokenizer, and would be read whole into memory.
+MAX_TOKENIZER_BYTES = 128 << 20
 INPUT_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
 
 
@@ -62,23 +75,34 @@ def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
     file = Path(path)
     if file.is_dir():
         file = file / "tokenizer.json"
-    if not file.is_file():
+    try:
+        info = os.stat(file)
+    except OSError:
         raise TextError(f"tokenizer {path!r}: no such file (a tokenizer.json, a tiktoken BPE file "
-                        "such as Llama 3's tokenizer.model, or a SentencePiece model)")
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()
-    with open(file, "rb") as handle:
-        head = handle.read(4096)
+                        "such as Llama 3's tokenizer.model, or a SentencePiece model)") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would hang the read
+        raise TextError(f"tokenizer {path!r}: not a regular file")
+    if info.st_size > MAX_TOKENIZER_BYTES:
+        raise TextError(f"tokenizer {path!r}: {info.st_size} bytes, more than a tokenizer file "
+                        f"has (at most {MAX_TOKENIZER_BYTES})")
+    data = file.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     if file.suffix == ".json":
         return _huggingface(file, digest, eos, bos)
-    if re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", head):
-        return _tiktoken(file, digest)
+    if re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data[:4096]):
+        return _tiktoken(file, data, digest)
     return _sentencepiece(file, digest)
 
 
 def _huggingface(file: Path, digest: str, eos: str, bos: str) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
-    tokenizer = HFTokenizer.from_file(str(file))
+    try:
+        tokenizer = HFTokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers package raises bare Exception
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TextError(f"tokenizer {file}: not a Hugging Face tokenizer.json "
+                        f"({reason})") from None
 
     def marker(given: str, names: tuple[str, ...], what: str) -> int | None:
         for name in (given,) if given else names:
@@ -98,11 +122,39 @@ def _huggingface(file: Path, digest: str, eos: str, bos: str) -> Tokenizer:
                      lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def _tiktoken(file: Path, digest: str) -> Tokenizer:
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
+def _tiktoken_ranks(file: Path, data: bytes) -> dict[bytes, int]:
+    """The token -> rank table of a tiktoken BPE file, checked line by line: tiktoken itself
+    panics or overflows on a repeated rank or one past 2**32, and Llama 3's layout needs the ranks
+    to be 0..n-1, each once (its special tokens take the ids after them)."""
+    ranks: dict[bytes, int] = {}
+    seen: set[int] = set()
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line:
+            continue
+        try:
+            token, rank_text = line.split()
+            if not rank_text.isdigit():
+                raise ValueError(rank_text)
+            token_bytes, rank = base64.b64decode(token, validate=True), int(rank_text)
+        except (ValueError, binascii.Error):
+            raise TextError(f"tokenizer {file}: line {number} is not `<base64 token> <rank>`: "
+                            "not a tiktoken BPE file") from None
+        if token_bytes in ranks or rank in seen:
+            raise TextError(f"tokenizer {file}: line {number} repeats a token or rank ({rank}) "
+                            "of an earlier line: each must appear once")
+        ranks[token_bytes] = rank
+        seen.add(rank)
+    largest = max(seen)
+    if largest >= len(ranks):
+        raise TextError(f"tokenizer {file}: rank {largest} with {len(ranks)} tokens: the ranks "
+                        f"must be 0 to {len(ranks) - 1}, each once")
+    return ranks
 
-    ranks = load_tiktoken_bpe(str(file))
+
+def _tiktoken(file: Path, data: bytes, digest: str) -> Tokenizer:
+    import tiktoken
+
+    ranks = _tiktoken_ranks(file, data)
     base = len(ranks)
     names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
         f"<|reserved_special_token_{i}|>" for i in range(LLAMA3_SPECIAL_TOKENS - 2)]
@@ -133,6 +185,8 @@ def input_files(inputs: list[str]) -> list[Path]:
     files: list[Path] = []
     for given in inputs:
         path = Path(given)
+        if path.exists() and not (path.is_dir() or path.is_file()):  # a FIFO would hang the read
+            raise TextError(f"input {given!r}: not a regular file or directory")
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
             if not found:
@@ -149,16 +203,22 @@ def input_files(inputs: list[str]) -> list[Path]:
 
 
 def documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
-    """Every document of the corpus, in order (files in the order given)."""
+    """Every document of the corpus, in order (files in the order given), read a line at a time
+    so that no more than a bounded document is held (TextError past MAX_DOCUMENT_CHARS)."""
     for file in files:
         if file.suffix in TEXT_SUFFIXES:
-            text = file.read_text(encoding="utf-8", errors="replace")
-            yield from (p.strip() for p in re.split(r"\n\s*\n", text) if p.strip())
+            yield from _paragraphs(file)
         elif file.suffix == ".jsonl":
             with open(file, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
+                number = 0
+                while line := handle.readline(MAX_JSON_LINE_CHARS + 2):
+                    number += 1
+                    if len(line.rstrip("\n")) > MAX_JSON_LINE_CHARS:
+                        raise TextError(f"{file}:{number}: a line of more than "
+                                        f"{MAX_JSON_LINE_CHARS} characters; {_TOO_LONG}")
                     if line.strip():
-                        yield _field(json.loads(line), text_field, f"{file}:{number}")
+                        yield _bounded(_field(_json(line, f"{file}:{number}"), text_field,
+                                              f"{file}:{number}"), f"{file}:{number}")
         else:
             import pyarrow.parquet as pq
 
@@ -166,8 +226,51 @@ def documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
             if text_field not in table.schema_arrow.names:
                 raise TextError(f"{file}: no column {text_field!r} (columns: "
                                 f"{', '.join(table.schema_arrow.names)}); name it with --text-field")
+            row = 0
             for chunk in table.iter_batches(columns=[text_field]):
-                yield from (t for t in chunk.column(0).to_pylist() if t)
+                for text in chunk.column(0).to_pylist():
+                    row += 1
+                    if text:
+                        yield _bounded(text, f"{file}: row {row}")
+
+
+_TOO_LONG = (f"a document may have at most {MAX_DOCUMENT_CHARS} characters (the tokenizer needs "
+             "~150 bytes of memory per character): split it")
+
+
+def _bounded(text: str, where: str) -> str:
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise TextError(f"{where}: a document of {len(text)} characters; {_TOO_LONG}")
+    return text
+
+
+def _paragraphs(file: Path) -> Iterator[str]:
+    """The blank-line-separated documents of a text file (a line of whitespace is blank)."""
+    with open(file, encoding="utf-8", errors="replace") as handle:
+        lines: list[str] = []
+        size, number = 0, 1
+        # A line longer than a document comes in pieces (readline's limit): never held whole.
+        while line := handle.readline(MAX_DOCUMENT_CHARS + 1):
+            if line.strip() or not line.endswith("\n"):
+                lines.append(line)
+                size += len(line)
+                if size > MAX_DOCUMENT_CHARS:
+                    raise TextError(f"{file}: document {number} has more than "
+                                    f"{MAX_DOCUMENT_CHARS} characters; {_TOO_LONG}")
+                continue
+            if text := "".join(lines).strip():
+                yield text
+                number += 1
+            lines, size = [], 0
+        if text := "".join(lines).strip():
+            yield text
+
+
+def _json(line: str, where: str) -> object:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise TextError(f"{where}: not a JSON line ({type(exc).__name__}: {exc})") from None
 
 
 def _field(row: object, name: str, where: str) -> str:

@@ -39,6 +39,10 @@ class Submission:
     # What the launcher passes on to the ranks to save and stop (USR1 through srun and mpiexec):
     # the local executor sends it to the launch first when the job is cancelled.
     stop_signal: str = "TERM"
+    # The local executor only: the process the job belongs to (a `launch` in the foreground,
+    # holding the allocation); the job is stopped as a cancel would stop it once that process
+    # ends, however it ends (0: none, the job lives on its own).
+    held_by: int = 0
 
 
 @dataclass(frozen=True)

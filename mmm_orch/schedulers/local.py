@@ -19,6 +19,12 @@ from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
 from mmm_orch.schedulers.local_run import GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus
 
+def _holder(pid: int) -> str:
+    """`pid:start time` of the process holding the job ('' for none): the start time tells the
+    process from a later one given the same pid."""
+    return f"{pid}:{psutil.Process(pid).create_time()}" if pid else ""
+
+
 class LocalScheduler:
     submit_command = ""  # runs here, always
 
@@ -29,7 +35,8 @@ class LocalScheduler:
         with open(submission.log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
-                 str(submission.script), str(submission.walltime), submission.stop_signal],
+                 str(submission.script), str(submission.walltime), submission.stop_signal,
+                 _holder(submission.held_by)],
                 cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         deadline = time.monotonic() + 30

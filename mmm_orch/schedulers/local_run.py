@@ -1,4 +1,5 @@
-"""The supervisor of one local job: `python -m mmm_orch.schedulers.local_run JOB_DIR SCRIPT WALLTIME`.
+"""The supervisor of one local job:
+`python -m mmm_orch.schedulers.local_run JOB_DIR SCRIPT WALLTIME [STOP_SIGNAL [HOLDER]]`.
 
 Started detached (own session) by LocalScheduler.submit, so it outlives the CLI. It records its
 own pid first (supervisor.json: how the job is found again), runs the job script in a process
@@ -89,7 +90,25 @@ def ask_the_launch_to_stop(script: subprocess.Popen, stop_signal: int, grace: fl
         script.wait(grace)
 
 
-def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM) -> int:
+def _ended(holder: str) -> bool:
+    """Whether the process `pid:start time` has ended ('' is no process: never)."""
+    if not holder:
+        return False
+    pid, started = holder.split(":")
+    try:
+        process = psutil.Process(int(pid))
+        # (start times are read against the boot time, which psutil reads again each time:
+        # a stepped clock moves them a little, as jobs/submit.submitter_alive allows too)
+        return (abs(process.create_time() - float(started)) >= 1
+                or process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM,
+              holder: str = "") -> int:
+    """`holder`: the process the job belongs to (`pid:start time`, a launch in the foreground);
+    its end, however it comes (a SIGKILL, the allocation's end), stops the job as a cancel."""
     me = psutil.Process()
     _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time()})
     _adopt_orphans()
@@ -108,6 +127,10 @@ def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = si
             if deadline.passed():
                 outcome["timed_out"] = True
                 print(f"{PREFIX} walltime of {walltime:.0f}s exceeded: stopping the job", flush=True)
+                break
+            if _ended(holder):
+                outcome["cancelled"] = True
+                print(f"{PREFIX} the launch holding the job ended: stopping the job", flush=True)
                 break
             try:
                 proc.wait(min(deadline.left(), 1.0))
@@ -130,4 +153,5 @@ def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = si
 
 if __name__ == "__main__":
     sys.exit(supervise(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
-                       signal.Signals[f"SIG{sys.argv[4]}"] if len(sys.argv) > 4 else signal.SIGTERM))
+                       signal.Signals[f"SIG{sys.argv[4]}"] if len(sys.argv) > 4 else signal.SIGTERM,
+                       sys.argv[5] if len(sys.argv) > 5 else ""))

@@ -20,14 +20,17 @@ class PbsScheduler(CommandScheduler):
     allocate_needs_terminal = True
 
     def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
-                      command: list[str] | None = None) -> list[str]:
+                      command: list[str] | None = None, name: str = "",
+                      tag: str = "") -> list[str]:
         """An interactive allocation with the job's directives: qsub -I (PBS Pro qsub(1B)); with
         `command`, the job runs it (`-- executable args`) instead of a shell, as salloc would:
-        with this environment (-V) and in this directory (a PBS job starts in $HOME)."""
+        with this environment (-V) and in this directory (a PBS job starts in $HOME); with
+        `name` and `tag`, the job carries them as a batch job does (found again by find())."""
         here = ["-V", "--", "/bin/sh", "-c", 'cd "$PBS_O_WORKDIR" && exec "$@"', "sh", *command] \
             if command else []
-        return [self.cmd["submit"], "-I", *(["-A", account] if account else []), *directives,
-                "-l", f"walltime={walltime_hms}", *here]
+        named = ["-N", name, "-v", f"{parse.TAG_VARIABLE}={tag}"] if tag else []
+        return [self.cmd["submit"], "-I", *(["-A", account] if account else []), *named,
+                *directives, "-l", f"walltime={walltime_hms}", *here]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES

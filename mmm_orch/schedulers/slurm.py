@@ -24,11 +24,14 @@ class SlurmScheduler(CommandScheduler):
     allocate_needs_terminal = False
 
     def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
-                      command: list[str] | None = None) -> list[str]:
+                      command: list[str] | None = None, name: str = "",
+                      tag: str = "") -> list[str]:
         """An interactive allocation with the job's directives: salloc takes sbatch's options;
-        with `command`, salloc runs it here, inside the allocation, instead of a shell."""
-        return [self.cmd["allocate"], *(["-A", account] if account else []), *directives,
-                "-t", walltime_hms, *(command or [])]
+        with `command`, salloc runs it here, inside the allocation, instead of a shell; with
+        `name` and `tag`, the job carries them as a batch job does (found again by find())."""
+        named = [f"--job-name={name}", f"--comment={parse.tag_comment(tag)}"] if tag else []
+        return [self.cmd["allocate"], *(["-A", account] if account else []), *named,
+                *directives, "-t", walltime_hms, *(command or [])]
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     refusal = parse.REFUSAL

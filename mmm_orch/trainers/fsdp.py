@@ -10,7 +10,7 @@ tests on its own slice of the test set.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
@@ -26,7 +26,7 @@ from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
 from mmm_orch.runtime.loop import (StepTimer, adamw, autocast, classifier_step,
                                    draw_per_rank, mean_across, mesh, param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import RunOptions, parse
+from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
 
@@ -38,14 +38,14 @@ TINY = {"train_samples": 512, "test_batch_size": 128}
 class Config(RunOptions):
     """MNIST CNN with FSDP2."""
 
-    epochs: int = 10
-    batch_size: int = field(default=64, metadata={"help": "per rank"})
-    test_batch_size: int = 1000
-    lr: float = 1e-3
-    gamma: float = field(default=0.7, metadata={"help": "StepLR decay per epoch"})
-    train_samples: int = field(default=60000, metadata={"help": "synthetic training images"})
-    data_dir: str = field(default="", metadata={"help": "MNIST IDX files; synthetic if empty"})
-    tiny: bool = field(default=False, metadata={"help": "512 training, 256 test images"})
+    epochs: int = option(10, ge=1)
+    batch_size: int = option(64, "per rank", ge=1)
+    test_batch_size: int = option(1000, ge=1)
+    lr: float = option(1e-3, gt=0)
+    gamma: float = option(0.7, "StepLR decay per epoch", gt=0, le=1)
+    train_samples: int = option(60000, "synthetic training images", ge=1)
+    data_dir: str = option("", "MNIST IDX files; synthetic if empty", directory="existing")
+    tiny: bool = option(False, "512 training, 256 test images")
 
 
 def evaluate(model, test, rt, cfg: Config) -> tuple[float, float]:
@@ -85,17 +85,24 @@ class _Slice:
         return self.images.batch(indices % self.size + self.offset)
 
 
+def open_data(cfg: Config, rt):
+    """(training set, test set): MNIST's IDX files from --data-dir, else synthetic images."""
+    if cfg.data_dir:
+        try:
+            return mnist(cfg.data_dir, "train"), mnist(cfg.data_dir, "test")
+        except (OSError, ValueError) as exc:  # every rank reads the same files: all stop
+            runtime_dist.refuse(rt, "fsdp", f"--data-dir {cfg.data_dir}: {exc}")
+    images = SyntheticImages((1, 28, 28), 10, cfg.seed)
+    return (_Slice(images, cfg.train_samples),
+            _Slice(images, 256 if cfg.tiny else 10000, TEST_OFFSET))
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv, tiny=TINY)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
+    train, test = open_data(cfg, rt)
     out = run_dir(cfg.output_dir, cfg.run_name, "fsdp", rt)
-    if cfg.data_dir:
-        train, test = mnist(cfg.data_dir, "train"), mnist(cfg.data_dir, "test")
-    else:
-        images = SyntheticImages((1, 28, 28), 10, cfg.seed)
-        train = _Slice(images, cfg.train_samples)
-        test = _Slice(images, 256 if cfg.tiny else 10000, TEST_OFFSET)
 
     torch.manual_seed(cfg.seed)
     model = MnistCNN().to(rt.device.torch)

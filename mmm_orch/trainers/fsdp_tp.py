@@ -10,13 +10,12 @@ any mesh starts from the same weights as a single-process run (tests compare the
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
     stop.catch()
 
-import torch
 
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
@@ -24,7 +23,7 @@ from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
                                    param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import RunOptions, parse
+from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
@@ -37,17 +36,17 @@ TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 2
 class Config(RunOptions):
     """Llama-style transformer with TP x FSDP2 on synthetic tokens."""
 
-    tp: int = 2
-    dim: int = 256
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 4
-    vocab_size: int = 32000
-    seq_len: int = 2048
-    batch_size: int = field(default=24, metadata={"help": "per data-parallel rank"})
-    steps: int = 50
-    lr: float = 3e-3
-    tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
+    tp: int = option(2, ge=1)
+    dim: int = option(256, ge=1)
+    n_layers: int = option(32, ge=1)
+    n_heads: int = option(32, ge=1)
+    n_kv_heads: int = option(4, ge=1)
+    vocab_size: int = option(32000, ge=2)
+    seq_len: int = option(2048, ge=1)
+    batch_size: int = option(24, "per data-parallel rank", ge=1)
+    steps: int = option(50, ge=1)
+    lr: float = option(3e-3, gt=0)
+    tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
 
 
 def main(argv: list[str] | None = None) -> int:

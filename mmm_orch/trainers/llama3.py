@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -25,13 +26,13 @@ from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
-from mmm_orch.runtime.dataset import SampleLog, TokenDataset
+from mmm_orch.runtime.dataset import DatasetError, SampleLog, TokenDataset
 from mmm_orch.runtime.dist import refuse
 from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
 from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
                                    param_dtype, run_dir, warmup_cosine)
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import RunOptions, parse
+from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
@@ -43,39 +44,40 @@ class Config(RunOptions):
     """Llama 3 training with TP x FSDP2."""
 
     config: Literal["debug", "8b", "70b", "405b"] = "debug"
-    tp: int = 1
-    steps: int = 1000
-    warmup_steps: int = 200
-    batch_size: int | None = field(default=None, metadata={"help": "per data-parallel rank"})
-    seq_len: int | None = None
-    n_layers: int | None = None
-    vocab_size: int | None = field(default=None, metadata={
-        "help": "the model's vocabulary (your tokenizer's size; the preset's if unset)"})
-    lr: float | None = None
-    ac: Literal["none", "every_other", "full", "selective"] | None = field(default=None, metadata={
-        "help": "activation checkpointing: every_other block (torchtitan's layer-wise "
-                "selective option 2) or every block (full); the preset's if unset (selective: "
-                "every_other's old name, for scripts written before the rename)"})
+    tp: int = option(1, ge=1)
+    steps: int = option(1000, ge=1)
+    warmup_steps: int = option(200, ge=0)
+    batch_size: int | None = option(None, "per data-parallel rank", ge=1)
+    seq_len: int | None = option(None, ge=1)
+    n_layers: int | None = option(None, ge=1)
+    vocab_size: int | None = option(
+        None, "the model's vocabulary (your tokenizer's size; the preset's if unset)", ge=2)
+    lr: float | None = option(None, gt=0)
+    ac: Literal["none", "every_other", "full", "selective"] | None = option(
+        None, "activation checkpointing: every_other block (torchtitan's layer-wise selective "
+              "option 2) or every block (full); the preset's if unset (selective: every_other's "
+              "old name, for scripts written before the rename)")
     compile: bool = False
-    async_save: bool = field(default=False, metadata={
-        "help": "periodic checkpoints written in the background while training goes on"})
-    loss_chunk: int = field(default=DEFAULT_LOSS_CHUNK, metadata={
-        "help": "tokens of a sequence whose logits exist at once without TP (0: all)"})
-    data_path: str = field(default="", metadata={
-        "help": "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
-                "synthetic tokens if empty"})
-    token_dtype: Literal["uint16", "uint32"] = field(default="uint32", metadata={
-        "help": "a flat token file's id type (a dataset's manifest says its own)"})
-    global_batch: int = field(default=0, metadata={
-        "help": "samples a step on any node count, by gradient accumulation (0: batch_size x dp)"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "clip to this norm (0: no clip)"})
-    eval_every: int = field(default=0, metadata={
-        "help": "validation loss every N steps and at the last (0: never)"})
-    eval_samples: int = field(default=64, metadata={
-        "help": "held-out samples a validation reads (the same ones each time, on any layout)"})
-    log_sample_ids: bool = field(default=False, metadata={
-        "help": "write the samples and windows each rank trained on (samples/dp-R.jsonl)"})
-    tiny: bool = field(default=False, metadata={"help": "a 2-layer, 64-dim model for smoke tests"})
+    async_save: bool = option(
+        False, "periodic checkpoints written in the background while training goes on")
+    loss_chunk: int = option(
+        DEFAULT_LOSS_CHUNK, "tokens of a sequence whose logits exist at once without TP (0: all)",
+        ge=0)
+    data_path: str = option(
+        "", "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
+            "synthetic tokens if empty")
+    token_dtype: Literal["uint16", "uint32"] = option(
+        "uint32", "a flat token file's id type (a dataset's manifest says its own)")
+    global_batch: int = option(
+        0, "samples a step on any node count, by gradient accumulation (0: batch_size x dp)",
+        ge=0)
+    max_grad_norm: float = option(1.0, "clip to this norm (0: no clip)", ge=0)
+    eval_every: int = option(0, "validation loss every N steps and at the last (0: never)", ge=0)
+    eval_samples: int = option(
+        64, "held-out samples a validation reads (the same ones each time, on any layout)", ge=1)
+    log_sample_ids: bool = option(
+        False, "write the samples and windows each rank trained on (samples/dp-R.jsonl)")
+    tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
 
 
 def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
@@ -188,7 +190,11 @@ def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTime
     total = torch.zeros((), device=device)
     for micro in range(batches.accumulation):
         indices = batches.micro(consumed, micro)
-        inputs, labels = data.batch(indices)
+        try:
+            inputs, labels = data.batch(indices)
+        except DatasetError as exc:  # found by the ranks that read it: the launcher ends the rest
+            print(f"[llama3] error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         with loss_context(tp):
             # Every sample has seq_len labels, so the micro-batches' mean losses over their
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;

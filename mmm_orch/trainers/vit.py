@@ -7,7 +7,7 @@ bf16 autocast and optional torch.compile; reports samples/s.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
@@ -21,7 +21,7 @@ from mmm_orch.runtime.data import SyntheticImages, batch_indices
 from mmm_orch.runtime.loop import (StepTimer, adamw, classifier_step, draw_per_rank,
                                    mean_across, mesh, param_dtype, run_dir)
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import RunOptions, parse
+from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
 
@@ -33,17 +33,17 @@ TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "heads": 2, "head_dim": 16,
 class Config(RunOptions):
     """Vision Transformer with FSDP2."""
 
-    img_size: int = 224
-    patch_size: int = 16
-    depth: int = 24
-    heads: int = 16
-    head_dim: int = 64
-    num_classes: int = 1000
-    batch_size: int = field(default=128, metadata={"help": "per rank"})
-    steps: int = 100
-    lr: float = 3e-4
+    img_size: int = option(224, ge=1)
+    patch_size: int = option(16, ge=1)
+    depth: int = option(24, ge=1)
+    heads: int = option(16, ge=1)
+    head_dim: int = option(64, ge=1)
+    num_classes: int = option(1000, ge=2)
+    batch_size: int = option(128, "per rank", ge=1)
+    steps: int = option(100, ge=1)
+    lr: float = option(3e-4, gt=0)
     compile: bool = False
-    tiny: bool = field(default=False, metadata={"help": "32 px, depth 2: for smoke tests"})
+    tiny: bool = option(False, "32 px, depth 2: for smoke tests")
 
 
 def main(argv: list[str] | None = None) -> int:
