@@ -530,24 +530,35 @@ def test_a_pbs_allocation_granting_fewer_cpus_is_refused(cli, isolated, monkeypa
 def test_a_launch_killed_outright_takes_its_job_with_it(cli, isolated):
     """The launch holds its job: SIGKILLed (no handler runs), its supervisor still stops every
     process of the job as a cancel would, and the record ends; nothing runs on without it."""
+    _kill_once_the_ranks_run(isolated, ["launch", "local"], "RANK", os.environ)
+    row = wait_state(cli, 1, TERMINAL, timeout=60)
+    assert row["state"] == "cancelled", row
+
+
+def _kill_once_the_ranks_run(isolated: Path, words: list[str], rank_variable: str,
+                             env) -> None:
+    """Run `mmm-orch WORDS -- python` (two ranks that write their pids, then sleep), SIGKILL it
+    once both run, and wait (bounded) until neither runs any more."""
     pids = isolated / "pids"
-    launch = subprocess.Popen([*MMM_ORCH, "launch", "local", "--", sys.executable, "-c",
-                               f"import os, time; open('{pids}.'+os.environ['RANK'], 'w')"
-                               ".write(str(os.getpid())); time.sleep(600)"],
-                              cwd=isolated, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 180
+    with open(isolated / "launch.err", "w") as err:
+        launch = subprocess.Popen(
+            [*MMM_ORCH, *words, "--", sys.executable, "-c",
+             f"import os, time; open('{pids}.' + os.environ.get('{rank_variable}', '0'), 'w')"
+             ".write(str(os.getpid())); time.sleep(600)"],
+            cwd=isolated, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=err, start_new_session=True)
+    deadline = time.monotonic() + 240
     while len(list(isolated.glob("pids.*"))) < 2:
-        assert launch.poll() is None and time.monotonic() < deadline, launch.stderr.read()
+        assert launch.poll() is None and time.monotonic() < deadline, \
+            (isolated / "launch.err").read_text()[-2000:]
         time.sleep(0.2)
     ranks = [int(p.read_text()) for p in isolated.glob("pids.*")]
     launch.kill()
     launch.wait()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while any(_running(pid) for pid in ranks):
-        assert time.monotonic() < deadline, "the job's ranks outlived its launch"
+        assert time.monotonic() < deadline, "the ranks outlived the launch"
         time.sleep(0.2)
-    row = wait_state(cli, 1, TERMINAL, timeout=60)
-    assert row["state"] == "cancelled", row
 
 
 def _running(pid: int) -> bool:
@@ -555,3 +566,17 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
+def test_allocate_killed_while_its_command_runs_leaves_nothing_outside_the_allocation(cli,
+                                                                                     isolated):
+    """PBS: `launch --allocate` SIGKILLed while the command runs ends qsub -I, so PBS ends the
+    job; the launch inside goes with it, and so do the ranks, which its supervisor had started
+    in a session of their own (out of PBS's reach): it stops them as the launch holding them
+    ends. Both records end."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "PBS_JOBID")}
+    _kill_once_the_ranks_run(isolated, ["launch", "pbs-local", "--allocate"], "PMI_RANK", env)
+    rows = {r["id"]: r for r in (wait_state(cli, i, TERMINAL, timeout=180) for i in (1, 2))}
+    assert rows[2]["state"] == "cancelled", rows  # the launch, stopped with its allocation
+    assert rows[1]["native_id"], rows  # the allocation, found by its tag and ended
