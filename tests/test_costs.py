@@ -164,13 +164,15 @@ watchdog: {walltime_margin: "00:00:20"}
     assert result.code == 0, result.err
     deadline = time.monotonic() + 900
     while True:
-        line = cli("status").out.splitlines()[1]
         rows = json.loads(cli("status", "--all", "--json").out)
         if all(r["state"] in ("completed", "failed", "cancelled", "timeout", "hung")
                for r in rows):
             break
-        assert time.monotonic() < deadline, line
+        assert time.monotonic() < deadline, rows
         time.sleep(3)
+    # The chain's line read after every link has ended (read before, it could still show the
+    # last link running: a link may end between the two reads).
+    line = cli("status").out.splitlines()[1]
     assert ": budget: 0.025 node-hours reach" in line, line  # the note is cut at 60 characters
     said = re.search(r"chain: stopped: budget: 0.025 node-hours reached \(links 1-1 used "
                      r"(0\.\d+); link 2 could take 0.0167 more\)",
