@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mmm_orch.api_job import (MAX_INT, Job, flag_of, invalid, items_of, jobs_of, lock, name_of,
-                              number_of, path_of, refresh, text_of, whole_of)
+from mmm_orch.api_job import (Job, flag_of, items_of, jobs_of, lock, name_of, number_of,
+                              path_of, refresh, text_of, whole_of)
 from mmm_orch.errors import InvalidValue
-from mmm_orch.limits import MAX_LINKS
+from mmm_orch.limits import MAX_INT, MAX_LINKS
 from mmm_orch.planning.model import Plan, Request
 
 __all__ = ["Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report",
@@ -103,11 +103,11 @@ def _keyed(field: str, value: Any, example: str) -> dict[str, Any]:
     """A mapping of names to values, each name made plain; a name with '=' is refused, as the
     command line's KEY=VALUE would split it elsewhere."""
     if not isinstance(value, Mapping):
-        raise invalid(field, value, f"a mapping of names (str) to values, e.g. {example}")
+        raise InvalidValue(field, value, f"a mapping of names (str) to values, e.g. {example}")
     plain = {}
     for key, each in value.items():
         if not isinstance(key, str) or "=" in key:
-            raise invalid(field, key, "names (str) without '=' as keys")
+            raise InvalidValue(field, key, "names (str) without '=' as keys")
         plain[str.__str__(key)] = each
     return plain
 
@@ -123,7 +123,7 @@ def _setting(field: str, value: Any) -> bool | int | float | str:
         return float(value)
     if isinstance(value, str):
         return str.__str__(value)
-    raise invalid(field, value, "a bool, int (below 2**63), float or str")
+    raise InvalidValue(field, value, "a bool, int (below 2**63), float or str")
 
 
 def _settings(field: str, value: Any) -> dict[str, Any]:
@@ -147,7 +147,7 @@ def _typed(workload: str, field: str, given: Mapping[str, Sequence[Any]]) -> Non
         for value in values:
             # (isinstance counts a bool as an int)
             if isinstance(value, bool) != (kinds == (bool,)) or not isinstance(value, kinds):
-                raise invalid(f"{field} {key}", value, allowed + (
+                raise InvalidValue(f"{field} {key}", value, allowed + (
                     f", {options[key].allowed()}" if options[key].type == "choice" else ""))
 
 
@@ -213,8 +213,8 @@ def submit(machine: str | Plan, workload: str | None = None, *, chain: int = 0,
     if isinstance(machine, Plan):
         if workload is not None or options:
             given = "workload" if workload is not None else sorted(options)[0]
-            raise invalid(given, workload if workload is not None else options[given],
-                          "nothing beside a plan: its options were fixed by plan()")
+            raise InvalidValue(given, workload if workload is not None else options[given],
+                               "nothing beside a plan: its options were fixed by plan()")
         chosen = None
     else:
         chosen = _plan_options(machine, workload, options)
@@ -250,7 +250,7 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
         counts = [whole_of("nodes", n, 1) for n in items_of("nodes", nodes, "node counts",
                                                              "[1, 2, 4]")]
         if not counts:
-            raise invalid("nodes", nodes, "a non-empty list of node counts, e.g. [1, 2, 4]")
+            raise InvalidValue("nodes", nodes, "a non-empty list of node counts, e.g. [1, 2, 4]")
         swept_nodes = ",".join(map(str, counts))
     grid = {} if grid is None else {
         key: [_setting(f"grid {key}", v) for v in items_of(f"grid {key}", values, "values",
@@ -258,7 +258,8 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
         for key, values in _keyed("grid", grid, "{'lr': [1e-3, 3e-4]}").items()}
     for key, values in grid.items():
         if not values:
-            raise invalid(f"grid {key}", values, "a non-empty list of values, e.g. [1e-3, 3e-4]")
+            raise InvalidValue(f"grid {key}", values,
+                               "a non-empty list of values, e.g. [1e-3, 3e-4]")
     fixed_values = {key: [value] for key, value in (fixed.options or {}).items()}
     axes = [f"{key}={','.join(_word(v).replace(',', chr(92) + ',') for v in values)}"
             for key, values in {**fixed_values, **grid}.items()]
@@ -294,7 +295,7 @@ def jobs(machine: str | None = None, state: str | None = None, sweep: int | None
 
     machine, state = name_of("machine", machine, none=True), text_of("state", state, none=True)
     if state is not None and state not in {s.value for s in JobState}:
-        raise invalid("state", state, "one of " + ", ".join(s.value for s in JobState))
+        raise InvalidValue("state", state, "one of " + ", ".join(s.value for s in JobState))
     sweep, limit = whole_of("sweep", sweep, 1, none=True), whole_of("limit", limit, 1, none=True)
     db = path_of("db", db, none=True)
     with lock:

@@ -14,33 +14,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mmm_orch.errors import InvalidValue
+from mmm_orch.limits import MAX_INT
 from mmm_orch.jobs.record import JobRecord
 
 # One connection per database file and process (jobs/db.py): threads take turns with it.
 lock = threading.RLock()
 
-# SQLite's largest integer: no id, count or line number is larger (nor can be stored).
-MAX_INT = 2**63 - 1
 
 
 # The API's checks of Python values, one per kind, each returning the value made plain (a str or
 # int subclass's own __str__ is never called later, e.g. by an f-string deep inside).
-
-def shown(value: Any) -> str:
-    """A value as an error message shows it: its repr, on one line and cut short; the type's
-    name where the repr fails or spans lines."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - any object may be given, and its repr may raise anything
-        text = ""
-    if not text or not text.isprintable():
-        return f"<{type(value).__name__} object>"
-    return text if len(text) <= 80 else text[:60] + "..."
-
-
-def invalid(field: str, value: Any, allowed: str) -> InvalidValue:
-    return InvalidValue(field, value, allowed, f"{field} {shown(value)} is invalid: {allowed}")
-
 
 def text_of(field: str, value: Any, none: bool = False) -> str | None:
     """A str, left to be checked by what reads it (planning says what a name may be, in the
@@ -48,7 +31,7 @@ def text_of(field: str, value: Any, none: bool = False) -> str | None:
     if none and value is None:
         return None
     if not isinstance(value, str):
-        raise invalid(field, value, "a str" + (" or None" if none else ""))
+        raise InvalidValue(field, value, "a str" + (" or None" if none else ""))
     return str.__str__(value)
 
 
@@ -56,8 +39,8 @@ def name_of(field: str, value: Any, none: bool = False) -> str | None:
     """A name nothing downstream checks (a filter, a login host): one line, not empty."""
     value = text_of(field, value, none)
     if value is not None and (not value or not value.isprintable()):
-        raise invalid(field, value, "a name: one line of text, not empty"
-                      + (", or None" if none else ""))
+        raise InvalidValue(field, value, "a name: one line of text, not empty"
+                           + (", or None" if none else ""))
     return value
 
 
@@ -67,8 +50,8 @@ def path_of(field: str, value: Any, none: bool = False) -> str | None:
         return None
     plain = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(plain, str) or not plain or not plain.isprintable():
-        raise invalid(field, value, "a path (str or Path), one line"
-                      + (", or None" if none else ""))
+        raise InvalidValue(field, value, "a path (str or Path), one line"
+                           + (", or None" if none else ""))
     return str.__str__(plain)
 
 
@@ -83,7 +66,7 @@ def whole_of(field: str, value: Any, low: int, high: int = MAX_INT,
     if plain is None or not low <= plain <= high:
         allowed = f"a whole number {low}-{high}" if high < MAX_INT else \
             f"a whole number >= {low} (below 2**63)"
-        raise invalid(field, value, allowed + (" or None" if none else ""))
+        raise InvalidValue(field, value, allowed + (" or None" if none else ""))
     return plain
 
 
@@ -97,29 +80,29 @@ def number_of(field: str, value: Any, zero: bool = False, none: bool = False) ->
     except OverflowError:  # an int past a float's range
         plain = math.nan
     if not (math.isfinite(plain) and (plain >= 0 if zero else plain > 0)):
-        raise invalid(field, value, ("a finite number >= 0" if zero else "a finite number > 0")
-                      + (" or None" if none else ""))
+        raise InvalidValue(field, value, ("a finite number >= 0" if zero else
+                                          "a finite number > 0") + (" or None" if none else ""))
     return plain
 
 
 def flag_of(field: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise invalid(field, value, "True or False")
+        raise InvalidValue(field, value, "True or False")
     return value
 
 
 def items_of(field: str, value: Any, what: str, example: str) -> list[Any]:
     """The items of a list (or any iterable but a str, bytes or mapping), not yet checked."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise invalid(field, value, f"a list of {what}, e.g. {example}")
+        raise InvalidValue(field, value, f"a list of {what}, e.g. {example}")
     return list(value)
 
 
 def jobs_of(field: str, value: Any, empty: bool = True) -> list[Job]:
     found = items_of(field, value, "Jobs", "mmm_orch.jobs()")
     if not all(isinstance(each, Job) for each in found) or not (found or empty):
-        raise invalid(field, value, "a " + ("" if empty else "non-empty ") + "list of Jobs, "
-                      "e.g. mmm_orch.jobs()")
+        raise InvalidValue(field, value, "a " + ("" if empty else "non-empty ")
+                           + "list of Jobs, e.g. mmm_orch.jobs()")
     return found
 
 
@@ -159,7 +142,8 @@ class Job:
 
     def __init__(self, record: JobRecord, db: str | Path | None = None):
         if not isinstance(record, JobRecord):
-            raise invalid("record", record, "a JobRecord (Jobs come from submit(), job(), jobs())")
+            raise InvalidValue("record", record,
+                               "a JobRecord (Jobs come from submit(), job(), jobs())")
         self.record = record
         # The job database's path; None: the default ($MMM_ORCH_DB, XDG state).
         self.db = path_of("db", db, none=True)

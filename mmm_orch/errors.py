@@ -25,7 +25,7 @@ class InvalidValue(MmmError):
     (the message says all three)."""
 
     def __init__(self, field: str, value: object, allowed: str, message: str = ""):
-        super().__init__(message or f"{field} {value!r} is invalid: {allowed}")
+        super().__init__(message or f"{field} {shown(value)} is invalid: {allowed}")
         self.field, self.value, self.allowed = field, value, allowed
 
 
@@ -60,3 +60,17 @@ class Unreachable(SchedulerUnavailable):
 class SubmissionUnconfirmed(SchedulerUnavailable):
     """The scheduler may have taken the job, and could not be asked whether it did before the
     retry budget ran out: the record stays `submitting` until `status` finds out."""
+
+
+def shown(value: object) -> str:
+    """A value as an error message shows it: its repr on one line, cut short past 200
+    characters; a huge integer by its size (Python refuses to print one of over 4300 digits);
+    the type's name where the repr itself fails (any object may be given to the Python API)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = len(str(value)) if value.bit_length() < 14000 else "over 4000"
+        return f"(an integer of {digits} digits)"
+    try:
+        text = one_line(repr(value))
+    except Exception:  # noqa: BLE001 - a repr may raise anything
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= 200 else f"{text[:120]}... ({len(text)} characters)"

@@ -7,6 +7,7 @@ they have. One connection per remote host serves a whole mmm-orch command.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -54,6 +55,10 @@ class LocalHost(LocalRunner):
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket: no file to read either
+                return None
+            raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # (fdopen refuses a directory outright)
             os.close(fd)
             return None

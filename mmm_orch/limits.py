@@ -3,3 +3,6 @@
 # A chain's links are all queued at once: 200 links of a day's walltime is half a year of
 # training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).
 MAX_LINKS = 200
+
+# SQLite's largest integer: no job id, count or number of seconds recorded is larger.
+MAX_INT = 2**63 - 1

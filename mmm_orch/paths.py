@@ -65,16 +65,24 @@ _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
           stat.S_IFBLK: "a block device"}
 
 
-def read_regular(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. Opened without blocking and checked
-    on the open descriptor, so that a FIFO (which would block the reader forever), a directory or
-    a device put there is refused unread: NotReadable; OSError when it cannot be opened."""
+def open_regular(path: str | os.PathLike) -> int:
+    """A descriptor of the regular file `path`, to read. Opened without blocking and checked on
+    the open descriptor, so that a FIFO (which would block the reader forever), a directory or a
+    device put there is refused unread: NotReadable; OSError when it cannot be opened."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+        raise NotReadable(f"{os.fspath(path)} is {kind}, not a regular file")
+    return fd
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a regular file (open_regular) of at most `limit` bytes."""
+    fd = open_regular(path)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "a special file")
-            raise NotReadable(f"{os.fspath(path)} is {kind}, not a regular file")
         if info.st_size > limit:
             raise NotReadable(f"{os.fspath(path)} is {info.st_size} bytes, above the {limit} "
                               "this file may have")

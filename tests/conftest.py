@@ -368,3 +368,22 @@ def command_wrappers(directory: Path, commands: list[str], log: Path) -> str:
         wrapper.write_text(f'#!/bin/bash\necho "{command} $*" >> {log}\nexec {real} "$@"\n')
         wrapper.chmod(0o755)
     return f"{directory}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(name, options): a real tmpfs at tmp_path/name (`size=64k` for a full disk, `ro`
+    for a read-only place), unmounted after the test. Needs root, as CI has."""
+    if os.geteuid() != 0:
+        pytest.skip("TMPFS TEST NOT RUN: mounting a tmpfs needs root (CI runs as root)")
+    mounts = []
+
+    def mount(name: str, options: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+        mounts.append(where)
+        return where
+    yield mount
+    for where in reversed(mounts):
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -27,21 +27,6 @@ def noop(isolated, monkeypatch):
     return "noop"
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    mounts = []
-
-    def mount(name: str, options: str) -> Path:
-        where = tmp_path / name
-        where.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
-        mounts.append(where)
-        return where
-    yield mount
-    for where in reversed(mounts):
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def nothing_submitted(isolated: Path) -> None:
     """No local job ran: no supervisor, no job directory anywhere under the test's tree."""
     assert not list(isolated.parent.rglob("supervisor.json"))

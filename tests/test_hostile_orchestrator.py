@@ -223,25 +223,18 @@ def test_a_cache_home_that_is_a_file_is_skipped(isolated, tmp_path):
     assert (tmp_path / "plain-file").read_text() == "not a directory"
 
 
-def test_a_full_cache_disk_is_skipped(isolated, tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("FULL-DISK CACHE TEST NOT RUN: mounting a small tmpfs needs root")
-    full = tmp_path / "full"
-    full.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
-    try:
-        subprocess.run(["dd", "if=/dev/zero", f"of={full / 'filler'}", "bs=4k"],
-                       capture_output=True)
-        with pytest.raises(OSError):  # the disk really is full
-            (full / "probe").write_bytes(b"x" * 4096)
-        (full / "probe").unlink(missing_ok=True)
-        proc = _render(isolated, full)
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-        assert proc.stdout.startswith("#!/bin/bash")
-        left = [p for p in full.rglob("*") if p.is_file() and p.name != "filler"]
-        assert left == [], left  # no half-written entry
-    finally:
-        subprocess.run(["umount", "-l", str(full)], check=False)
+def test_a_full_cache_disk_is_skipped(isolated, tmpfs):
+    full = tmpfs("full", "size=64k")
+    subprocess.run(["dd", "if=/dev/zero", f"of={full / 'filler'}", "bs=4k"],
+                   capture_output=True)
+    with pytest.raises(OSError):  # the disk really is full
+        (full / "probe").write_bytes(b"x" * 4096)
+    (full / "probe").unlink(missing_ok=True)
+    proc = _render(isolated, full)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash")
+    left = [p for p in full.rglob("*") if p.is_file() and p.name != "filler"]
+    assert left == [], left  # no half-written entry
 
 
 # -- the job database ---------------------------------------------------------------------------

@@ -91,8 +91,7 @@ TIKTOKEN_HEAD = "QUJD 0\nQUJE 1\n"  # base64 of b"ABC", b"ABD"
     ("tokenizer.json", '{"model": {"type": "BPE", "vocab": [1, 2]}}',
      "not a Hugging Face tokenizer.json (invalid type"),
     ("tokenizer.json", "[" * 100_000 + "]" * 100_000, "not a Hugging Face tokenizer.json"),
-    ("tokenizer.json", None, f"bytes, more than a tokenizer file has (at most "
-                             f"{MAX_TOKENIZER_BYTES})"),
+    ("tokenizer.json", None, f"bytes, above the {MAX_TOKENIZER_BYTES} this file may have"),
     ("tokenizer.model", TIKTOKEN_HEAD + "!!!! 2\n", "line 3 is not `<base64 token> <rank>`"),
     ("tokenizer.model", TIKTOKEN_HEAD + "QUJF -2\n", "line 3 is not `<base64 token> <rank>`"),
     ("tokenizer.model", TIKTOKEN_HEAD + "QUJF 1\n", "line 3 repeats a token or rank (1)"),

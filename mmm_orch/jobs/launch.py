@@ -20,7 +20,7 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.injob import protocol
 from mmm_orch.jobs.db import open_db
-from mmm_orch.jobs.submit import (cancel, forget, job_dirs, record_values,
+from mmm_orch.jobs.submit import (cancel, copy_keeper, forget, job_dirs, record_values,
                                   signals_as_interrupts)
 from mmm_orch.planning import Plan, Request
 from mmm_orch.schedulers import scheduler_for
@@ -281,7 +281,8 @@ def allocate(plan: Plan, db_file: Path, argv_for: Callable[[str, str], list[str]
             cancel(db, db.get(job_id, events=False))
         raise
     found = scheduler.find(submission)
-    if found:
+    if found:  # the record's own copy first, as submit writes it (what `db recover` reads)
+        copy_keeper(local_dir, {"id": job_id, **values})(found[0])
         db.accepted(job_id, found[0])
     elif found is not None:  # the scheduler answered that it has no such job: it refused
         forget(db, db.get(job_id, events=False))

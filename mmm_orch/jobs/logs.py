@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import re
 import sys
 import time
@@ -24,16 +23,11 @@ def clean(chunk: bytes, strip_ansi: bool) -> str:
 
 
 def read(host: Host, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
-    """Up to `limit` bytes of the log from `offset`; None where no regular file is. The local host
-    opens a directory before it can tell (IsADirectoryError), and a socket cannot be opened
-    (ENXIO): a log that is one of these is no log. Another error is one line naming the log."""
+    """Up to `limit` bytes of the log from `offset`; None where no regular file is (the host
+    says so). An error reading it (no permission) is one line naming the log."""
     try:
         return host.read_from(path, offset, limit)
-    except (IsADirectoryError, NotADirectoryError):
-        return None
     except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            return None
         raise MmmError(f"log {path}: cannot read it: {exc.strerror or exc}") from None
 
 

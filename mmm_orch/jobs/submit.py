@@ -258,13 +258,13 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
                             walltime=plan.queue.walltime, name=plan.name, tag=tag,
                             submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal,
                             held_by=os.getpid() if here else 0)
-    keep = _copy_keeper(local_dir, {"id": job_id, **values})
+    keep = copy_keeper(local_dir, {"id": job_id, **values})
     native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
     keep(native_id)
     return db.accepted(job_id, native_id) or db.get(job_id)
 
 
-def _copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
+def copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
     """Writes the record's own copy with the scheduler's id, once the outcome is known and before
     the record is settled (a process killed between the two leaves it `submitting`, for `status`
     to settle and copy again). A copy the disk refuses only leaves `db recover` less to rebuild
@@ -375,7 +375,7 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
         # `submitting`, and the next one writes both again.
         whole = db.get(record.id, events=False)
         if whole is not None:
-            _copy_keeper(_local_dir(db, record), record_copy(whole))(found[0])
+            copy_keeper(_local_dir(db, record), record_copy(whole))(found[0])
         db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
         return None
     if time.time() - record.submitted_at < grace:

@@ -17,7 +17,8 @@ from mmm_orch.jobs.dbfile import DatabaseError
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.jobs.startup import MAX_EPOCH
 from mmm_orch.planning.checks import bounded
-from mmm_orch.planning.cost import MAX_NODE_HOURS, MAX_WHOLE, hours, most_of
+from mmm_orch.limits import MAX_INT
+from mmm_orch.planning.cost import MAX_NODE_HOURS, hours, most_of
 from mmm_orch.planning.model import Plan
 
 GROUPINGS = ("workload", "sweep", "chain", "day")
@@ -54,9 +55,9 @@ _LATEST = MAX_EPOCH - 86400
 _TIME = "seconds since 1970, before the year 9999"
 _NUMBERS = (("submitted_at", 0, _LATEST, False, False, _TIME),
             ("ended_at", 0, _LATEST, False, True, _TIME),
-            ("nodes", 0, MAX_WHOLE, True, False, "a whole number >= 0"),
-            ("spares", 0, MAX_WHOLE, True, False, "a whole number >= 0"),
-            ("charged_nodes", 0, MAX_WHOLE, True, True, "a whole number >= 0"),
+            ("nodes", 0, MAX_INT, True, False, "a whole number >= 0"),
+            ("spares", 0, MAX_INT, True, False, "a whole number >= 0"),
+            ("charged_nodes", 0, MAX_INT, True, True, "a whole number >= 0"),
             ("charged_seconds", 0, _LATEST, False, True, "a number of seconds >= 0"),
             ("charge", 0, MAX_NODE_HOURS, False, True, f"a number from 0 to {MAX_NODE_HOURS:g}"))
 

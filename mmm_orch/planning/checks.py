@@ -48,18 +48,8 @@ def bounded(field: str, value: Any, low: float, high: float, allowed: str,
     naming the field, the value (shown short) and what is allowed."""
     kinds = (int,) if whole else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        raise InvalidValue(field, value, allowed, f"{field} {shown(value)} is invalid: {allowed}")
+        raise InvalidValue(field, value, allowed)
     return value
-
-
-def shown(value: Any) -> str:
-    """A value for a one-line message, cut short (a huge integer by its size: Python refuses to
-    print one of more than 4300 digits)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        digits = len(str(value)) if value.bit_length() < 14000 else "over 4000"
-        return f"(an integer of {digits} digits)"
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def fail(field: str, value: Any, allowed: str) -> InvalidValue:

@@ -16,14 +16,13 @@ from typing import Any
 
 from mmm_orch.config.machine import Machine, Queue
 from mmm_orch.errors import InvalidValue
-from mmm_orch.planning.checks import bounded, shown
+from mmm_orch.limits import MAX_INT
+from mmm_orch.planning.checks import bounded
 from mmm_orch.planning.model import CostPlan, Plan
 from mmm_orch.walltime import format_walltime
 
 # A budget or a charge: a facility's whole year is about 10^8 node-hours.
 MAX_NODE_HOURS = 1e12
-# A count or seconds in a record (what SQLite's INTEGER holds).
-MAX_WHOLE = 2**63 - 1
 
 
 def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, walltime: int,
@@ -69,8 +68,8 @@ def most_of(plan: Any, otherwise: float) -> float:
 
 
 # The numbers of a recorded plan's rules: (least, most, whole).
-_RULES = {"nodes": (0, MAX_WHOLE, True), "spare_nodes": (0, MAX_WHOLE, True),
-          "walltime": (0, MAX_WHOLE, True), "minimum": (0, MAX_WHOLE, True),
+_RULES = {"nodes": (0, MAX_INT, True), "spare_nodes": (0, MAX_INT, True),
+          "walltime": (0, MAX_INT, True), "minimum": (0, MAX_INT, True),
           "factor": (0, sys.float_info.max, False)}
 
 
@@ -167,6 +166,5 @@ def parse_budget(value: str | float | None) -> float | None:
         number = math.nan
     allowed = f"a positive number of node-hours, at most {MAX_NODE_HOURS:g}"
     if not 0 < number <= MAX_NODE_HOURS:
-        raise InvalidValue("--max-node-hours", value, allowed,
-                           f"--max-node-hours {shown(value)} is invalid: {allowed}")
+        raise InvalidValue("--max-node-hours", value, allowed)
     return number

@@ -13,7 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
 from mmm_orch.runtime import runfiles, stop
+from mmm_orch.runtime.dist import refuse
 from mmm_orch.runtime.runfiles import RunFileError
 
 
@@ -164,18 +165,11 @@ class Checkpointer:
         try:
             state = self.load_latest(model, optimizer)
         except RunFileError as exc:  # every rank reads the same `latest`
-            self._refuse(f"--resume: {exc}")
+            refuse(self.is_main, "runtime", f"--resume: {exc}")
         if state is None and not allow_fresh:
-            self._refuse(f"--resume: no checkpoint in {self.root}; name the run to continue with "
-                         "--run-name, or pass --allow-fresh to start from step 0")
+            refuse(self.is_main, "runtime", f"--resume: no checkpoint in {self.root}; name the "
+                   "run to continue with --run-name, or pass --allow-fresh to start from step 0")
         return state
-
-    def _refuse(self, message: str) -> NoReturn:
-        if self.is_main:
-            print(f"[runtime] error: {message}", flush=True)
-        if dist.is_initialized():  # no rank exits, and has the launcher stop the main one,
-            dist.barrier()         # before the main one said why
-        raise SystemExit(2)
 
     def load_latest(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:

@@ -21,13 +21,14 @@ import json
 import mmap
 import os
 import re
-import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from mmm_orch.paths import NotReadable, open_regular
 
 FORMAT = "mmm-orch-tokens/1"
 MANIFEST = "manifest.json"
@@ -58,13 +59,12 @@ class DatasetError(ValueError):
 
 
 def _open_regular(path: Path) -> int:
-    """A descriptor of `path`, refused unless it is a regular file: opened without blocking, so
-    that a FIFO is refused instead of waiting for a writer."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise DatasetError(f"{path}: not a regular file")
-    return fd
+    """paths.open_regular, refusing what is no regular file (a FIFO would block) as the
+    dataset's error."""
+    try:
+        return open_regular(path)
+    except NotReadable:
+        raise DatasetError(f"{path}: not a regular file") from None
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -105,14 +105,24 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def refuse(rt: Runtime, trainer: str, message: str) -> NoReturn:
-    """Stop every rank with exit 2 over what they all found wrong (options, data); the main
-    rank says what."""
-    if rt.is_main:
+def refuse(is_main: bool, trainer: str, message: str) -> NoReturn:
+    """Stop every rank with exit 2 over what they all found wrong (options, data, a run's
+    files); the main rank says what."""
+    if is_main:
         print(f"[{trainer}] error: {message}", file=sys.stderr, flush=True)
     if dist.is_initialized():  # no rank exits, and has the launcher stop the main one, before
         dist.barrier()         # the main one said why
     raise SystemExit(2)
+
+
+def refuse_if_main_says(rt: Runtime, trainer: str, problem: str) -> None:
+    """Rank 0's `problem` (what it alone checked: its files, its directories; "" for none) on
+    every rank, and every rank stops with exit 2 on one, as refuse()."""
+    verdict = [problem if rt.is_main else ""]
+    if dist.is_initialized():
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        refuse(rt.is_main, trainer, verdict[0])
 
 
 def run_main(main: Callable[[], int]) -> NoReturn:

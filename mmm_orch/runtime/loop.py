@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from mmm_orch.injob import protocol
 from mmm_orch.runtime import runfiles
-from mmm_orch.runtime.dist import Runtime, refuse
+from mmm_orch.runtime.dist import Runtime, refuse, refuse_if_main_says
 
 
 class StepTimer:
@@ -87,7 +87,8 @@ def draw_seed(seed: int, rank: int) -> int:
 def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
     """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
     if rt.world_size % tp:
-        refuse(rt, "runtime", f"--tp {tp}: expected a divisor of the world size {rt.world_size}")
+        refuse(rt.is_main, "runtime",
+               f"--tp {tp}: expected a divisor of the world size {rt.world_size}")
     return init_device_mesh(rt.device.type, (rt.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
@@ -137,10 +138,7 @@ def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
         dist.broadcast_object_list(picked, src=0)
         name = f"{trainer}-{picked[0]}"
     path = Path(output_dir) / name
-    verdict = [_claim(path, rt.hostname) if rt.is_main else ""]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0]:
-        refuse(rt, "runtime", verdict[0])
+    refuse_if_main_says(rt, "runtime", _claim(path, rt.hostname) if rt.is_main else "")
     return path
 
 

@@ -22,12 +22,12 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+from mmm_orch.paths import NotReadable, read_regular
 
 # meta-llama/llama3, llama/tokenizer.py: Tokenizer.pat_str and num_reserved_special_tokens.
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -75,30 +75,28 @@ def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
     file = Path(path)
     if file.is_dir():
         file = file / "tokenizer.json"
-    try:
-        info = os.stat(file)
-    except OSError:
+    try:  # (a FIFO is refused unread, a file past the bound unread whole)
+        data = read_regular(file, MAX_TOKENIZER_BYTES)
+    except FileNotFoundError:
         raise TextError(f"tokenizer {path!r}: no such file (a tokenizer.json, a tiktoken BPE file "
                         "such as Llama 3's tokenizer.model, or a SentencePiece model)") from None
-    if not stat.S_ISREG(info.st_mode):  # a FIFO would hang the read
-        raise TextError(f"tokenizer {path!r}: not a regular file")
-    if info.st_size > MAX_TOKENIZER_BYTES:
-        raise TextError(f"tokenizer {path!r}: {info.st_size} bytes, more than a tokenizer file "
-                        f"has (at most {MAX_TOKENIZER_BYTES})")
-    data = file.read_bytes()
+    except NotReadable as exc:
+        raise TextError(f"tokenizer {path!r}: {exc}") from None
+    except OSError as exc:
+        raise TextError(f"tokenizer {path!r}: cannot read it: {exc.strerror}") from None
     digest = hashlib.sha256(data).hexdigest()
     if file.suffix == ".json":
-        return _huggingface(file, digest, eos, bos)
+        return _huggingface(file, data, digest, eos, bos)
     if re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data[:4096]):
         return _tiktoken(file, data, digest)
-    return _sentencepiece(file, digest)
+    return _sentencepiece(file, data, digest)
 
 
-def _huggingface(file: Path, digest: str, eos: str, bos: str) -> Tokenizer:
+def _huggingface(file: Path, data: bytes, digest: str, eos: str, bos: str) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     try:
-        tokenizer = HFTokenizer.from_file(str(file))
+        tokenizer = HFTokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # noqa: BLE001 - the tokenizers package raises bare Exception
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TextError(f"tokenizer {file}: not a Hugging Face tokenizer.json "
@@ -165,11 +163,11 @@ def _tiktoken(file: Path, data: bytes, digest: str) -> Tokenizer:
                      lambda text: encoding.encode(text, disallowed_special=()))
 
 
-def _sentencepiece(file: Path, digest: str) -> Tokenizer:
+def _sentencepiece(file: Path, data: bytes, digest: str) -> Tokenizer:
     import sentencepiece
 
     try:
-        model = sentencepiece.SentencePieceProcessor(model_file=str(file))
+        model = sentencepiece.SentencePieceProcessor(model_proto=data)
     except (RuntimeError, OSError) as exc:
         raise TextError(f"tokenizer {file}: not a tokenizer.json, tiktoken BPE file or "
                         f"SentencePiece model ({exc})") from None

@@ -91,7 +91,7 @@ def open_data(cfg: Config, rt):
         try:
             return mnist(cfg.data_dir, "train"), mnist(cfg.data_dir, "test")
         except (OSError, ValueError) as exc:  # every rank reads the same files: all stop
-            runtime_dist.refuse(rt, "fsdp", f"--data-dir {cfg.data_dir}: {exc}")
+            runtime_dist.refuse(rt.is_main, "fsdp", f"--data-dir {cfg.data_dir}: {exc}")
     images = SyntheticImages((1, 28, 28), 10, cfg.seed)
     return (_Slice(images, cfg.train_samples),
             _Slice(images, 256 if cfg.tiny else 10000, TEST_OFFSET))

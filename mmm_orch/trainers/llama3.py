@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                  dp_mesh.get_local_rank())
         train, val = open_data(cfg, args.vocab_size, seq_len)
     except ValueError as exc:  # every rank finds the same: the main one says it, all stop
-        refuse(rt, "llama3", str(exc))
+        refuse(rt.is_main, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
     model, (params, embedding_params) = build_model(cfg, args, ac, rt, dp_mesh, tp_mesh)

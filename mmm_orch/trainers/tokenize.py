@@ -224,15 +224,6 @@ def _discard(new: Path, created: list[Path]) -> None:
             os.rmdir(directory)
 
 
-def _broadcast(message: str) -> str:
-    """Rank 0's message, on every rank."""
-    import torch.distributed as dist
-
-    shared = [message]
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]
-
-
 def main(argv: list[str] | None = None) -> int:
     cfg = _options(argv)
     files, tokenizer, out = _checked(cfg)
@@ -246,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = dtype_for(tokenizer.vocab_size)
     new, _ = replacement_dirs(out)
     created: list[Path] = []  # rank 0's, above --out
-    problem = _broadcast(_prepare(out, cfg, created) if rt.is_main else "")
-    if problem:
-        runtime_dist.refuse(rt, "tokenize", problem)
+    runtime_dist.refuse_if_main_says(rt, "tokenize",
+                                     _prepare(out, cfg, created) if rt.is_main else "")
     writers: dict[str, ShardWriter] = {}
     failed, mine = "", {}  # what stopped this rank, for every rank to stop on (none left waiting)
     try:
@@ -275,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             _discard(new, created)
         else:
             stop = _finish(out, cfg, tokenizer, files, dtype, everyone, created)
-    stop = _broadcast(stop)
-    if stop:
-        runtime_dist.refuse(rt, "tokenize", stop)
+    runtime_dist.refuse_if_main_says(rt, "tokenize", stop)
     if rt.is_main:
         tokens = sum(r[split]["tokens"] for r in everyone for split in SPLITS)
         print(f"[tokenize] {tokens} tokens from {len(files)} file(s) on {rt.world_size} rank(s) "
