@@ -265,7 +265,7 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
             for key, values in {**fixed_values, **grid}.items()]
     with lock:
         swept, planned = usecases.sweep_points(fixed.request(swept=True), swept_nodes, axes, db,
-                                               template)
+                                               template, host)
         _typed(planned[0].plan.workload, "options", fixed_values)
         _typed(planned[0].plan.workload, "grid", grid)
         sweep_id, records = usecases.submit_sweep(swept, planned, db, template, host, env_check)

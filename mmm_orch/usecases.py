@@ -19,6 +19,7 @@ from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, cost, resolve
 from mmm_orch.planning.model import ChainLink, JobPlace
+from mmm_orch.planning.occupancy import QueueLoad
 from mmm_orch.render import render
 
 
@@ -40,9 +41,24 @@ def bad_nodes(db: str | None, machine: str) -> tuple[str, ...]:
     return tuple(opened.bad_nodes(machine)) if opened is not None else ()
 
 
-def plan(request: Request, db: str | None = None) -> Plan:
-    """The plan for `request`, avoiding the nodes remembered as bad in the database `db`."""
-    return resolve(dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine)))
+def plan(request: Request, db: str | None = None, remote: str | None = None) -> Plan:
+    """The plan for `request`, avoiding the nodes remembered as bad in the database `db`. Where
+    the queue it takes has job limits, the user's jobs there are counted (jobs/queue_load.py:
+    from the scheduler on `remote`, '' here; None: a review, offline) and a full queue skipped."""
+    return _counted_plan(request, db, remote)[0]
+
+
+def _counted_plan(request: Request, db: str | None, remote: str | None
+                  ) -> tuple[Plan, QueueLoad | None]:
+    """The plan, and the user's jobs counted for it (None: its queue has no job limits)."""
+    from mmm_orch.jobs import queue_load
+
+    request = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
+    planned = resolve(request)
+    if request.queue_load is not None or not queue_load.limits_apply(planned):
+        return planned, request.queue_load
+    load = queue_load.read(planned, remote, open_db(db))
+    return resolve(dataclasses.replace(request, queue_load=load)), load
 
 
 def script(request: Request, db: str | None = None, template: str | None = None) -> str:
@@ -52,26 +68,70 @@ def script(request: Request, db: str | None = None, template: str | None = None)
 
 def prepare(request: Request, db: str | None = None, template: str | None = None,
             host: str | None = None, env_check: bool = True, chain: int = 0) -> Prepared:
-    """Everything that can be checked before a submission writes anything: the plan, a chain's
-    conditions, the template, the login host, and the job's Python there."""
-    return prepare_plan(plan(request, db), template, host, env_check, chain, db)
+    """Everything that can be checked before a submission writes anything: the plan (the user's
+    jobs counted where it goes), a chain's conditions, the template, the login host, and the
+    job's Python there."""
+    request = dataclasses.replace(request, jobs=max(chain, 1))
+    checked, load = _counted_plan(request, db, target(request.machine, host))
+    return prepare_plan(checked, template, host, env_check, chain, db, load)
+
+
+def target(machine_name: str, host: str | None) -> str:
+    """Where `machine`'s jobs are submitted from: --host, here, or its first login host."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.jobs.submit import login_target
+
+    machine = load_machine(machine_name)
+    return login_target(machine.name, machine.scheduler.kind,
+                        dataclasses.asdict(machine.scheduler.commands), machine.login_hosts, host)
 
 
 def prepare_plan(checked: Plan, template: str | None = None, host: str | None = None,
-                 env_check: bool = True, chain: int = 0, db: str | None = None) -> Prepared:
+                 env_check: bool = True, chain: int = 0, db: str | None = None,
+                 load: QueueLoad | None = None) -> Prepared:
     """`prepare` for a plan already made (the Python API's `submit(plan)`: what was reviewed is
-    what is submitted)."""
+    what is submitted); `load`: the user's jobs as counted for it (else counted here)."""
     from mmm_orch.jobs.submit import target_for
 
     budget = within_budgets(checked, db, "a chain's first link" if chain else "this job")
 
     remote = target_for(checked, host)
+    check_room(checked, max(chain, 1), remote, db, load)
     # One job with the packaged templates is rendered once, at submission (a failure there
     # undoes everything); a template of the user's, and a chain's links, are tried first.
     scripts = [checked] if template is not None else []
     if chain:  # a chain's first link, and one that resumes: what its scripts differ by
         scripts = chain_links(checked, chain)[:2]
     return _ready(checked, template, remote, env_check, scripts, budget)
+
+
+def check_room(checked: Plan, jobs: int, remote: str, db: str | None,
+               load: QueueLoad | None = None) -> None:
+    """Refuse a plan whose queue cannot take `jobs` more of the user's jobs (a plan made before,
+    or recorded: its queue is fixed)."""
+    from mmm_orch.jobs import queue_load
+
+    if not queue_load.limits_apply(checked):
+        return
+    queue_load.check_room(checked, jobs, load or queue_load.read(checked, remote, open_db(db)))
+
+
+def check_machine(name: str, host: str | None = None) -> list[str]:
+    """Where machine `name`'s queues differ from its scheduler's live configuration (asked here
+    or on the login host, as a submission would be), one line each."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.hosts import host_for
+    from mmm_orch.planning.drift import differences
+    from mmm_orch.schedulers import scheduler_for
+
+    machine = load_machine(name)
+    if machine.scheduler.kind == "local":
+        raise MmmError(f"machines check: {name} runs jobs on this computer; it has no scheduler "
+                       "to compare with")
+    remote = target(name, host)
+    scheduler = scheduler_for(machine.scheduler.kind, dataclasses.asdict(machine.scheduler.commands),
+                              host_for(remote) if remote else None)
+    return differences(machine, scheduler.queue_config())
 
 
 def within_budgets(checked: Plan, db: str | None, what: str, most: float | None = None
@@ -175,7 +235,7 @@ def allocation_for_launch(request: Request, launch_words: list[str], program: tu
         raise MmmError(f"--allocate: this already runs inside {allocation.scheduler} job "
                        f"{allocation.job_id}; launch without --allocate")
     machine = inside.which_machine(request.machine, None, socket.gethostname())
-    planned = plan(dataclasses.replace(request, machine=machine), db)
+    planned = plan(dataclasses.replace(request, machine=machine), db, "")  # salloc/qsub -I: here
     if planned.scheduler == "local":
         raise MmmError(f"--allocate: machine {machine} has no scheduler to get an allocation "
                        "from; launch without --allocate")
@@ -221,14 +281,21 @@ def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
 
 
 def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
-                 template: str | None = None):
+                 template: str | None = None, host: str | None = None, review: bool = False):
     """The sweep's axes and every point planned, each point's script rendered once to check it.
-    `request` carries what all points share (its nodes and --set come from the axes)."""
-    from mmm_orch.jobs import sweeps
+    `request` carries what all points share (its nodes and --set come from the axes). Where the
+    points' queues have job limits, the user's jobs are counted where the sweep goes (`review`:
+    offline, as `plan` does) and each point takes a queue with room for it."""
+    from mmm_orch.jobs import queue_load, sweeps
 
     swept = sweeps.axes(nodes, sets)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     planned = sweeps.points(shared, swept)
+    limited = next((p.plan for p in planned if queue_load.limits_apply(p.plan)), None)
+    if limited is not None and request.queue_load is None:
+        remote = None if review else target(request.machine, host)
+        load = queue_load.read(limited, remote, open_db(db))
+        planned = sweeps.points(dataclasses.replace(shared, queue_load=load), swept)
     for point in planned:  # a bad template is refused before the machine is contacted
         render(point.plan, template)
     plans = [point.plan for point in planned]
@@ -266,6 +333,7 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     again = dataclasses.replace(recorded.with_launch(args=args, workdir_given=True),
                                 submission=JobPlace(), chain=ChainLink())
     within_budgets(again, db, "this rerun")
+    check_room(again, 1, old.remote, db)
     prepared = _ready(again, None, old.remote, env_check=True)
     return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
                        links={"rerun_of": old.id})

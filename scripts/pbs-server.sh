@@ -174,6 +174,47 @@ configure_server() {
     qmgr "set server default_queue = workq"
     # A job killed at its walltime gets SIGKILL this long after SIGTERM (PBS's default is 10 s).
     qmgr "set queue workq kill_delay = 10"
+    configure_queue_rules
+}
+
+# The kinds of job-count rules ALCF sets (../shared/reference/queue-rules.md), each on a queue of
+# its own that only the queue-rule tests use (machines/pbs-local.yaml states them, `mmm-orch
+# machines check pbs-local` compares): single, 1 job per user in any state (debug-scaling);
+# pair, 2 queued or running and 1 running per user (capacity); routed, a routing queue with
+# tiers by node count and walltime and 2 jobs per project (prod). Set afresh on every `up`: a
+# test may have changed them. Like `parked`, they take jobs and never start them: the tests
+# count jobs, and the vnodes stay free for the others.
+configure_queue_rules() {
+    local queue
+    for queue in single pair routed-small routed-large; do
+        "$PBS_EXEC/bin/qmgr" -c "list queue $queue" >/dev/null 2>&1 \
+            || qmgr "create queue $queue queue_type=execution"
+        qmgr "set queue $queue enabled = True"
+        qmgr "set queue $queue started = False"
+        for attribute in max_queued max_run queued_jobs_threshold resources_min.nodect \
+                resources_max.nodect; do
+            qmgr "unset queue $queue $attribute"
+        done
+        qmgr "set queue $queue resources_max.walltime = 01:00:00"
+    done
+    qmgr "set queue single max_queued = [u:PBS_GENERIC=1]"
+    qmgr "set queue pair max_queued = [u:PBS_GENERIC=2]"
+    qmgr "set queue pair max_run = [u:PBS_GENERIC=1]"
+    qmgr "set queue routed-small resources_max.nodect = 2"
+    qmgr "set queue routed-small resources_max.walltime = 00:30:00"
+    qmgr "set queue routed-large resources_min.nodect = 3"
+    qmgr "set queue routed-large resources_max.nodect = 3"
+    for queue in routed-small routed-large; do qmgr "set queue $queue from_route_only = True"; done
+    "$PBS_EXEC/bin/qmgr" -c "list queue routed" >/dev/null 2>&1 \
+        || qmgr "create queue routed queue_type=route"
+    qmgr "set queue routed route_destinations = 'routed-small,routed-large'"
+    qmgr "set queue routed max_queued = [p:PBS_GENERIC=2]"
+    qmgr "set queue routed enabled = True"
+    qmgr "set queue routed started = True"
+    # Per-project limits count a job's project: ALCF's -A is it (a queuejob hook sets it here).
+    "$PBS_EXEC/bin/qmgr" -c "list hook account_project" >/dev/null 2>&1 \
+        || qmgr "create hook account_project event=queuejob"
+    qmgr "import hook account_project application/x-python default $HERE/scripts/pbs/account_project.py"
 }
 
 configure_vnodes() {
@@ -231,7 +272,7 @@ up() {
         cancel_recovered_jobs "$PBS_EXEC/bin/qselect" "$PBS_EXEC/bin/qdel" -W force
         can_run_a_job  # a server already running (and maybe busy) has shown that before
     fi
-    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked, history on"
+    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked single pair routed (routing), history on"
 }
 
 down() {

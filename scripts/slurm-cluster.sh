@@ -85,11 +85,16 @@ MessageTimeout=5
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000,sched_interval=5,bf_interval=5
 # Comments are where mmm-orch tags its jobs; keep them in accounting too.
 AccountingStoreFlags=job_comment
+# QOS job limits are enforced (the facilities' rules, machines/slurm-local.yaml): this needs
+# every user's association, which the cluster's root user has.
+AccountingStorageEnforce=limits,qos
 NodeName=n1 NodeHostname=localhost Port=17001 CPUs=2 RealMemory=4000 State=UNKNOWN
 NodeName=n2 NodeHostname=localhost Port=17002 CPUs=2 RealMemory=4000 State=UNKNOWN
 NodeName=n3 NodeHostname=localhost Port=17003 CPUs=2 RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=60 State=UP
 PartitionName=parked Nodes=n1,n2,n3 MaxTime=60 State=DOWN
+# A partition's own bounds (nodes, walltime), as Frontier's and Perlmutter's partitions have.
+PartitionName=short Nodes=n1,n2,n3 MaxNodes=2 MaxTime=20 State=UP
 EOF
     cat >"$CONF/slurmdbd.conf" <<EOF
 # Written by mmm-orch scripts/slurm-cluster.sh
@@ -118,6 +123,27 @@ start_slurmdbd() {
     if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
         sacctmgr -i add cluster "$CLUSTER" >/dev/null
     fi
+}
+
+# The job-count rules the facilities set, as QOS (machines/slurm-local.yaml
+# states them, `mmm-orch machines check slurm-local` compares): single, 1 job per user in any
+# state (Frontier's debug QOS); pair, 2 submitted and 1 running per user (ALCF's capacity);
+# team, 2 jobs per account (a project's limit). Only the queue-rule tests use them.
+QOS_RULES=("single MaxSubmitJobsPerUser=1" "pair MaxSubmitJobsPerUser=2 MaxJobsPerUser=1"
+           "team MaxSubmitJobsPerAccount=2")
+
+configure_qos() {
+    local rule name names=normal
+    for rule in "${QOS_RULES[@]}"; do
+        name=${rule%% *}
+        names+=",$name"
+        sacctmgr -n -P show qos "$name" format=name | grep -qx "$name" \
+            || sacctmgr -i add qos "$name" >/dev/null
+        # -1 clears what a test changed; then the rule's own limits
+        sacctmgr -i modify qos "$name" set MaxSubmitJobsPerUser=-1 MaxJobsPerUser=-1 \
+            MaxSubmitJobsPerAccount=-1 MaxJobsPerAccount=-1 MaxWall=-1 ${rule#* } >/dev/null
+    done
+    sacctmgr -i modify user root set qos="$names" >/dev/null
 }
 
 start_controller() {
@@ -167,11 +193,12 @@ up() {
     start_mariadb
     write_configs
     start_slurmdbd
+    configure_qos
     start_controller
     # Only when started afresh: a restart for a new slurm.conf may happen while tests run.
     [[ -z $fresh ]] || cancel_recovered_jobs "squeue -h -o %i" scancel
     start_nodes
-    log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug and parked, accounting on"
+    log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug, parked and short, QOS single, pair and team, accounting on"
 }
 
 down() {

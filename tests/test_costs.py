@@ -83,7 +83,9 @@ def test_render_and_dry_run_show_the_most_it_can_cost_and_why(cli, isolated):
         in script
     assert "# Spares: 2 node(s) held for failover are allocated, so charged like active ones: " \
         "2.00 node-hours of that." in script
+    # (four links at once: only preemptable holds them, 20 per project; see test_queue_rules.py)
     chain = cli("submit", "polaris", "llama3_8b", "-N", "4", "-A", "p", "--chain", "4",
+                "-q", "preemptable",
                 "--dry-run").out
     assert re.search(r"# Chain of 4: at most 16\.00 node-hours \(every link runs its whole "
                      r"walltime\); expected 15\.\d\d \(each link stops", chain), chain

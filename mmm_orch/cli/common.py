@@ -116,7 +116,8 @@ def request(args: argparse.Namespace, **overrides: Any):
         walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
         envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
         workdir=getattr(args, "workdir", None), stage_env=args.stage_env,
-        spare_nodes=args.spare_nodes, max_node_hours=args.max_node_hours)
+        spare_nodes=args.spare_nodes, max_node_hours=args.max_node_hours,
+        jobs=max(getattr(args, "chain", None) or 1, 1))  # a chain puts its links in the queue
     fields.update(overrides)
     return Request(**fields)
 

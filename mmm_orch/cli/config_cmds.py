@@ -12,9 +12,16 @@ from mmm_orch.paths import write_whole
 
 
 def register(sub) -> None:
-    p = sub.add_parser("machines", help="list machine profiles")
+    p = sub.add_parser("machines", help="list machine profiles; `machines check MACHINE`: where "
+                       "its queues differ from the live scheduler's (exit 1 when they do)",
+                       usage="mmm-orch machines [--json] | machines check MACHINE [--host HOST] "
+                             "[--json]")
+    p.add_argument("action", nargs="?", choices=["check"], help=argparse.SUPPRESS)
+    p.add_argument("name", nargs="?", metavar="MACHINE", help=argparse.SUPPRESS)
+    p.add_argument("--host", metavar="HOST",
+                   help="ask the scheduler on this login host over SSH (default: as submit does)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_list)
+    p.set_defaults(func=cmd_machines)
     p = sub.add_parser("workloads", help="list workload specs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
@@ -47,6 +54,29 @@ def cmd_render(args: argparse.Namespace) -> int:
     else:
         common.print_script(text)
     return 0
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    if args.action is None:
+        if args.name is not None or args.host is not None:
+            raise MmmError("machines: list them with `mmm-orch machines`, check one with "
+                           "`mmm-orch machines check MACHINE [--host HOST]`")
+        return cmd_list(args)
+    if args.name is None:
+        raise MmmError("machines check: name the MACHINE whose profile to check")
+    from mmm_orch import usecases
+
+    differences = usecases.check_machine(args.name, args.host)
+    if args.json:
+        print(json.dumps({"machine": args.name, "differences": differences}, indent=2))
+    elif differences:
+        print(f"{args.name}: {len(differences)} difference{'s' if len(differences) > 1 else ''} "
+              "between the profile and the live scheduler:")
+        for line in differences:
+            print(f"  {line}")
+    else:
+        print(f"{args.name}: the profile's queues match the live scheduler")
+    return 1 if differences else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

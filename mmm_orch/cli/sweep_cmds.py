@@ -57,7 +57,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch.planning.cost import hours, sweep_cost
 
     swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
-                                           args.sets, args.db, args.template)
+                                           args.sets, args.db, args.template, args.host,
+                                           review=args.dry_run)
     if args.dry_run:
         print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
               f"{len(planned)} points (nothing submitted)")
@@ -67,6 +68,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue.name or '-'}, "
                   f"{plan.layout.nodes} nodes x {plan.layout.ranks_per_node} = {plan.layout.ranks} ranks, mesh {mesh}, "
                   f"walltime {plan.queue.walltime_hms}, at most {hours(plan.cost.most)} {plan.cost.unit}")
+        for point in planned:  # a queue taken for its job limits says why
+            if "job limits" in point.plan.queue.reason:
+                print(f"  point {point.index}: queue {point.plan.queue.name}, "
+                      f"{point.plan.queue.reason}")
         print(sweep_cost(planned))
         return 0
     sweep, records = usecases.submit_sweep(swept, planned, args.db, args.template, args.host,

@@ -15,6 +15,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 from dataclasses import field
 from typing import Annotated, Literal
 
+import annotated_types as at
+
 from mmm_orch.config.common import (
     Check,
     EnvName,
@@ -94,6 +96,37 @@ class Tier:
     max_walltime: Walltime
 
 
+# How a facility counts a user's (or a project's) jobs against a limit: `any` every job not
+# finished (running, accruing or queued: PBS max_queued, Slurm MaxSubmitJobs), `queued` those
+# waiting to start (PBS queued_jobs_threshold), `running` those started (PBS max_run, Slurm
+# MaxJobs), `eligible` those waiting and eligible to start (Frontier's "eligible-to-run", Slurm
+# MaxJobsAccrue). Past an `any` or `queued` limit the scheduler refuses the submission; past the
+# others the extra jobs wait.
+JobCount = Literal["any", "queued", "running", "eligible"]
+REFUSED_PAST = ("any", "queued")
+MAX_JOB_LIMIT = 1_000_000  # no facility lets one user queue more; a bigger number is a typo
+
+
+@config
+class JobLimit:
+    """At most `jobs` of one user's (or one project's) jobs, counted as `counts` says."""
+
+    jobs: Annotated[NonNegativeInt, at.Le(MAX_JOB_LIMIT)]
+    per: Literal["user", "project"]
+    counts: JobCount
+    source: NonEmptyStr  # where the facility states it (a page, or the live server's setting)
+
+    @property
+    def refuses(self) -> bool:
+        """Whether the scheduler refuses a submission past it (else the job waits)."""
+        return self.counts in REFUSED_PAST
+
+    def words(self) -> str:
+        kind = {"any": "running or queued", "queued": "queued", "running": "running",
+                "eligible": "eligible to run"}[self.counts]
+        return f"{self.jobs} {kind} job{'s' if self.jobs != 1 else ''} per {self.per}"
+
+
 @config
 class Queue:
     name: NonEmptyStr
@@ -108,6 +141,8 @@ class Queue:
     # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
     directives: list[str] | None = None
     notes: str = ""
+    # The facility's job-count limits in this queue (a routing queue's count its tiers' jobs).
+    job_limits: list[JobLimit] = field(default_factory=list)
     # What the facility multiplies a job's node-hours by in this queue (QOS), over the machine's
     # own factor (charging.factor); None: 1.
     charge_factor: Number | None = None
@@ -325,6 +360,8 @@ class Machine:
     python: str = "python3"  # "auto": the interpreter running mmm-orch
     environment: JobEnvironment | None = None
     notes: list[str] = field(default_factory=list)
+    # Job-count limits over all the machine's queues (Frontier: 100 queued per user).
+    job_limits: list[JobLimit] = field(default_factory=list)
     failures: list[FailureSignature] = field(default_factory=list)
 
     @property

@@ -14,6 +14,7 @@ from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, resolve
+from mmm_orch.planning.occupancy import NOTHING_YET
 
 _SPLIT = re.compile(r"(?<!\\),")  # a value may hold a comma written as \,
 # Points in one sweep: a scaling study or a search is tens to hundreds of jobs; past this a
@@ -105,15 +106,17 @@ def _check_distinct(swept: dict[str, list[str]], workload: str) -> None:
 
 def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
     """Every point planned, in order (nodes outermost); the first that cannot be planned stops
-    the sweep with an error naming it."""
+    the sweep with an error naming it. Each point's queue counts the points before it against
+    the queue's job limits."""
     _check_distinct(swept, request.workload)
     keys = list(swept)
     out = []
+    load = request.queue_load or NOTHING_YET
     for index, combo in enumerate(itertools.product(*(swept[k] for k in keys)), start=1):
         values = dict(zip(keys, combo))
         sets = tuple(f"{k}={v}" for k, v in values.items() if k != "nodes")
         point_request = dataclasses.replace(
-            request, sets=request.sets + sets,
+            request, sets=request.sets + sets, queue_load=load,
             nodes=int(values["nodes"]) if "nodes" in values else request.nodes)
         try:
             plan = resolve(point_request)
@@ -123,6 +126,8 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
             if isinstance(exc, InvalidValue):  # (the API's callers catch it by its class)
                 raise InvalidValue(exc.field, exc.value, exc.allowed, said) from None
             raise MmmError(said) from None
+        if plan.queue.name:
+            load = load.adding(plan.queue.name, 1)
         out.append(Point(index, {"nodes": plan.layout.nodes, **{k: v for k, v in values.items()
                                                           if k != "nodes"}}, plan))
     if not out:

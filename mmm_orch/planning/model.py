@@ -11,11 +11,14 @@ import dataclasses
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import LOG_FILE, NODES_TOKEN
 from mmm_orch.walltime import format_walltime
+
+if TYPE_CHECKING:
+    from mmm_orch.planning.occupancy import QueueLoad
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class Request:
     avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
     command: tuple[str, ...] = ()  # the user's own program (after --), in place of a trainer
     max_node_hours: float | str | None = None  # the budget (node-hours): a costlier plan is refused
+    # The jobs the user and their project already have on the machine (planning/occupancy.py):
+    # queue selection keeps to the facility's job-count limits with them; None: not counted.
+    queue_load: QueueLoad | None = field(default=None, hash=False, compare=False)
+    jobs: int = 1  # the jobs this request puts in its queue at once (a chain: its links)
 
 
 @dataclass(frozen=True)

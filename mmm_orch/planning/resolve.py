@@ -22,6 +22,7 @@ from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
+from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit, way_out
 from mmm_orch.planning.environment import env_groups, environment_word
 from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
                                  Environment, Guard, Launch, Layout, Placement, Plan, QueuePlan,
@@ -45,8 +46,9 @@ def resolve(request: Request) -> Plan:
     walltime = _walltime(machine, workload, override, request)
     _check_devices(machine, workload)
     placement = _placement(machine, request, nodes)
-    queue, tier, reason = _pick_queue(machine, request, nodes + placement.spare_nodes, walltime)
-    account = _account(machine, request)
+    account = account_for(machine, request)
+    queue, tier, reason = _pick_queue(machine, request, account, nodes + placement.spare_nodes,
+                                      walltime)
     name = workload.name if request.name is None else request.name
     if not JOB_NAME.match(name):
         raise fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")
@@ -76,7 +78,7 @@ def resolve(request: Request) -> Plan:
         layout=layout,
         queue=QueuePlan(
             name=queue.name if queue else None, tier=tier, reason=reason,
-            directives=_queue_directives(machine, queue), walltime=walltime, account=account,
+            directives=queue_directives(machine, queue), walltime=walltime, account=account,
             resources=tuple(d.format(**{**fields, "nodes": nodes + placement.spare_nodes})
                             for d in machine.directives),
             submit_dir_var=machine.scheduler.submit_dir_var),
@@ -181,12 +183,16 @@ def _placement(machine: Machine, request: Request, nodes: int) -> Placement:
         failover_directives=tuple(machine.scheduler.failover_directives) if spare else ())
 
 
-def _pick_queue(machine: Machine, request: Request, nodes: int, walltime: int):
-    """(queue, tier name, reason) for the request, or an error that names the limits."""
+def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: int,
+                walltime: int):
+    """(queue, tier name, reason) for the request, or an error that names the limits. With the
+    jobs the user already has (request.queue_load), a queue the request would fill past a job
+    limit is skipped (named in the reason), or refused when asked for by name."""
     if not machine.queues:
         if request.queue:
             raise fail("--queue", request.queue, f"{machine.name} has no queues")
         return None, None, "no scheduler queue on this machine"
+    load = request.queue_load or NOTHING_YET
     if request.queue:
         queue = machine.queue(request.queue)
         if queue is None:
@@ -197,18 +203,50 @@ def _pick_queue(machine: Machine, request: Request, nodes: int, walltime: int):
             raise MmmError(
                 f"--queue {queue.name!r} cannot run {nodes} nodes for {format_walltime(walltime)}: "
                 f"it {why} ({queue.limits()})")
+        full = past_limit(machine, queue, queue_directives(machine, queue), load, account,
+                          request.jobs)
+        if full:
+            room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
+            raise MmmError(f"--queue {queue.name!r} is full for you: {full}. "
+                           f"{way_out(room)}")
         return queue, tier, "requested"
-    tried = []
+    tried, skipped = [], []
     for queue in machine.queues:
         if not queue.automatic or queue.by_request:
             continue
         ok, tier, why = _fits(queue, nodes, walltime)
-        if ok:
-            return queue, tier, "first queue that fits nodes and walltime"
-        tried.append(f"{queue.name} ({queue.limits()})")
+        if not ok:
+            tried.append(f"{queue.name} ({queue.limits()})")
+            continue
+        full = past_limit(machine, queue, queue_directives(machine, queue), load, account,
+                          request.jobs)
+        if full:
+            skipped.append(full)
+            continue
+        reason = "first queue that fits nodes and walltime"
+        if skipped:
+            reason = f"{reason} and the job limits (skipped: {'; '.join(skipped)})"
+        return queue, tier, reason
+    if skipped:
+        room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
+        raise MmmError(f"no queue on {machine.name} that is picked without --queue can take "
+                       f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
+                       f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
+                       f"{way_out(room)}")
     raise MmmError(
         f"no queue on {machine.name} fits {nodes} nodes for {format_walltime(walltime)}; "
         f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue")
+
+
+def queues_with_room(machine: Machine, nodes: int, walltime: int, load: QueueLoad,
+                     account: str | None, jobs: int) -> list[str]:
+    """The queues (those picked only by name too) that fit `nodes` for `walltime` and have room
+    for `jobs` more of the user's jobs."""
+    ordered = sorted(machine.queues, key=lambda queue: not queue.automatic)
+    return [queue.name for queue in ordered
+            if not queue.by_request and _fits(queue, nodes, walltime)[0]
+            and not past_limit(machine, queue, queue_directives(machine, queue), load, account,
+                               jobs)]
 
 
 def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, str]:
@@ -229,14 +267,14 @@ def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, st
     return True, None, ""
 
 
-def _queue_directives(machine: Machine, queue: Queue | None) -> tuple[str, ...]:
+def queue_directives(machine: Machine, queue: Queue | None) -> tuple[str, ...]:
     if queue is None:
         return ()
     templates = queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
     return tuple(t.format(queue=queue.name) for t in templates if t)
 
 
-def _account(machine: Machine, request: Request) -> str | None:
+def account_for(machine: Machine, request: Request) -> str | None:
     account = request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
     if machine.account.required and not account:
         raise MmmError(f"--account is required on {machine.name} (or set MMM_ORCH_ACCOUNT)")

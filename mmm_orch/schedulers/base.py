@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 from mmm_orch.errors import (MmmError, SchedulerError, SchedulerUnavailable, SubmissionRefused,
                              SubmissionUnconfirmed, Unreachable)
-from mmm_orch.schedulers.states import JobStatus
+from mmm_orch.schedulers.states import JobStatus, OpenJob
 from mmm_orch.transport import CommandResult, Retry, Runner, run_command
 
 
@@ -101,6 +101,18 @@ class CommandScheduler:
 
     def cancel(self, job: JobRef) -> None:
         raise NotImplementedError
+
+    def open_jobs(self, account: str | None) -> list[OpenJob]:
+        """The unfinished jobs of this user, and of project `account` when given, as the
+        facility's job limits count them; SchedulerError when the scheduler cannot say."""
+        raise NotImplementedError
+
+    def user(self) -> str:
+        """Who the scheduler sees submitting (on a login node over SSH: the remote account)."""
+        result = self._run(["id", "-un"], "query")
+        if result.returncode != 0 or not result.stdout.strip():
+            raise SchedulerError(f"id -un: {result.message or 'no user name'}")
+        return result.stdout.strip()
 
     def submit(self, submission: Submission) -> str:
         """Submit exactly once: the native id, or SubmissionRefused / Unreachable (nothing
@@ -199,6 +211,7 @@ class Scheduler(Protocol):
     def find(self, submission: Submission) -> list[str] | None: ...
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]: ...
     def cancel(self, job: JobRef) -> None: ...
+    def open_jobs(self, account: str | None) -> list[OpenJob]: ...
     def directive_path(self, path: str) -> str: ...
 
 

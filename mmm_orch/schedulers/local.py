@@ -17,7 +17,7 @@ from mmm_orch.errors import SchedulerError, SubmissionRefused
 from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
 from mmm_orch.schedulers.local_run import GRACE_S
-from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.schedulers.states import JobState, JobStatus, OpenJob
 
 def _holder(pid: int) -> str:
     """`pid:start time` of the process holding the job ('' for none): the start time tells the
@@ -88,6 +88,9 @@ class LocalScheduler:
         return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
                          reason="the supervisor ended without recording an exit code "
                                 "(killed, or the computer restarted)")
+
+    def open_jobs(self, account: str | None) -> list[OpenJob]:
+        return []  # no queues here, so no job limits to count against
 
     def cancel(self, job: JobRef) -> None:
         """SIGTERM to the supervisor, which stops the job's process group (TERM, then KILL after

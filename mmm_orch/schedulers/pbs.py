@@ -10,7 +10,7 @@ from mmm_orch.schedulers import pbs_parse as parse
 from mmm_orch.errors import SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
                                       check_directive_path)
-from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 
 
 class PbsScheduler(CommandScheduler):
@@ -70,6 +70,34 @@ class PbsScheduler(CommandScheduler):
         if result.returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
             return None
         return parse.ids_with_tag(parse.load_qstat_dsv(result.stdout), submission.tag)
+
+    def open_jobs(self, account: str | None) -> list[OpenJob]:
+        """qselect the user's jobs (and the project's), then one qstat of them all; without -x,
+        only jobs not finished."""
+        user = self.user()
+        ids: list[str] = []
+        for selector in (["-u", user], ["-A", account] if account else []):
+            if selector:
+                result = self._run([self.cmd["select"], *selector], "query")
+                if result.returncode != 0:
+                    raise SchedulerError(f"{self.cmd['select']}: {result.message}")
+                ids += [i for i in result.stdout.split() if i not in ids]
+        if not ids:
+            return []
+        result = self._run([self.cmd["query"], "-f", "-F", "dsv", *ids], "query")
+        if result.returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
+            raise SchedulerError(f"qstat: {result.message}")
+        return parse.open_jobs(result.stdout, user)
+
+    def queue_config(self) -> list[LiveQueue]:
+        """Every queue's bounds and job limits: qstat -Q -f -F json."""
+        result = self._run([self.cmd["query"], "-Q", "-f", "-F", "json"], "query")
+        if result.returncode != 0:
+            raise SchedulerError(f"qstat -Q: {result.message}")
+        try:
+            return parse.parse_queues(result.stdout)
+        except ValueError as exc:
+            raise SchedulerError(f"qstat -Q -f -F json: unreadable output ({exc})") from None
 
     @staticmethod
     def directive_path(path: str) -> str:

@@ -8,12 +8,13 @@ and, on current OpenPBS, holds only the first of several requested jobs.
 from __future__ import annotations
 
 import calendar
+import json
 import re
 import time
 from typing import Any
 
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM
-from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 from mmm_orch.walltime import duration
 
 # PBS job_state letters (PBS Professional Reference Guide, "Job States").
@@ -188,3 +189,51 @@ def ids_with_tag(jobs: dict[str, dict[str, Any]], tag: str) -> list[str]:
     """Ids of the jobs whose Variable_List carries the submission tag."""
     return [job_id for job_id, job in jobs.items()
             if _variables(job.get("Variable_List")).get(TAG_VARIABLE) == tag]
+
+
+# States of a job that has started (PBS Pro qstat(1B): running, exiting, array begun).
+STARTED_STATES = frozenset("REB")
+
+
+def open_jobs(text: str, user: str) -> list[OpenJob]:
+    """`qstat -f -F dsv` of the user's and the project's unfinished jobs, as queue counts see
+    them: the queue each is in, whether it started, whose it is and its account."""
+    return [OpenJob(native_id=job_id, names=frozenset({job.get("queue", "")}) - {""},
+                    running=job.get("job_state", "") in STARTED_STATES,
+                    mine=job.get("Job_Owner", "").partition("@")[0] == user,
+                    account=job.get("Account_Name", ""))
+            for job_id, job in load_qstat_dsv(text).items()
+            if job.get("job_state", "") not in ("F", "X", "M")]
+
+
+# A PBS limit's entities: each user, each project (PBS Pro Admin Guide, "Limits": u:, p:, g:, o:).
+_LIMIT = re.compile(r"\[([up]):PBS_GENERIC=(\d+)\]")
+_LIMIT_COUNTS = {"max_queued": "any", "queued_jobs_threshold": "queued", "max_run": "running"}
+
+
+def parse_queues(text: str) -> list[LiveQueue]:
+    """`qstat -Q -f -F json`: every queue with its node and walltime bounds, its per-user and
+    per-project job limits (max_queued: any state; queued_jobs_threshold: queued; max_run:
+    running) and a routing queue's destinations. ValueError when it is not that JSON."""
+    data = json.loads(text)
+    queues = data.get("Queue") if isinstance(data, dict) else None
+    if not isinstance(queues, dict):
+        raise ValueError("no Queue object")
+    out = []
+    for name, queue in queues.items():
+        low, high = queue.get("resources_min") or {}, queue.get("resources_max") or {}
+        limits = frozenset((int(jobs), "user" if who == "u" else "project", counts)
+                           for attribute, counts in _LIMIT_COUNTS.items()
+                           for who, jobs in _LIMIT.findall(str(queue.get(attribute, ""))))
+        walltime = duration(high.get("walltime"))
+        out.append(LiveQueue(
+            name=name, kind=str(queue.get("queue_type", "")).lower(),
+            min_nodes=_whole(low.get("nodect")), max_nodes=_whole(high.get("nodect")),
+            max_walltime=int(walltime) if walltime is not None else None, limits=limits,
+            destinations=tuple(d for d in str(queue.get("route_destinations", "")).split(",")
+                               if d)))
+    return out
+
+
+def _whole(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) or str(value).isdigit() else None

@@ -13,13 +13,13 @@ from mmm_orch.errors import SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
                                       check_directive_path)
 from mmm_orch.transport import CommandResult
-from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 from mmm_orch.errors import MmmError
 
 
 class SlurmScheduler(CommandScheduler):
     defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
-                "control": "scontrol", "allocate": "salloc"}
+                "control": "scontrol", "allocate": "salloc", "accounts": "sacctmgr"}
 
     allocate_needs_terminal = False
 
@@ -137,6 +137,30 @@ class SlurmScheduler(CommandScheduler):
             if result.returncode == 0 and exact and exact.state.terminal and exact.exit_code:
                 final[job_id] = dataclasses.replace(status, exit_code=exact.exit_code)
         return final
+
+    def open_jobs(self, account: str | None) -> list[OpenJob]:
+        """squeue of the user's jobs, and of the project's: pending, running and suspended."""
+        user = self.user()
+        lines: dict[str, str] = {}
+        for selector in ([f"--user={user}"], [f"--account={account}"] if account else []):
+            if selector:
+                result = self._run([self.cmd["query"], "--noheader", parse.OPEN_JOBS_FORMAT,
+                                    *selector], "query")
+                if result.returncode != 0:
+                    raise SchedulerError(f"{self.cmd['query']}: {result.message}")
+                lines.update((line.split("|", 1)[0], line) for line in result.stdout.splitlines())
+        return parse.open_jobs("\n".join(lines.values()), user)
+
+    def queue_config(self) -> list[LiveQueue]:
+        """The partitions' bounds (scontrol) and the QOS's limits (sacctmgr)."""
+        partitions = self._run([self.cmd["control"], "show", "partition", "--oneliner"], "query")
+        if partitions.returncode != 0:
+            raise SchedulerError(f"scontrol show partition: {partitions.message}")
+        qos = self._run([self.cmd["accounts"], "--noheader", "--parsable2", "show", "qos",
+                         parse.QOS_FORMAT], "query")
+        if qos.returncode != 0:
+            raise SchedulerError(f"sacctmgr show qos: {qos.message}")
+        return parse.parse_partitions(partitions.stdout) + parse.parse_qos(qos.stdout)
 
     def cancel(self, job: JobRef) -> None:
         result = self._run([self.cmd["cancel"], job.native_id], "submit")

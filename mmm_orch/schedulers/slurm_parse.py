@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from mmm_orch.schedulers.states import JobState, JobStatus
+from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 from mmm_orch.walltime import duration
 
 _STATES = {
@@ -255,3 +255,74 @@ def parse_squeue_format(text: str) -> dict[str, JobStatus]:
                                 reason=_reason(reason),
                                 started_at=epoch(start) if state is not JobState.PENDING else None)
     return out
+
+
+# squeue's format for queue counts: id, partition, QOS, state, user, account.
+OPEN_JOBS_FORMAT = "--format=%i|%P|%q|%T|%u|%a"
+# States of a job that has started (squeue(1) JOB STATE CODES).
+STARTED_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED",
+                            "SIGNALING", "STAGE_OUT"})
+
+
+def open_jobs(text: str, user: str) -> list[OpenJob]:
+    """squeue lines in OPEN_JOBS_FORMAT, as queue counts see them: partition and QOS, whether
+    the job started, whose it is and its account. A job array's pending tasks are one line."""
+    jobs = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 6:
+            continue
+        job_id, partition, qos, state, owner, account = fields
+        jobs.append(OpenJob(native_id=job_id, names=frozenset({partition, qos}) - {""},
+                            running=state in STARTED_STATES, mine=owner == user,
+                            account=account))
+    return jobs
+
+
+# sacctmgr's QOS fields for job limits: (field, per, counts) (sacctmgr(1) "QOS ... LIMITS").
+QOS_LIMITS = (("MaxSubmitPU", "user", "any"), ("MaxJobsPU", "user", "running"),
+              ("MaxJobsAccruePU", "user", "eligible"), ("MaxSubmitPA", "project", "any"),
+              ("MaxJobsPA", "project", "running"), ("MaxJobsAccruePA", "project", "eligible"))
+QOS_FORMAT = "format=Name,MaxWall,MaxTRESPerJob," + ",".join(f for f, _, _ in QOS_LIMITS)
+
+
+def parse_partitions(text: str) -> list[LiveQueue]:
+    """`scontrol show partition --oneliner`: each partition's node and walltime bounds (0 or
+    UNLIMITED: none), its partition QOS named as a destination."""
+    out = []
+    for line in text.splitlines():
+        fields = dict(word.partition("=")[::2] for word in line.split() if "=" in word)
+        if "PartitionName" not in fields:
+            continue
+        walltime = duration(fields.get("MaxTime"))
+        qos = fields.get("QoS", "N/A")
+        out.append(LiveQueue(
+            name=fields["PartitionName"], kind="partition",
+            min_nodes=_bound(fields.get("MinNodes"), floor=1), max_nodes=_bound(fields.get("MaxNodes")),
+            max_walltime=int(walltime) if walltime is not None else None,
+            destinations=() if qos in ("N/A", "") else (qos,)))
+    return out
+
+
+def parse_qos(text: str) -> list[LiveQueue]:
+    """`sacctmgr --noheader --parsable2 show qos` with QOS_FORMAT: each QOS's job limits, its
+    walltime bound and its node bound (MaxTRESPerJob node=N)."""
+    out = []
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) != 3 + len(QOS_LIMITS) or not values[0]:
+            continue
+        name, wall, tres, *counts = values
+        tres_fields = dict(item.partition("=")[::2] for item in tres.split(",") if "=" in item)
+        walltime = duration(wall) if wall else None
+        out.append(LiveQueue(
+            name=name, kind="qos", max_nodes=_bound(tres_fields.get("node")),
+            max_walltime=int(walltime) if walltime is not None else None,
+            limits=frozenset((int(value), per, kind) for value, (_, per, kind)
+                             in zip(counts, QOS_LIMITS) if value.isdigit())))
+    return out
+
+
+def _bound(value: str | None, floor: int = 0) -> int | None:
+    """A node bound, None where Slurm sets none (UNLIMITED, or at most `floor`)."""
+    return int(value) if value and value.isdigit() and int(value) > floor else None

@@ -54,3 +54,32 @@ class JobStatus:
     # The scheduler's own accounting of a job that ended: the nodes it held and for how long (s).
     nodes: int | None = None
     elapsed: float | None = None
+
+
+@dataclass(frozen=True)
+class OpenJob:
+    """A job not finished, as the scheduler lists it: the names it is queued under (PBS: its
+    queue; Slurm: its partition and QOS), whether it has started, whether it is the user's own
+    (else a job of their project's), and the account (project) it is charged to."""
+
+    native_id: str
+    names: frozenset[str]
+    running: bool
+    mine: bool
+    account: str
+
+
+@dataclass(frozen=True)
+class LiveQueue:
+    """A queue as the scheduler is configured (PBS: a queue, `kind` execution or route; Slurm: a
+    partition or a QOS): its bounds (None: the server sets none), its job-count limits as
+    (jobs, per user|project, counts any|queued|running|eligible), a routing queue's
+    destinations."""
+
+    name: str
+    kind: str
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    max_walltime: int | None = None
+    limits: frozenset[tuple[int, str, str]] = frozenset()
+    destinations: tuple[str, ...] = ()
