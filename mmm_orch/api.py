@@ -6,7 +6,7 @@
     job.wait()
     print(job.state, job.exit_code, job.logs(tail=20))
 
-Each call goes through the same use cases as the command line (usecases.py, inspection.py), so
+Each call goes through the same use cases as the command line (usecases/, inspection.py), so
 it plans, checks, records and refreshes exactly as `mmm-orch submit`, `status`, `logs` and
 `report` do. Bad input raises before anything is written: every error is an MmmError whose `str`
 is the command line's one-line message; a bad value raises InvalidValue (UnknownName for a name

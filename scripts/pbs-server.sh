@@ -157,14 +157,18 @@ configure_server() {
     fi
     # Queues with the names the machine profiles use, each with a walltime limit to check against.
     local queue
+    # (each value set as it ends up: tests run while another worker's `up` rechecks them)
     for queue in workq debug debug-scaling capacity preemptable prod; do
         "$PBS_EXEC/bin/qmgr" -c "list queue $queue" >/dev/null 2>&1 \
             || qmgr "create queue $queue queue_type=execution"
         qmgr "set queue $queue enabled = True"
         qmgr "set queue $queue started = True"
-        qmgr "set queue $queue resources_max.walltime = 01:00:00"
+        if [[ $queue == capacity ]]; then
+            qmgr "set queue $queue resources_max.walltime = 168:00:00"
+        else
+            qmgr "set queue $queue resources_max.walltime = 01:00:00"
+        fi
     done
-    qmgr "set queue capacity resources_max.walltime = 168:00:00"
     # Takes jobs and never starts them: for tests of submission alone.
     "$PBS_EXEC/bin/qmgr" -c "list queue parked" >/dev/null 2>&1 \
         || qmgr "create queue parked queue_type=execution"
@@ -185,26 +189,33 @@ configure_server() {
 # test may have changed them. Like `parked`, they take jobs and never start them: the tests
 # count jobs, and the vnodes stay free for the others.
 configure_queue_rules() {
-    local queue
+    # Each attribute set to its value, or unset where the queue has none: never unset and set
+    # again (another test may read the queue meanwhile).
+    local queue attribute value
+    local -A rules=(
+        [single.max_queued]="[u:PBS_GENERIC=1]"
+        [pair.max_queued]="[u:PBS_GENERIC=2]" [pair.max_run]="[u:PBS_GENERIC=1]"
+        [routed-small.resources_max.nodect]=2 [routed-small.resources_max.walltime]=00:30:00
+        [routed-large.resources_min.nodect]=3 [routed-large.resources_max.nodect]=3
+    )
     for queue in single pair routed-small routed-large; do
         "$PBS_EXEC/bin/qmgr" -c "list queue $queue" >/dev/null 2>&1 \
             || qmgr "create queue $queue queue_type=execution"
         qmgr "set queue $queue enabled = True"
         qmgr "set queue $queue started = False"
+        [[ $queue == routed-* ]] && qmgr "set queue $queue from_route_only = True"
         for attribute in max_queued max_run queued_jobs_threshold resources_min.nodect \
-                resources_max.nodect; do
-            qmgr "unset queue $queue $attribute"
+                resources_max.nodect resources_max.walltime; do
+            value=${rules[$queue.$attribute]:-}
+            if [[ -n $value ]]; then
+                qmgr "set queue $queue $attribute = $value"
+            elif [[ $attribute == resources_max.walltime ]]; then
+                qmgr "set queue $queue $attribute = 01:00:00"
+            else
+                qmgr "unset queue $queue $attribute"
+            fi
         done
-        qmgr "set queue $queue resources_max.walltime = 01:00:00"
     done
-    qmgr "set queue single max_queued = [u:PBS_GENERIC=1]"
-    qmgr "set queue pair max_queued = [u:PBS_GENERIC=2]"
-    qmgr "set queue pair max_run = [u:PBS_GENERIC=1]"
-    qmgr "set queue routed-small resources_max.nodect = 2"
-    qmgr "set queue routed-small resources_max.walltime = 00:30:00"
-    qmgr "set queue routed-large resources_min.nodect = 3"
-    qmgr "set queue routed-large resources_max.nodect = 3"
-    for queue in routed-small routed-large; do qmgr "set queue $queue from_route_only = True"; done
     "$PBS_EXEC/bin/qmgr" -c "list queue routed" >/dev/null 2>&1 \
         || qmgr "create queue routed queue_type=route"
     qmgr "set queue routed route_destinations = 'routed-small,routed-large'"

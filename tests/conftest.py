@@ -38,6 +38,11 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("MMM_ORCH_PATH", raising=False)
     monkeypatch.delenv("MMM_ORCH_ACCOUNT", raising=False)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # only the keys a test names
+    # The PBS server's commands are not on PATH, as on a machine that is not its login node
+    # (a login shell here may add them): a review of an Aurora script then never counts the
+    # test server's jobs against Aurora's queue limits.
+    monkeypatch.setenv("PATH", os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not d.startswith("/opt/pbs/")))
     return work
 
 
@@ -387,3 +392,18 @@ def tmpfs(tmp_path):
     yield mount
     for where in reversed(mounts):
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def qsub_own_script(where: Path, nodes: int, command: str) -> Path:
+    """Submit, as a user's own PBS batch script would, `command` on `nodes` vnodes of the test
+    server, in `where` with this test's state and config dirs; returns the job's output file."""
+    env = {k: os.environ[k] for k in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME")}
+    exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+    script = where / "mine.sh"
+    script.write_text(f"#!/bin/bash\n#PBS -l select={nodes}:ncpus=2\n#PBS -l place=scatter\n"
+                      f"#PBS -j oe\n#PBS -o {where}/pbs.out\n#PBS -l walltime=00:10:00\n"
+                      f"{exports}cd {where}\n{command}\n")
+    submitted = subprocess.run([f"{PBS_BIN}/qsub", str(script)], capture_output=True, text=True,
+                               timeout=30)
+    assert submitted.returncode == 0, submitted.stderr
+    return where / "pbs.out"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PBS_BIN, TERMINAL, assert_nothing_recorded, wait_state, write_machine
+from conftest import (PBS_BIN, TERMINAL, assert_nothing_recorded, qsub_own_script, wait_state,
+                      write_machine)
 from mmm_orch.errors import MmmError
 from mmm_orch.jobs.launch import nodes_for, which_machine
 from mmm_orch.planning import Request
@@ -304,16 +305,8 @@ def test_two_launches_side_by_side_on_disjoint_nodes_both_complete(cli, isolated
 
 @pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
 def test_a_batch_script_of_ones_own_launches_on_two_pbs_vnodes(cli, isolated):
-    env = {k: os.environ[k] for k in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME")}
-    script = isolated / "mine.sh"
-    exports = "".join(f"export {k}={v}\n" for k, v in env.items())
-    script.write_text("#!/bin/bash\n#PBS -l select=2:ncpus=2\n#PBS -l place=scatter\n#PBS -j oe\n"
-                      f"#PBS -o {isolated}/pbs.out\n#PBS -l walltime=00:05:00\n"
-                      f"{exports}cd {isolated}\n"
-                      f"{' '.join(MMM_ORCH)} launch pbs-local -- {sys.executable} -c \"{RANKS}\"\n")
-    submitted = subprocess.run([f"{PBS_BIN}/qsub", str(script)], capture_output=True, text=True,
-                               timeout=30)
-    assert submitted.returncode == 0, submitted.stderr
+    qsub_own_script(isolated, 2, f"{' '.join(MMM_ORCH)} launch pbs-local -- {sys.executable} -c "
+                                 f"\"{RANKS}\"")
     deadline = time.monotonic() + 300
     while not (isolated / "pbs.out").exists() and time.monotonic() < deadline:
         time.sleep(1)

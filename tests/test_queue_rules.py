@@ -240,7 +240,7 @@ def test_pbs_machines_check_finds_no_drift_then_each_change(cli, pbs_rule_queues
     assert clean.code == 0 and "match the live scheduler" in clean.out, clean.out
     for change in ("set queue pair max_run = [u:PBS_GENERIC=3]",
                    "set queue routed-large resources_min.nodect = 2",
-                   "set queue workq resources_max.walltime = 00:45:00"):
+                   "set queue single resources_max.walltime = 00:45:00"):
         subprocess.run([QMGR, "-c", change], check=True)
     drifted = cli("machines", "check", "pbs-local", "--json")
     assert drifted.code == 1
@@ -248,7 +248,7 @@ def test_pbs_machines_check_finds_no_drift_then_each_change(cli, pbs_rule_queues
         "queue pair: job limit 1 running job per user in the profile, not on the server",
         "queue pair: job limit of 3 (running, per user) on the server, not in the profile",
         "queue routed tier routed-large: min_nodes 3 in the profile, 2 on the server",
-        "queue workq: max_walltime 01:00:00 in the profile, 00:45:00 on the server"]
+        "queue single: max_walltime 01:00:00 in the profile, 00:45:00 on the server"]
 
 
 @RULES
@@ -303,6 +303,10 @@ def test_slurm_a_hand_submitted_job_counts_and_a_sweep_is_rerouted_or_refused_wh
                 "--", "sleep", "1")
     assert whole.code == 2 and "MaxSubmitJobsPerAccount=2" in whole.err, whole.err
     assert _squeue("team") == [] and cli("status", "--all", "--json").out.strip() in ("[]", "")
+    chain = cli("submit", "slurm-local", "llama3_debug", "-q", "single", "--chain", "3", "-t",
+                "00:05:00")
+    assert chain.code == 2 and "Take a --queue with room (debug" in chain.err, chain.err
+    assert _squeue("single") == [hand]
     two = cli("sweep", "slurm-local", "-q", "team", "--nodes", "1,2", "-t", "00:05:00", "--",
               "sleep", "1")
     assert two.code == 0, two.err

@@ -81,9 +81,10 @@ def test_one_value_spelled_two_ways_is_refused(cli, isolated, workload, name, fi
 
 
 def test_a_point_whose_queue_does_not_fit_submits_nothing(cli, isolated):
-    result = cli("sweep", "aurora", "llama3_8b", "--nodes", "1,2,4", "-q", "debug", "-A", "X")
+    result = cli("sweep", "aurora", "llama3_8b", "--nodes", "1,2,32", "-q", "capacity", "-A", "X")
     assert result.code == 2
-    assert "sweep point 3 (nodes=4): --queue 'debug' cannot run 4 nodes" in result.err, result.err
+    assert "sweep point 3 (nodes=32): --queue 'capacity' cannot run 32 nodes" in result.err, \
+        result.err
     assert_nothing_recorded()
 
 
@@ -93,8 +94,10 @@ def test_dry_run_lists_the_points(cli, isolated):
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0] == "sweep of llama3_8b on aurora: 4 points (nothing submitted)"
-    assert "nodes=2 tp=2" in lines[2] and "queue debug," in lines[2]
-    assert "nodes=4 tp=1" in lines[3] and "queue debug-scaling," in lines[3]
+    # debug and debug-scaling take one job per user: the points after the first go on
+    assert "nodes=2 tp=1" in lines[1] and "queue debug," in lines[1]
+    assert "nodes=2 tp=2" in lines[2] and "queue debug-scaling," in lines[2]
+    assert "nodes=4 tp=1" in lines[3] and "queue capacity," in lines[3]
     assert "2 nodes x 12 = 24 ranks, mesh dp=12 tp=2 pp=1" in lines[2], lines[2]
     assert_nothing_recorded()
 

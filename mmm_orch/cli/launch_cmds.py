@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from mmm_orch import usecases
+    from mmm_orch.usecases import inside
     from mmm_orch.config import registry
 
     if args.machine and args.workload is None and args.machine not in registry.names("machines"):
@@ -41,11 +41,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.allocate:
         words = [word for word in args.words if word not in ("--allocate", "--dry-run")]
         if args.dry_run:
-            _, argv = usecases.allocation_for_launch(common.request(args), words, args.program,
+            _, argv = inside.allocation_for_launch(common.request(args), words, args.program,
                                                      "REPORT", args.db)
             print(shlex.join(argv))
             return 0
-        return usecases.launch_in_a_new_allocation(common.request(args), words, args.program,
+        return inside.launch_in_a_new_allocation(common.request(args), words, args.program,
                                                    args.db)
     try:
         code = _launch(args)
@@ -57,15 +57,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from mmm_orch import usecases
+    from mmm_orch.usecases import inside
     from mmm_orch.render import render
 
-    prepared = usecases.launch(common.request(args), args.db, args.template, args.first_node,
+    prepared = inside.launch(common.request(args), args.db, args.template, args.first_node,
                                args.use_bad_nodes, env_check=not (args.no_env_check or args.dry_run))
     if args.dry_run:
         common.print_script(render(prepared.plan, args.template))
         return 0
-    record = usecases.submit_here(prepared, args.db)
+    record = inside.submit_here(prepared, args.db)
     print(f"mmm-orch: job {record.id}: {prepared.plan.launch_line}", file=sys.stderr)
     print(f"mmm-orch: log {record.log_path}", file=sys.stderr)
     return _in_the_foreground(args, record)

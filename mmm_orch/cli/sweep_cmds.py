@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import importlib.util
 import json
@@ -36,6 +37,10 @@ def register(sub) -> None:
                    help="skip the check that the job's Python imports this mmm-orch")
     p.add_argument("--json", action="store_true", help="print the jobs' records as JSON")
     p.add_argument("--host", metavar="HOST", help="submit through this login host over SSH")
+    p.add_argument("--within", action="store_true",
+                   help="inside an allocation: run the points side by side on its nodes as they "
+                        "free up, each recorded as a job, in the foreground (see \"Many runs in "
+                        "one allocation\")")
     p.set_defaults(func=cmd_sweep, workdir=None)
 
     p = sub.add_parser("report", help="a scaling report of a sweep (s3) or of jobs: table, "
@@ -55,6 +60,9 @@ def register(sub) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
     from mmm_orch.planning.cost import hours, sweep_cost
+
+    if args.within and not args.dry_run:
+        return _within(args)
 
     swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
                                            args.sets, args.db, args.template, args.host,
@@ -84,6 +92,44 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"  job {record.id}: {point.label} ({record.scheduler} id {record.native_id})")
     print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
     return 0
+
+
+def _within(args: argparse.Namespace) -> int:
+    """`sweep --within`: the points run in this allocation; exit 0 when every one completed, 1
+    when one did not, 130 when stopped (Ctrl-C, SIGTERM, SIGHUP: the running points too)."""
+    import signal
+
+    from mmm_orch.usecases import inside
+    from mmm_orch.errors import MmmError
+    from mmm_orch.jobs.submit import stop_signals
+
+    if args.host is not None:
+        raise MmmError(f"--host {args.host!r}: --within runs the points here, in this allocation")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    for stop in stop_signals():
+        signal.signal(stop, interrupt)
+
+    def said(text: str) -> None:
+        print(f"mmm-orch: {text}", file=sys.stderr, flush=True)
+
+    try:
+        sweep, records = inside.sweep_within(
+            common.request(args, nodes=None, sets=()), args.nodes, args.sets, args.db,
+            args.template, env_check=not args.no_env_check, said=said)
+    except KeyboardInterrupt:
+        said("stopped: the running points were cancelled")
+        return 130
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+    else:
+        counts = collections.Counter(r.state.value for r in records)
+        ended = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        print(f"sweep {sweep}: {len(records)} points run in this allocation ({ended}); "
+              f"mmm-orch status --sweep {sweep}; mmm-orch report s{sweep}")
+    return 0 if all(r.state.value == "completed" for r in records) else 1
 
 
 def _selected(args: argparse.Namespace):

@@ -15,8 +15,6 @@ except ImportError:  # pragma: no cover - Python 3.10
 from dataclasses import field
 from typing import Annotated, Literal
 
-import annotated_types as at
-
 from mmm_orch.config.common import (
     Check,
     EnvName,
@@ -25,7 +23,6 @@ from mmm_orch.config.common import (
     NodeTemplated,
     SHELL_LINES,
     NonNegativeInt,
-    Number,
     PositiveInt,
     PositiveNumber,
     ShellValue,
@@ -34,7 +31,7 @@ from mmm_orch.config.common import (
     config,
 )
 from mmm_orch.config.charging import Charging, check_factor
-from mmm_orch.walltime import format_walltime
+from mmm_orch.config.queues import JobLimit, Queue
 
 
 @config
@@ -84,78 +81,6 @@ class NodeShape:
     @property
     def usable_cores(self) -> int:
         return self.cores - len(self.reserved_cores)
-
-
-@config
-class Tier:
-    """An execution queue behind a routing queue, or a node-count bin with its own walltime."""
-
-    name: str = ""
-    min_nodes: PositiveInt
-    max_nodes: PositiveInt
-    max_walltime: Walltime
-
-
-# How a facility counts a user's (or a project's) jobs against a limit: `any` every job not
-# finished (running, accruing or queued: PBS max_queued, Slurm MaxSubmitJobs), `queued` those
-# waiting to start (PBS queued_jobs_threshold), `running` those started (PBS max_run, Slurm
-# MaxJobs), `eligible` those waiting and eligible to start (Frontier's "eligible-to-run", Slurm
-# MaxJobsAccrue). Past an `any` or `queued` limit the scheduler refuses the submission; past the
-# others the extra jobs wait.
-JobCount = Literal["any", "queued", "running", "eligible"]
-REFUSED_PAST = ("any", "queued")
-MAX_JOB_LIMIT = 1_000_000  # no facility lets one user queue more; a bigger number is a typo
-
-
-@config
-class JobLimit:
-    """At most `jobs` of one user's (or one project's) jobs, counted as `counts` says."""
-
-    jobs: Annotated[NonNegativeInt, at.Le(MAX_JOB_LIMIT)]
-    per: Literal["user", "project"]
-    counts: JobCount
-    source: NonEmptyStr  # where the facility states it (a page, or the live server's setting)
-
-    @property
-    def refuses(self) -> bool:
-        """Whether the scheduler refuses a submission past it (else the job waits)."""
-        return self.counts in REFUSED_PAST
-
-    def words(self) -> str:
-        kind = {"any": "running or queued", "queued": "queued", "running": "running",
-                "eligible": "eligible to run"}[self.counts]
-        return f"{self.jobs} {kind} job{'s' if self.jobs != 1 else ''} per {self.per}"
-
-
-@config
-class Queue:
-    name: NonEmptyStr
-    min_nodes: PositiveInt = 1
-    max_nodes: PositiveInt
-    max_walltime: Walltime
-    tiers: list[Tier] = field(default_factory=list)
-    # May be picked when the user gives no --queue (preemptable queues should not be).
-    automatic: Flag = True
-    # Needs an allocation or request first; never picked automatically.
-    by_request: Flag = False
-    # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
-    directives: list[str] | None = None
-    notes: str = ""
-    # The facility's job-count limits in this queue (a routing queue's count its tiers' jobs).
-    job_limits: list[JobLimit] = field(default_factory=list)
-    # What the facility multiplies a job's node-hours by in this queue (QOS), over the machine's
-    # own factor (charging.factor); None: 1.
-    charge_factor: Number | None = None
-
-    def limits(self) -> str:
-        text = f"{self.min_nodes}-{self.max_nodes} nodes, <= {format_walltime(self.max_walltime)}"
-        if self.tiers:
-            text += "; " + ", ".join(
-                f"{t.name + ' ' if t.name else ''}{t.min_nodes}-{t.max_nodes}: "
-                f"<= {format_walltime(t.max_walltime)}"
-                for t in self.tiers
-            )
-        return text
 
 
 @config

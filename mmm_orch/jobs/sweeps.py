@@ -32,6 +32,11 @@ class Point:
     plan: Plan
 
     @property
+    def nodes(self) -> int:
+        """The nodes the point holds (its spares too)."""
+        return self.plan.layout.nodes + self.plan.placement.spare_nodes
+
+    @property
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.values.items())
 
@@ -104,10 +109,10 @@ def _check_distinct(swept: dict[str, list[str]], workload: str) -> None:
             seen[typed] = value
 
 
-def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
+def points(request: Request, swept: dict[str, list[str]], new_jobs: bool = True) -> list[Point]:
     """Every point planned, in order (nodes outermost); the first that cannot be planned stops
     the sweep with an error naming it. Each point's queue counts the points before it against
-    the queue's job limits."""
+    the queue's job limits (`new_jobs`: they are scheduler jobs, not runs in one allocation)."""
     _check_distinct(swept, request.workload)
     keys = list(swept)
     out = []
@@ -126,7 +131,7 @@ def points(request: Request, swept: dict[str, list[str]]) -> list[Point]:
             if isinstance(exc, InvalidValue):  # (the API's callers catch it by its class)
                 raise InvalidValue(exc.field, exc.value, exc.allowed, said) from None
             raise MmmError(said) from None
-        if plan.queue.name:
+        if plan.queue.name and new_jobs:
             load = load.adding(plan.queue.name, 1)
         out.append(Point(index, {"nodes": plan.layout.nodes, **{k: v for k, v in values.items()
                                                           if k != "nodes"}}, plan))
@@ -142,10 +147,7 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
 
     db = open_db(str(db_file), create=True)
     assert db is not None
-    first = planned[0].plan
-    sweep_id = db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
-                                      "axes": swept, "points": [p.values for p in planned],
-                                      "remote": remote})
+    sweep_id = new_sweep(db, swept, planned, remote)
     records: list[JobRecord] = []
     try:
         for point in planned:
@@ -156,6 +158,15 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
             cancel(db, record)
         raise
     return sweep_id, records
+
+
+def new_sweep(db: JobDB, swept: dict[str, list[str]], planned: list[Point], remote: str = "",
+              within: str = "") -> int:
+    """The sweep's group: its axes and points (`within`: the allocation they run in together)."""
+    first = planned[0].plan
+    return db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
+                                  "axes": swept, "points": [p.values for p in planned],
+                                  "remote": remote, **({"within": within} if within else {})})
 
 
 def _stored_point(point: Any) -> bool:

@@ -14,7 +14,8 @@ import math
 import sys
 from typing import Any
 
-from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.queues import Queue
 from mmm_orch.errors import InvalidValue
 from mmm_orch.limits import MAX_INT
 from mmm_orch.planning.checks import bounded

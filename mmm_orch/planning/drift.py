@@ -9,7 +9,8 @@ partition QOS's. Where the server sets no bound, there is nothing to differ from
 
 from __future__ import annotations
 
-from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.queues import Queue
 from mmm_orch.planning.resolve import queue_directives
 from mmm_orch.schedulers.states import LiveQueue
 from mmm_orch.walltime import format_walltime

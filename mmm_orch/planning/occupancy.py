@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mmm_orch.config.machine import JobLimit, Machine, Queue
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.queues import JobLimit, Queue
 from mmm_orch.schedulers.states import OpenJob
 
 # Jobs named in a refusal: enough to find them in `qstat`/`squeue`, not a wall of ids.

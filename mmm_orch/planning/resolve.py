@@ -15,7 +15,8 @@ from typing import Any
 
 from mmm_orch.version import __version__
 from mmm_orch.config.common import NODE_NAME
-from mmm_orch.config.machine import Machine, Queue
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload, MachineOverride
 from mmm_orch.errors import InvalidValue, MmmError
@@ -47,8 +48,7 @@ def resolve(request: Request) -> Plan:
     _check_devices(machine, workload)
     placement = _placement(machine, request, nodes)
     account = account_for(machine, request)
-    queue, tier, reason = _pick_queue(machine, request, account, nodes + placement.spare_nodes,
-                                      walltime)
+    queue, tier, reason = _pick_queue(machine, request, account, nodes + placement.spare_nodes, walltime)
     name = workload.name if request.name is None else request.name
     if not JOB_NAME.match(name):
         raise fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")

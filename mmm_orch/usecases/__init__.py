@@ -1,6 +1,7 @@
-"""The use cases under the CLI (and under `launch` and the Python API to come): plan a request,
-prepare it for submission, submit one job, a chain or a sweep, rerun a recorded job. Each takes
-values and returns plans and records; parsing arguments and printing are the caller's.
+"""The use cases under the CLI and the Python API: plan a request, prepare it for submission,
+submit one job, a chain or a sweep, rerun a recorded job (inside an allocation: `launch` and
+`sweep --within`, usecases/inside.py). Each takes values and returns plans and records; parsing
+arguments and printing are the caller's.
 
 A submission is prepared before anything is written or sent: the plan is resolved (with the
 machine's nodes remembered as bad), the template renders (once, to check it), the login host is
@@ -11,10 +12,9 @@ and jobs/sweeps.py write, record and submit.
 from __future__ import annotations
 
 import dataclasses
-import socket
 from dataclasses import dataclass
 from typing import Iterator
-from mmm_orch.errors import InvalidValue, MmmError, SchedulerError
+from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, cost, resolve
@@ -182,102 +182,6 @@ def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[
 
     return submit_links(prepared.plan, db_path(db), links, prepared.template, prepared.remote,
                         prepared.budget)
-
-
-def launch(request: Request, db: str | None = None, template: str | None = None,
-           first_node: int = 0, use_bad_nodes: bool = False, env_check: bool = True) -> Prepared:
-    """A plan to run inside the allocation this process runs in, on all its nodes (less the known
-    bad) or `request.nodes` of them from `first_node` on; checked like a submission. Without a
-    machine, the one whose hostnames match (jobs/launch.which_machine). Outside an allocation,
-    the error names the command that gets one for this plan."""
-    from mmm_orch.jobs import launch as inside
-    from mmm_orch.jobs.dbfile import jobs_root_for
-    from mmm_orch.schedulers.allocation import current
-
-    allocation = current()
-    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
-    request = dataclasses.replace(request, machine=machine)
-    planned = plan(request, db)
-    if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
-        if request.command:
-            inside.check_program(planned, request.command[0])
-        return _ready(planned, template, "", env_check)
-    if allocation is None:
-        raise MmmError(f"launch: not inside an allocation on {planned.machine}: get one with "
-                       f"`{inside.allocation_hint(planned)}` and launch in it (or submit a batch "
-                       "job: `mmm-orch submit`)")
-    if allocation.scheduler != planned.scheduler:
-        raise MmmError(f"machine {planned.machine!r} is invalid here: it schedules with "
-                       f"{planned.scheduler}, and this runs inside {allocation.scheduler} job "
-                       f"{allocation.job_id}; name this allocation's machine")
-    allocation = inside.as_the_profile_lists(planned.machine, planned.placement.node_list,
-                                             allocation)
-    bad = () if use_bad_nodes else bad_nodes(db, request.machine)
-    nodes = inside.nodes_for(allocation, request, first_node, bad)
-    sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
-    inside.check_fits(sized, allocation)
-    if request.command:
-        inside.check_program(sized, request.command[0])
-    return _ready(inside.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))), template,
-                  "", env_check)
-
-
-def allocation_for_launch(request: Request, launch_words: list[str], program: tuple[str, ...],
-                          report: str, db: str | None = None) -> tuple[Plan, list[str]]:
-    """`launch --allocate`: the plan, and the command that gets an allocation for it from the
-    scheduler (salloc, qsub -I) and runs `mmm-orch` `launch_words` (the launch as asked, less
-    --allocate) in it, reporting the launched job's exit code to the file `report`."""
-    from mmm_orch.jobs import launch as inside
-    from mmm_orch.schedulers.allocation import current
-
-    allocation = current()
-    if allocation is not None:
-        raise MmmError(f"--allocate: this already runs inside {allocation.scheduler} job "
-                       f"{allocation.job_id}; launch without --allocate")
-    machine = inside.which_machine(request.machine, None, socket.gethostname())
-    planned = plan(dataclasses.replace(request, machine=machine), db, "")  # salloc/qsub -I: here
-    if planned.scheduler == "local":
-        raise MmmError(f"--allocate: machine {machine} has no scheduler to get an allocation "
-                       "from; launch without --allocate")
-    return planned, inside.allocate_argv(planned, _inner_launch(launch_words, program, report))
-
-
-def _inner_launch(launch_words: list[str], program: tuple[str, ...], report: str) -> list[str]:
-    """The launch that runs inside the allocation, reporting its exit code to `report`."""
-    import sys
-
-    return [sys.executable, "-m", "mmm_orch", *launch_words, "--report-to", report,
-            *(["--", *program] if program else [])]
-
-
-def launch_in_a_new_allocation(request: Request, launch_words: list[str],
-                               program: tuple[str, ...], db: str | None = None) -> int:
-    """Run allocation_for_launch's command in the foreground; the launched job's exit code (the
-    launch inside reports it in a file: qsub -I returns 0 whatever ran in it)."""
-    from mmm_orch.jobs import launch as inside
-    from mmm_orch.jobs.dbfile import jobs_root_for
-    from mmm_orch.jobs.submit import new_tag
-
-    report = jobs_root_for(db_path(db)) / f"launch-{new_tag()}.json"
-    planned, _ = allocation_for_launch(request, launch_words, program, str(report), db)
-    inner = _inner_launch(launch_words, program, str(report))
-    report.parent.mkdir(parents=True, exist_ok=True)
-    inside.allocate(planned, db_path(db),
-                  lambda name, tag: inside.allocate_argv(planned, inner, name, tag),
-                  lambda argv: inside.run_allocation(planned, argv))
-    code = inside.read_exit_report(report)
-    if code is None:
-        raise SchedulerError(f"--allocate: the allocation ended without the launch's report "
-                             f"({report}): the scheduler refused it or ended it first; see its "
-                             "output above")
-    return code
-
-
-def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
-    """Run a launch's plan on this computer under the local executor, recorded as a job."""
-    from mmm_orch.jobs import submit as jobs
-
-    return jobs.submit(prepared.plan, db_path(db), prepared.template, here=True)
 
 
 def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str | None = None,

@@ -1,0 +1,191 @@
+"""The use cases inside an allocation the scheduler already gave: `launch` (one run on its nodes,
+in the foreground, recorded as a job; with --allocate, in an allocation asked for here) and
+`sweep --within` (a sweep's points side by side on its nodes, jobs/pack.py). Each takes values
+and returns plans and records, as the use cases of mmm_orch.usecases do."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from typing import Callable
+
+from mmm_orch.errors import InvalidValue, MmmError, SchedulerError
+from mmm_orch.jobs.db import db_path, open_db
+from mmm_orch.jobs.record import JobRecord
+from mmm_orch.planning import Plan, Request, resolve
+from mmm_orch.usecases import Prepared, _ready, bad_nodes, cancel, plan
+
+
+def launch(request: Request, db: str | None = None, template: str | None = None,
+           first_node: int = 0, use_bad_nodes: bool = False, env_check: bool = True) -> Prepared:
+    """A plan to run inside the allocation this process runs in, on all its nodes (less the known
+    bad) or `request.nodes` of them from `first_node` on; checked like a submission. Without a
+    machine, the one whose hostnames match (jobs/launch.which_machine). Outside an allocation,
+    the error names the command that gets one for this plan."""
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.schedulers.allocation import current
+
+    allocation = current()
+    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
+    request = dataclasses.replace(request, machine=machine)
+    planned = plan(request, db)
+    if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
+        if request.command:
+            inside.check_program(planned, request.command[0])
+        return _ready(planned, template, "", env_check)
+    if allocation is None:
+        raise MmmError(f"launch: not inside an allocation on {planned.machine}: get one with "
+                       f"`{inside.allocation_hint(planned)}` and launch in it (or submit a batch "
+                       "job: `mmm-orch submit`)")
+    if allocation.scheduler != planned.scheduler:
+        raise MmmError(f"machine {planned.machine!r} is invalid here: it schedules with "
+                       f"{planned.scheduler}, and this runs inside {allocation.scheduler} job "
+                       f"{allocation.job_id}; name this allocation's machine")
+    allocation = inside.as_the_profile_lists(planned.machine, planned.placement.node_list,
+                                             allocation)
+    bad = () if use_bad_nodes else bad_nodes(db, request.machine)
+    nodes = inside.nodes_for(allocation, request, first_node, bad)
+    sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
+    inside.check_fits(sized, allocation)
+    if request.command:
+        inside.check_program(sized, request.command[0])
+    return _ready(inside.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))), template,
+                  "", env_check)
+
+
+def allocation_for_launch(request: Request, launch_words: list[str], program: tuple[str, ...],
+                          report: str, db: str | None = None) -> tuple[Plan, list[str]]:
+    """`launch --allocate`: the plan, and the command that gets an allocation for it from the
+    scheduler (salloc, qsub -I) and runs `mmm-orch` `launch_words` (the launch as asked, less
+    --allocate) in it, reporting the launched job's exit code to the file `report`."""
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.schedulers.allocation import current
+
+    allocation = current()
+    if allocation is not None:
+        raise MmmError(f"--allocate: this already runs inside {allocation.scheduler} job "
+                       f"{allocation.job_id}; launch without --allocate")
+    machine = inside.which_machine(request.machine, None, socket.gethostname())
+    planned = plan(dataclasses.replace(request, machine=machine), db, "")  # salloc/qsub -I: here
+    if planned.scheduler == "local":
+        raise MmmError(f"--allocate: machine {machine} has no scheduler to get an allocation "
+                       "from; launch without --allocate")
+    return planned, inside.allocate_argv(planned, _inner_launch(launch_words, program, report))
+
+
+def _inner_launch(launch_words: list[str], program: tuple[str, ...], report: str) -> list[str]:
+    """The launch that runs inside the allocation, reporting its exit code to `report`."""
+    import sys
+
+    return [sys.executable, "-m", "mmm_orch", *launch_words, "--report-to", report,
+            *(["--", *program] if program else [])]
+
+
+def launch_in_a_new_allocation(request: Request, launch_words: list[str],
+                               program: tuple[str, ...], db: str | None = None) -> int:
+    """Run allocation_for_launch's command in the foreground; the launched job's exit code (the
+    launch inside reports it in a file: qsub -I returns 0 whatever ran in it)."""
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.jobs.submit import new_tag
+
+    report = jobs_root_for(db_path(db)) / f"launch-{new_tag()}.json"
+    planned, _ = allocation_for_launch(request, launch_words, program, str(report), db)
+    inner = _inner_launch(launch_words, program, str(report))
+    report.parent.mkdir(parents=True, exist_ok=True)
+    inside.allocate(planned, db_path(db),
+                  lambda name, tag: inside.allocate_argv(planned, inner, name, tag),
+                  lambda argv: inside.run_allocation(planned, argv))
+    code = inside.read_exit_report(report)
+    if code is None:
+        raise SchedulerError(f"--allocate: the allocation ended without the launch's report "
+                             f"({report}): the scheduler refused it or ended it first; see its "
+                             "output above")
+    return code
+
+
+def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
+    """Run a launch's plan on this computer under the local executor, recorded as a job."""
+    from mmm_orch.jobs import submit as jobs
+
+    return jobs.submit(prepared.plan, db_path(db), prepared.template, here=True)
+
+
+def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
+                 template: str | None = None, env_check: bool = True,
+                 said: Callable[[str], None] = lambda text: None) -> tuple[int, list[JobRecord]]:
+    """`sweep --within`: every point run inside the allocation this process runs in, side by
+    side on its nodes as they free up (jobs/pack.py), each an ordinary job of the sweep's group
+    held by this process; in the foreground until all have ended. Everything is planned and
+    checked before the first point is recorded. `said` hears each point start and end."""
+    from mmm_orch.jobs import launch as inside, pack, sweeps
+    from mmm_orch.jobs import submit as jobs
+    from mmm_orch.jobs.track import refresh
+
+    swept, planned, allocation, pool, root = _points_within(request, nodes, sets, db, template,
+                                                            env_check)
+    opened = open_db(str(db_path(db)), create=True)
+    sweep_id = sweeps.new_sweep(opened, swept, planned,
+                                within=f"{allocation.scheduler} job {allocation.job_id}")
+
+    def start(point, on: tuple[str, ...]) -> JobRecord:
+        record = jobs.submit(inside.placed_on(point.plan, allocation, on, root), db_path(db),
+                             template, here=True,
+                             links={"group_id": sweep_id, "group_index": point.index})
+        said(f"point {point.index} ({point.label}): job {record.id} on {','.join(on)}")
+        return record
+
+    def ended(running: list[JobRecord]) -> list[JobRecord]:
+        refresh(opened, running)
+        done = [now for now in (opened.get(r.id, events=False) for r in running) if now.terminal]
+        for record in done:
+            said(f"point {record.group_index}: job {record.id} {record.state.value} (exit "
+                 f"{record.exit_code if record.exit_code is not None else '-'})")
+        return done
+
+    def stop(running: list[JobRecord]) -> None:
+        for line in cancel(opened, running):
+            said(line)
+
+    pack.run(planned, pool, start, ended, stop)
+    return sweep_id, sorted(opened.list(group_id=sweep_id), key=lambda r: r.group_index or 0)
+
+
+def _points_within(request: Request, nodes: str | None, sets: list[str], db: str | None,
+                   template: str | None, env_check: bool):
+    """The sweep's axes and points, the allocation, its usable nodes and the jobs' root: every
+    point fits the allocation and renders on its nodes, and the job's Python is checked."""
+    from mmm_orch.jobs import launch as inside, sweeps
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.jobs.submit import check_job_python
+    from mmm_orch.schedulers.allocation import current
+
+    allocation = current()
+    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
+    if allocation is None:
+        raise MmmError(f"--within: not inside an allocation on {machine}: get one (salloc, "
+                       "qsub -I) and run the sweep in it, or submit it as jobs (without --within)")
+    request = dataclasses.replace(request, machine=machine, avoid_nodes=bad_nodes(db, machine))
+    swept = sweeps.axes(nodes, sets)
+    planned = sweeps.points(request, swept, new_jobs=False)  # no queue: they run in here
+    if planned[0].plan.scheduler != allocation.scheduler:
+        raise MmmError(f"machine {machine!r} is invalid here: it schedules with "
+                       f"{planned[0].plan.scheduler}, and this runs inside {allocation.scheduler} "
+                       f"job {allocation.job_id}; name this allocation's machine")
+    allocation = inside.as_the_profile_lists(machine, planned[0].plan.placement.node_list,
+                                             allocation)
+    pool = inside.nodes_for(allocation, dataclasses.replace(request, nodes=None), 0,
+                            request.avoid_nodes)
+    root = jobs_root_for(db_path(db))
+    for point in planned:  # each fits the allocation, and renders, before any is recorded
+        if point.nodes > len(pool):
+            raise InvalidValue("--nodes", point.nodes, f"at most the {len(pool)} usable nodes of "
+                               f"{allocation.scheduler} job {allocation.job_id} (sweep point "
+                               f"{point.index}, {point.label})")
+        inside.check_fits(point.plan, allocation)
+        _ready(inside.placed_on(point.plan, allocation, pool[:point.nodes], root), template, "",
+               env_check=False)
+    if env_check:
+        check_job_python(planned[0].plan, "")
+    return swept, planned, allocation, pool, root

@@ -1,0 +1,166 @@
+"""Many runs in one allocation: `sweep --within` runs a sweep's points side by side on the nodes
+of the allocation it runs in, largest first, each an ordinary recorded job of the sweep; a
+point that fails ends alone. The slot logic on its own, then live inside `salloc` on the Slurm
+cluster and inside a batch job on the PBS server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import assert_nothing_recorded, qsub_own_script
+from mmm_orch.jobs import pack
+
+MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
+# Each rank says its point's node count (Slurm's, or its ranks over the 2 a node) and its node;
+# the 2-node point fails (exit 1).
+POINT = ("import os, socket, sys, time; n = os.environ.get('SLURM_NNODES') or "
+         "str(int(os.environ['PMI_SIZE']) // 2); os.write(1, ('point nodes=%s host=%s %s\\n' % (n, socket.gethostname(), "
+         "os.environ.get('SLURMD_NODENAME', ''))).encode()); time.sleep(2); "
+         "sys.exit(1 if n == '2' else 0)")
+
+
+@dataclasses.dataclass(frozen=True)
+class FakePoint:
+    index: int
+    nodes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeRecord:
+    id: int
+    point: FakePoint
+    on: tuple[str, ...]
+
+
+def test_points_take_free_nodes_largest_first_and_smaller_ones_backfill(monkeypatch):
+    monkeypatch.setattr(pack, "POLL_S", 0)
+    points = [FakePoint(1, 1), FakePoint(2, 3), FakePoint(3, 2), FakePoint(4, 1)]
+    started, busy, log = [], {}, []
+
+    def start(point, on):
+        assert not set(on) & {n for held in busy.values() for n in held}, "a node given twice"
+        record = FakeRecord(len(started) + 1, point, on)
+        started.append(record)
+        busy[record.id] = on
+        log.append(("start", point.index, on))
+        return record
+
+    def ended(running):  # the oldest running point ends at each look
+        first = running[0]
+        busy.pop(first.id)
+        log.append(("end", first.point.index))
+        return [first]
+
+    records = pack.run(points, ["a", "b", "c"], start, ended, lambda running: None)
+    assert [r.point.index for r in records] == [2, 3, 1, 4]
+    assert log[:3] == [("start", 2, ("a", "b", "c")), ("end", 2), ("start", 3, ("a", "b"))]
+    assert ("start", 1, ("c",)) == log[3]  # the 1-node point beside the 2-node one
+
+
+def test_an_interrupted_run_stops_the_running_points(monkeypatch):
+    monkeypatch.setattr(pack, "POLL_S", 0)
+    stopped = []
+
+    def ended(running):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pack.run([FakePoint(1, 1), FakePoint(2, 1)], ["a", "b"],
+                 lambda point, on: FakeRecord(point.index, point, on), ended,
+                 lambda running: stopped.extend(r.id for r in running))
+    assert sorted(stopped) == [1, 2]
+
+
+def test_within_outside_an_allocation_and_a_point_larger_than_it_are_refused(cli, monkeypatch):
+    for name in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    result = cli("sweep", "slurm-local", "--nodes", "1,2", "--within", "--", "true")
+    assert result.code == 2 and "--within: not inside an allocation" in result.err
+    assert_nothing_recorded()
+
+
+def _salloc(nodes: int, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["salloc", "-p", "debug", "--ntasks-per-node=2", "-t", "00:10:00",
+                           "-N", str(nodes), *argv], capture_output=True, text=True, timeout=600)
+
+
+def _hosts(log: str) -> set[str]:
+    return {line.split()[-1] for line in log.splitlines() if line.startswith("point nodes=")}
+
+
+def _check_points(cli, expect: dict[int, tuple[str, int]]) -> list[dict]:
+    rows = json.loads(cli("status", "--sweep", "1", "--json").out)
+    assert {r["nodes"]: (r["state"], r["exit_code"]) for r in rows} == expect, rows
+    return rows
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_inside_salloc_three_points_share_three_nodes_and_a_failing_one_ends_alone(cli, isolated):
+    proc = _salloc(3, *MMM_ORCH, "sweep", "slurm-local", "--nodes", "1,2,3", "--within", "--",
+                   sys.executable, "-c", POINT)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 points run in this allocation (2 completed, 1 failed)" in proc.stdout
+    rows = _check_points(cli, {1: ("completed", 0), 2: ("failed", 1), 3: ("completed", 0)})
+    by_nodes = {r["nodes"]: r for r in rows}
+    # the 3-node point ran alone first; then the 1- and 2-node points side by side
+    assert by_nodes[3]["ended_at"] <= min(by_nodes[1]["started_at"], by_nodes[2]["started_at"]) + 1
+    one, two = (_hosts(cli("logs", str(by_nodes[n]["id"])).out) for n in (1, 2))
+    assert len(one) == 1 and len(two) == 2 and not one & two, (one, two)
+    assert abs(by_nodes[1]["started_at"] - by_nodes[2]["started_at"]) < 5
+    assert all(r["scheduler"] == "local" and r["machine"] == "slurm-local" for r in rows)
+    status = cli("status").out
+    assert "3 points, nodes 1,2,3: 2 completed, 1 failed" in status
+
+
+@pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
+def test_inside_a_pbs_batch_job_points_run_side_by_side_on_its_vnodes(cli, isolated):
+    out = qsub_own_script(isolated, 3, f"{' '.join(MMM_ORCH)} sweep pbs-local --nodes 1,2 "
+                                       f"--within -- {sys.executable} -c \"{POINT}\"")
+    deadline = time.monotonic() + 600  # (queued behind other tests' jobs, at worst)
+    while "points run in this allocation" not in _read(out):
+        assert time.monotonic() < deadline, _read(out)[-3000:]
+        time.sleep(1)
+    rows = _check_points(cli, {1: ("completed", 0), 2: ("failed", 1)})
+    starts = sorted(r["started_at"] for r in rows)
+    assert starts[1] - starts[0] < 5  # side by side, not one after the other
+
+
+def _read(path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+# The 2-node point sleeps long enough to be cancelled; the 1-node one ends by itself.
+SLEEPER = ("import os, sys, time; n = os.environ.get('SLURM_NNODES'); "
+           "os.write(1, ('point nodes=%s started\\n' % n).encode()); time.sleep(120 if n == '2' else 8)")
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_cancelling_one_point_ends_only_its_ranks(cli, isolated):
+    sweep = subprocess.Popen(
+        ["salloc", "-p", "debug", "--ntasks-per-node=2", "-t", "00:10:00", "-N", "3",
+         *MMM_ORCH, "sweep", "slurm-local", "--nodes", "1,2", "--within", "--", sys.executable,
+         "-c", SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            rows = json.loads(cli("status", "--all", "--json").out or "[]")
+            if len(rows) == 2 and all(r["state"] == "running" for r in rows):
+                break
+            assert time.monotonic() < deadline and sweep.poll() is None, rows
+            time.sleep(0.5)
+        big = next(r for r in rows if r["nodes"] == 2)
+        assert cli("cancel", str(big["id"])).code == 0
+        output, _ = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 1, output[-3000:]  # one point did not complete
+    states = {r["nodes"]: r["state"] for r in json.loads(cli("status", "--all", "--json").out)}
+    assert states == {1: "completed", 2: "cancelled"}, output[-3000:]
+    assert subprocess.run(["pgrep", "-f", "time.sleep\\(120"], capture_output=True).returncode == 1
