@@ -33,6 +33,11 @@ class UnknownName(InvalidValue):
     """A machine, workload, option, preset or queue name that does not exist."""
 
 
+class QueueFull(MmmError):
+    """The queues that fit have no room for the jobs asked for: the facility's job limits
+    (planning/occupancy.py)."""
+
+
 class ConfigError(MmmError):
     """A machine profile, workload spec or template that cannot be used as written."""
 

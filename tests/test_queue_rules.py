@@ -326,3 +326,17 @@ def test_slurm_machines_check_finds_no_drift_then_each_change(cli, slurm_rules_r
     assert "queue pair: job limit of 2 (running, per user) on the server" in drifted.out
     assert "queue short: max_nodes 2 in the profile, 3 on the server" in drifted.out
     assert "queue short: max_walltime 00:20:00 in the profile, 00:30:00 on the server" in drifted.out
+
+
+def test_a_sweep_the_queues_cannot_take_is_told_of_one_allocation_for_all_its_points(cli):
+    result = cli("sweep", "slurm-local", "--nodes", "1,2", "-q", "single", "-t", "00:20:00",
+                 "--dry-run", "--", "true")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "--queue 'single' is full for you" in result.err
+    assert ("or run the 2 points side by side in one allocation of 2 nodes for 00:40:00 (at most "
+            "1.33 node-hours): get it with `salloc --partition=debug --nodes=2 --ntasks-per-node=2 "
+            "--cpus-per-task=1 -t 00:40:00` and run this sweep in it with --within") in result.err
+    polaris = cli("sweep", "polaris", "llama3_8b", "-A", "P", "--nodes", "4,8", "-q",
+                  "debug-scaling", "--dry-run")
+    assert "in one allocation of 8 nodes for 02:00:00, which no queue of polaris takes" in \
+        polaris.err

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 from mmm_orch.config.registry import load_machine
-from mmm_orch.errors import MmmError, one_line
+from mmm_orch.errors import MmmError, QueueFull, one_line
 from mmm_orch.hosts import host_for
 from mmm_orch.jobs.db import JobDB
 from mmm_orch.planning.model import Plan
@@ -60,7 +60,7 @@ def check_room(planned: Plan, jobs: int, load: QueueLoad) -> None:
     if full:
         room = queues_with_room(machine, planned.layout.nodes + planned.placement.spare_nodes,
                                 planned.queue.walltime, load, planned.queue.account, jobs)
-        raise MmmError(f"queue {queue.name!r} is full for you: {full}. {way_out(room)}")
+        raise QueueFull(f"queue {queue.name!r} is full for you: {full}. {way_out(room)}")
 
 
 def recorded(db: JobDB | None, machine: str) -> tuple[OpenJob, ...]:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.jobs.db import JobDB, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, resolve
@@ -130,7 +130,7 @@ def points(request: Request, swept: dict[str, list[str]], new_jobs: bool = True)
             said = f"sweep point {index} ({label}): {exc}"
             if isinstance(exc, InvalidValue):  # (the API's callers catch it by its class)
                 raise InvalidValue(exc.field, exc.value, exc.allowed, said) from None
-            raise MmmError(said) from None
+            raise (QueueFull if isinstance(exc, QueueFull) else MmmError)(said) from None
         if plan.queue.name and new_jobs:
             load = load.adding(plan.queue.name, 1)
         out.append(Point(index, {"nodes": plan.layout.nodes, **{k: v for k, v in values.items()

@@ -19,7 +19,7 @@ from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload, MachineOverride
-from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
@@ -207,7 +207,7 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
                           request.jobs)
         if full:
             room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
-            raise MmmError(f"--queue {queue.name!r} is full for you: {full}. "
+            raise QueueFull(f"--queue {queue.name!r} is full for you: {full}. "
                            f"{way_out(room)}")
         return queue, tier, "requested"
     tried, skipped = [], []
@@ -229,7 +229,7 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
         return queue, tier, reason
     if skipped:
         room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
-        raise MmmError(f"no queue on {machine.name} that is picked without --queue can take "
+        raise QueueFull(f"no queue on {machine.name} that is picked without --queue can take "
                        f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
                        f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
                        f"{way_out(room)}")

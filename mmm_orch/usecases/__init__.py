@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
-from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, cost, resolve
@@ -194,12 +194,15 @@ def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str |
 
     swept = sweeps.axes(nodes, sets)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
-    planned = sweeps.points(shared, swept)
-    limited = next((p.plan for p in planned if queue_load.limits_apply(p.plan)), None)
-    if limited is not None and request.queue_load is None:
-        remote = None if review else target(request.machine, host)
-        load = queue_load.read(limited, remote, open_db(db))
-        planned = sweeps.points(dataclasses.replace(shared, queue_load=load), swept)
+    try:
+        planned = sweeps.points(shared, swept)
+        limited = next((p.plan for p in planned if queue_load.limits_apply(p.plan)), None)
+        if limited is not None and request.queue_load is None:
+            remote = None if review else target(request.machine, host)
+            load = queue_load.read(limited, remote, open_db(db))
+            planned = sweeps.points(dataclasses.replace(shared, queue_load=load), swept)
+    except QueueFull as exc:
+        raise QueueFull(f"{exc}; {_in_one_allocation(shared, swept)}") from None
     for point in planned:  # a bad template is refused before the machine is contacted
         render(point.plan, template)
     plans = [point.plan for point in planned]
@@ -207,6 +210,29 @@ def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str |
     cost.check_max(what, cost.sweep_most(plans), plans[0].cost.budget, plans[0].cost.unit)
     within_budgets(plans[0], db, what, cost.sweep_most(plans))
     return swept, planned
+
+
+def _in_one_allocation(shared: Request, swept: dict[str, list[str]]) -> str:
+    """The other way for a sweep the queues cannot take: its points side by side in one
+    allocation as large as its largest point (`sweep --within`), long enough for the waves the
+    points run in at most; what that allocation asks for, and the command that gets it."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.jobs.launch import allocation_hint
+    from mmm_orch.walltime import format_walltime
+
+    points = sweeps.points(shared, swept, new_jobs=False)
+    nodes = max(point.nodes for point in points)
+    waves = -(-sum(point.nodes for point in points) // nodes)
+    walltime = format_walltime(max(point.plan.queue.walltime for point in points) * waves)
+    what = (f"or run the {len(points)} points side by side in one allocation of {nodes} node"
+            f"{'s' if nodes > 1 else ''} for {walltime}")
+    try:
+        whole = resolve(dataclasses.replace(shared, nodes=nodes, walltime=walltime, queue=None))
+    except MmmError:
+        return f"{what}, which no queue of {shared.machine} takes"
+    cost = f" (at most {whole.cost.most:.2f} {whole.cost.unit})" if whole.cost else ""
+    return (f"{what}{cost}: get it with `{allocation_hint(whole)}` and run this sweep in it "
+            "with --within")
 
 
 def submit_sweep(swept, planned, db: str | None = None, template: str | None = None,
