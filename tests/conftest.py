@@ -407,3 +407,35 @@ def qsub_own_script(where: Path, nodes: int, command: str) -> Path:
                                timeout=30)
     assert submitted.returncode == 0, submitted.stderr
     return where / "pbs.out"
+
+
+def in_an_interactive_qsub(where: Path, nodes: int, command: str) -> str:
+    """Type `command` (run in `where`, with this test's state and config dirs) into the shell
+    of a `qsub -I` on `nodes` vnodes, as a researcher would: qsub -I wants a terminal, so it gets
+    a pseudo-terminal. What the terminal showed, once the command and the shell ended."""
+    import pty
+
+    exports = " ".join(f"{k}={os.environ[k]}" for k in
+                       ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"))
+    typed = f"cd {where} && env {exports} {command}; echo command-exit=$?; exit\n"
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(f"{PBS_BIN}/qsub", [f"{PBS_BIN}/qsub", "-I", "-l", f"select={nodes}:ncpus=2",
+                                     "-l", "place=scatter", "-l", "walltime=00:05:00"])
+    seen, sent = b"", False
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the terminal closed: qsub -I ended
+                break
+            seen += chunk
+            if not sent and b"ready" in seen:
+                time.sleep(1)  # the shell's prompt
+                os.write(fd, typed.encode())
+                sent = True
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return seen.decode(errors="replace")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PBS_BIN, TERMINAL, assert_nothing_recorded, qsub_own_script, wait_state,
-                      write_machine)
+from conftest import (PBS_BIN, TERMINAL, assert_nothing_recorded, in_an_interactive_qsub,
+                      qsub_own_script, wait_state, write_machine)
 from mmm_orch.errors import MmmError
 from mmm_orch.jobs.launch import nodes_for, which_machine
 from mmm_orch.planning import Request
@@ -368,36 +368,10 @@ def test_ctrl_c_stops_every_rank_on_every_node_and_the_trainer_saves_first(isola
 
 @pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
 def test_an_interactive_qsub_driven_through_a_terminal_launches_on_two_vnodes(cli, isolated):
-    """`qsub -I` wants a terminal: it gets a pseudo-terminal, and the launch is typed into the
-    shell it opens, as a researcher would."""
-    import pty
-
-    exports = " ".join(f"{k}={os.environ[k]}" for k in
-                       ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"))
-    typed = (f"cd {isolated} && env {exports} {' '.join(MMM_ORCH)} launch pbs-local -- "
-             f"{sys.executable} -c \"{RANKS}\"; echo launch-exit=$?; exit\n")
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execv(f"{PBS_BIN}/qsub", [f"{PBS_BIN}/qsub", "-I", "-l", "select=2:ncpus=2",
-                                     "-l", "place=scatter", "-l", "walltime=00:05:00"])
-    seen, sent = b"", False
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # the terminal closed: qsub -I ended
-                break
-            seen += chunk
-            if not sent and b"ready" in seen:
-                time.sleep(1)  # the shell's prompt
-                os.write(fd, typed.encode())
-                sent = True
-    finally:
-        os.close(fd)
-        os.waitpid(pid, 0)
-    text = seen.decode(errors="replace")
-    assert "launch-exit=0" in text, text[-3000:]
+    """The launch typed into the shell of an interactive `qsub -I`."""
+    text = in_an_interactive_qsub(isolated, 2, f"{' '.join(MMM_ORCH)} launch pbs-local -- "
+                                               f"{sys.executable} -c \"{RANKS}\"")
+    assert "command-exit=0" in text, text[-3000:]
     row = wait_state(cli, 1, TERMINAL, timeout=60)
     assert (row["state"], row["machine"]) == ("completed", "pbs-local")
     assert sorted(line.split()[1] for line in cli("logs", "1").out.splitlines()

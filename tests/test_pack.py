@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import assert_nothing_recorded, qsub_own_script
+from conftest import assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script
 from mmm_orch.jobs import pack
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
@@ -164,3 +164,11 @@ def test_cancelling_one_point_ends_only_its_ranks(cli, isolated):
     states = {r["nodes"]: r["state"] for r in json.loads(cli("status", "--all", "--json").out)}
     assert states == {1: "completed", 2: "cancelled"}, output[-3000:]
     assert subprocess.run(["pgrep", "-f", "time.sleep\\(120"], capture_output=True).returncode == 1
+
+
+@pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
+def test_inside_an_interactive_qsub_the_sweep_runs_its_points(cli, isolated):
+    text = in_an_interactive_qsub(isolated, 3, f"{' '.join(MMM_ORCH)} sweep pbs-local --nodes "
+                                               f"1,2 --within -- {sys.executable} -c \"{POINT}\"")
+    assert "command-exit=1" in text, text[-3000:]  # the 2-node point fails
+    _check_points(cli, {1: ("completed", 0), 2: ("failed", 1)})

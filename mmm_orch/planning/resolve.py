@@ -208,7 +208,7 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
         if full:
             room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
             raise QueueFull(f"--queue {queue.name!r} is full for you: {full}. "
-                           f"{way_out(room)}")
+                            f"{way_out(room)}")
         return queue, tier, "requested"
     tried, skipped = [], []
     for queue in machine.queues:
@@ -230,9 +230,9 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
     if skipped:
         room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
         raise QueueFull(f"no queue on {machine.name} that is picked without --queue can take "
-                       f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
-                       f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
-                       f"{way_out(room)}")
+                        f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
+                        f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
+                        f"{way_out(room)}")
     raise MmmError(
         f"no queue on {machine.name} fits {nodes} nodes for {format_walltime(walltime)}; "
         f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue")
