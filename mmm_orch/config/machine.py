@@ -285,7 +285,7 @@ class Machine:
     python: str = "python3"  # "auto": the interpreter running mmm-orch
     environment: JobEnvironment | None = None
     notes: list[str] = field(default_factory=list)
-    # Job-count limits over all the machine's queues (Frontier: 100 queued per user).
+    # Job-count limits over all the machine's queues (e.g. 100 jobs per user in all of them).
     job_limits: list[JobLimit] = field(default_factory=list)
     failures: list[FailureSignature] = field(default_factory=list)
 

@@ -26,7 +26,7 @@ class Tier:
 # How a facility counts a user's (or a project's) jobs against a limit: `any` every job not
 # finished (running, accruing or queued: PBS max_queued, Slurm MaxSubmitJobs), `queued` those
 # waiting to start (PBS queued_jobs_threshold), `running` those started (PBS max_run, Slurm
-# MaxJobs), `eligible` those waiting and eligible to start (Frontier's "eligible-to-run", Slurm
+# MaxJobs), `eligible` those waiting and eligible to start (OLCF's "eligible-to-run", Slurm
 # MaxJobsAccrue). Past an `any` or `queued` limit the scheduler refuses the submission; past the
 # others the extra jobs wait.
 JobCount = Literal["any", "queued", "running", "eligible"]

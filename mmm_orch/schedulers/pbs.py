@@ -76,12 +76,11 @@ class PbsScheduler(CommandScheduler):
         only jobs not finished."""
         user = self.user()
         ids: list[str] = []
-        for selector in (["-u", user], ["-A", account] if account else []):
-            if selector:
-                result = self._run([self.cmd["select"], *selector], "query")
-                if result.returncode != 0:
-                    raise SchedulerError(f"{self.cmd['select']}: {result.message}")
-                ids += [i for i in result.stdout.split() if i not in ids]
+        for selector in ["-u", user], *([["-A", account]] if account else []):
+            result = self._run([self.cmd["select"], *selector], "query")
+            if result.returncode != 0:
+                raise SchedulerError(f"{self.cmd['select']}: {result.message}")
+            ids += [i for i in result.stdout.split() if i not in ids]
         if not ids:
             return []
         result = self._run([self.cmd["query"], "-f", "-F", "dsv", *ids], "query")

@@ -141,15 +141,15 @@ class SlurmScheduler(CommandScheduler):
     def open_jobs(self, account: str | None) -> list[OpenJob]:
         """squeue of the user's jobs, and of the project's: pending, running and suspended."""
         user = self.user()
-        lines: dict[str, str] = {}
-        for selector in ([f"--user={user}"], [f"--account={account}"] if account else []):
-            if selector:
-                result = self._run([self.cmd["query"], "--noheader", parse.OPEN_JOBS_FORMAT,
-                                    *selector], "query")
-                if result.returncode != 0:
-                    raise SchedulerError(f"{self.cmd['query']}: {result.message}")
-                lines.update((line.split("|", 1)[0], line) for line in result.stdout.splitlines())
-        return parse.open_jobs("\n".join(lines.values()), user)
+        jobs: dict[str, OpenJob] = {}  # a job of the user's in the project is listed twice
+        for selector in [f"--user={user}"], *([[f"--account={account}"]] if account else []):
+            result = self._run([self.cmd["query"], "--noheader", parse.OPEN_JOBS_FORMAT,
+                                *selector], "query")
+            if result.returncode != 0:
+                raise SchedulerError(f"{self.cmd['query']}: {result.message}")
+            for job in parse.open_jobs(result.stdout, user):
+                jobs.setdefault(job.native_id, job)
+        return list(jobs.values())
 
     def queue_config(self) -> list[LiveQueue]:
         """The partitions' bounds (scontrol) and the QOS's limits (sacctmgr)."""
