@@ -7,8 +7,10 @@ review, so rendering must never run code or exhaust the machine:
 - Jinja's immutable sandbox: no attributes starting with `_`, no function objects' internals, no
   mutation of lists and dicts, `str.format` checked (so no way from `plan` to Python's `os`);
   `namespace` removed (it is the one way to carry a growing value across loop iterations).
-- Time: every loop iteration, call, filter, concatenation and intercepted operator checks one
-  deadline (RENDER_SECONDS).
+- Time: every loop iteration, call, filter, concatenation and intercepted operator checks the
+  CPU time the render has used (RENDER_SECONDS). CPU time, not wall time: a render cannot wait
+  on anything, so only spinning uses it up, and a render starved of the CPU on a loaded host
+  (a job submitted at `nice 19`) is not cut short.
 - Size: every string or sequence a call, filter, operator or `~` makes is at most MAX_VALUE long,
   and integer arguments (widths, counts, exponents) at most MAX_COUNT, checked before the work;
   the output stops at MAX_OUTPUT. A job script is a few kilobytes.
@@ -48,12 +50,13 @@ class TemplateLimit(SecurityError):
 
 
 class _Deadline(threading.local):
-    """The end of the render in progress in this thread (a render never nests)."""
+    """The end of the render in progress in this thread (a render never nests), in the thread's
+    CPU time."""
 
     end = float("inf")
 
     def check(self) -> None:
-        if time.monotonic() > self.end:
+        if time.thread_time() > self.end:
             raise TemplateLimit(f"rendering took longer than {RENDER_SECONDS:g} s")
 
 
@@ -217,7 +220,7 @@ class Sandbox(ImmutableSandboxedEnvironment):
 
     def render_bounded(self, template: jinja2.Template, **context: Any) -> str:
         """The template's output, or TemplateLimit past the deadline or MAX_OUTPUT."""
-        self.deadline.end = time.monotonic() + RENDER_SECONDS
+        self.deadline.end = time.thread_time() + RENDER_SECONDS
         try:
             out: list[str] = []
             size = 0
