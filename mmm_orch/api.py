@@ -231,15 +231,20 @@ class Sweep:
     id: int
     jobs: list[Job]
     points: list[dict[str, Any]]  # each job's values of the swept options (nodes included)
+    # With pack=True: the one job whose allocation runs the points; they are recorded, and so
+    # in `jobs`, as they start in it (mmm-orch status --sweep ID lists them).
+    pack: Job | None = None
 
 
 def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | None = None,
           grid: Mapping[str, Sequence[Any]] | None = None, host: str | None = None,
           template: str | None = None, env_check: bool = True, db: str | None = None,
+          pack: bool = False, pack_nodes: int | None = None, pack_walltime: str | None = None,
           **options: Any) -> Sweep:
     """Submit every point of `nodes` x `grid` (option -> values) as one sweep, all or none, as
     `mmm-orch sweep --nodes 1,2 --set lr=1e-3,3e-4` does; fixed `options` apply to every
-    point."""
+    point. `pack`: one job runs them all side by side (`sweep --pack`, `--pack-nodes`,
+    `--pack-walltime`)."""
     from mmm_orch import usecases
 
     fixed = _plan_options(machine, workload, options)
@@ -263,6 +268,23 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
     fixed_values = {key: [value] for key, value in (fixed.options or {}).items()}
     axes = [f"{key}={','.join(_word(v).replace(',', chr(92) + ',') for v in values)}"
             for key, values in {**fixed_values, **grid}.items()]
+    pack = flag_of("pack", pack)
+    if not pack and (pack_nodes is not None or pack_walltime is not None):
+        raise InvalidValue("pack_nodes" if pack_nodes is not None else "pack_walltime",
+                           pack_nodes if pack_nodes is not None else pack_walltime,
+                           "only with pack=True")
+    if pack:
+        from mmm_orch.usecases import packs
+
+        pack_nodes = None if pack_nodes is None else whole_of("pack_nodes", pack_nodes, 1)
+        pack_walltime = None if pack_walltime is None else _word(pack_walltime)
+        with lock:
+            packed = packs.pack_points(fixed.request(swept=True), swept_nodes, axes, pack_nodes,
+                                       pack_walltime, db, template, host, env_check)
+            _typed(packed.points[0].plan.workload, "options", fixed_values)
+            _typed(packed.points[0].plan.workload, "grid", grid)
+            sweep_id, record = packs.submit_pack(packed, db)
+        return Sweep(sweep_id, [], [p.values for p in packed.points], Job(record, db))
     with lock:
         swept, planned = usecases.sweep_points(fixed.request(swept=True), swept_nodes, axes, db,
                                                template, host)
@@ -315,10 +337,18 @@ def report(targets: Sweep | Iterable[Job], out: str | Path | None = None) -> lis
     from mmm_orch.api_job import _db
     from mmm_orch.reporting import build, table
 
+    values = targets.points if isinstance(targets, Sweep) else None
+    if isinstance(targets, Sweep) and targets.pack is not None:  # its points, as they started
+        from mmm_orch.jobs.sweeps import stored_points, sweep_jobs
+
+        db = targets.pack.db
+        with lock:
+            group, points = sweep_jobs(_db(db), targets.id)
+            values = stored_points(group, points)
+        targets = dataclasses.replace(targets, jobs=[Job(point, db) for point in points])
     chosen = jobs_of("targets", targets.jobs if isinstance(targets, Sweep) else targets,
                      empty=False)
     out = path_of("out", out, none=True)
-    values = targets.points if isinstance(targets, Sweep) else None
     title = f"sweep {targets.id}" if isinstance(targets, Sweep) else \
         "jobs " + ", ".join(str(each.id) for each in chosen)
     with lock:

@@ -242,12 +242,13 @@ class Job:
         return inspection.metrics(self.record)
 
     def rerun(self, resume: bool = False) -> Job:
-        """Submit its recorded plan again (`resume`: from its run's latest checkpoint)."""
-        from mmm_orch import usecases
+        """Submit its recorded plan again (`resume`: from its run's latest checkpoint); a pack
+        job: a new pack of its points that did not complete."""
+        from mmm_orch.usecases.reruns import rerun
 
         resume = flag_of("resume", resume)
         with lock:
-            return Job(usecases.rerun(self.record, resume, self.db), self.db)
+            return Job(rerun(self.record, resume, self.db), self.db)
 
     @property
     def links(self) -> list[Job]:

@@ -58,6 +58,7 @@ def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
     from mmm_orch.jobs import logs
 
     record = fresh(db, record)
+    _has_run(record)
     log = logs.head_and_tail(host_for(record.remote), record.log_path, head=256 << 20,
                              last=16 << 20)
     if log is None:
@@ -72,12 +73,22 @@ def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
     return Diagnosis(record, result, blamed)
 
 
+def _has_run(record: JobRecord) -> None:
+    """A packed point that never started has no log to read."""
+    from mmm_orch.schedulers.states import JobState
+
+    if record.state is JobState.NOT_STARTED:
+        raise MmmError(f"job {record.id} never started ({record.reason}): it has no log; "
+                       "`mmm-orch rerun` of its pack job runs it")
+
+
 def log_text(record: JobRecord, tail: int | None = None) -> tuple[bytes | None, int]:
     """The job's log so far (its last `tail` lines), and the offset it ends at; None before the
     job writes one."""
     from mmm_orch.hosts import host_for
     from mmm_orch.jobs import logs
 
+    _has_run(record)
     host = host_for(record.remote)
     end = host.size(record.log_path)
     if end is None:

@@ -339,3 +339,26 @@ def test_concurrent_local_runs_never_share_a_run_directory(cli, isolated):
     assert sorted(r["state"] for r in rows) == ["completed", "failed"]
     refused = next(i for i, r in zip(same, rows) if r["state"] == "failed")
     assert "is in use by another run" in cli("logs", str(refused)).out
+
+
+def test_a_local_job_on_another_computer_is_not_taken_for_vanished(tmp_path):
+    """A `launch` or packed point runs under its supervisor on a compute node; `status` on the
+    login node shares its directory but not its processes: the job stays as last known until
+    its result file says how it ended, and a cancel says where to send it."""
+    from mmm_orch.errors import SchedulerError
+    from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
+    from mmm_orch.schedulers.base import JobRef
+    from mmm_orch.schedulers.local import LocalScheduler
+    from mmm_orch.schedulers.states import JobState
+
+    (tmp_path / SUPERVISOR_FILE).write_text(json.dumps(
+        {"pid": 1, "create_time": time.time() - 60, "host": "x1000c0s0b0n0"}))
+    job = JobRef("1", tmp_path)
+    seen = LocalScheduler().query([job])["1"]
+    assert seen.state is JobState.UNKNOWN and "runs on x1000c0s0b0n0" in seen.reason
+    with pytest.raises(SchedulerError, match="runs on x1000c0s0b0n0: cancel it there"):
+        LocalScheduler().cancel(job)
+    (tmp_path / RESULT_FILE).write_text(json.dumps(
+        {"exit_code": 0, "signal": None, "cancelled": False, "timed_out": False,
+         "ended_at": time.time()}))
+    assert LocalScheduler().query([job])["1"].state is JobState.COMPLETED

@@ -10,10 +10,12 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script
+from conftest import (assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script,
+                      wait_state, write_spec)
 from mmm_orch.jobs import pack
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
@@ -95,7 +97,8 @@ def _hosts(log: str) -> set[str]:
 
 
 def _check_points(cli, expect: dict[int, tuple[str, int]]) -> list[dict]:
-    rows = json.loads(cli("status", "--sweep", "1", "--json").out)
+    rows = [r for r in json.loads(cli("status", "--sweep", "1", "--json").out)
+            if r["group_index"]]  # (a pack's own job comes first, at 0)
     assert {r["nodes"]: (r["state"], r["exit_code"]) for r in rows} == expect, rows
     return rows
 
@@ -172,3 +175,90 @@ def test_inside_an_interactive_qsub_the_sweep_runs_its_points(cli, isolated):
                                                f"1,2 --within -- {sys.executable} -c \"{POINT}\"")
     assert "command-exit=1" in text, text[-3000:]  # the 2-node point fails
     _check_points(cli, {1: ("completed", 0), 2: ("failed", 1)})
+
+
+# -- sweep --pack: one batch job runs the points ---------------------------------------------
+
+
+@pytest.mark.parametrize("machine", ["slurm-local", "pbs-local"])
+def test_a_pack_job_runs_its_points_side_by_side_and_a_failing_one_ends_alone(
+        cli, isolated, machine, request):
+    request.getfixturevalue("slurm_cluster" if machine == "slurm-local" else "pbs_server")
+    request.getfixturevalue("leftovers_cancelled")
+    result = cli("sweep", machine, "--nodes", "1,2,3", "--pack", "-t", "00:03:00", "--json", "--",
+                 sys.executable, "-c", POINT)
+    assert result.code == 0, result.err
+    pack_job = json.loads(result.out)
+    assert pack_job["nodes"] == 3 and pack_job["scheduler"] == machine.split("-")[0]
+    # two waves of 3-minute points: the 3-node one, then the 1- and 2-node ones side by side
+    assert "walltime=00:06:00" in Path(pack_job["script_path"]).read_text().replace(" -t ",
+                                                                                      " walltime=")
+    ended = wait_state(cli, pack_job["id"], timeout=600)
+    assert ended["state"] == "failed" and ended["exit_code"] == 1, ended  # one point failed
+    rows = _check_points(cli, {1: ("completed", 0), 2: ("failed", 1), 3: ("completed", 0)})
+    by_nodes = {r["nodes"]: r for r in rows}
+    assert by_nodes[3]["ended_at"] <= min(by_nodes[1]["started_at"], by_nodes[2]["started_at"]) + 1
+    assert abs(by_nodes[1]["started_at"] - by_nodes[2]["started_at"]) < 5  # side by side
+    assert cli("status", "--sweep", "1").out.count("\n") == 5  # the header, the pack job, 3 points
+    # Each point is charged its share (its nodes for the time it ran); usage counts the pack's
+    # job, which the scheduler charged, and not its points again.
+    assert all(r["charged_nodes"] == r["nodes"] and r["charge"] > 0 for r in rows), rows
+    pack_row = next(r for r in json.loads(cli("status", "--sweep", "1", "--json").out)
+                    if r["group_index"] == 0)
+    used = json.loads(cli("usage", "--json").out)
+    assert [(u["jobs"], u["charged"]) for u in used] == [(1, pytest.approx(pack_row["charge"]))]
+    line = next(line for line in cli("status").out.splitlines() if line.startswith("s1"))
+    assert f"pack job {pack_job['id']} (failed): 2 completed, 1 failed" in line, line
+
+
+def test_a_bad_pack_is_refused_before_anything_is_written(cli, isolated):
+    for argv, words in [
+        (["--pack-nodes", "1"], "--pack-nodes 1 is invalid: at least the 2 nodes of sweep point 2"),
+        (["--pack-nodes", "0"], "--pack-nodes 0 is invalid"),
+        (["--within"], "--pack 'with --within' is invalid"),
+    ]:
+        result = cli("sweep", "slurm-local", "--nodes", "1,2", "--pack", *argv, "--", "true")
+        assert result.code == 2 and words in result.err, result.err
+    result = cli("sweep", "slurm-local", "--nodes", "1,2", "--pack-nodes", "2", "--", "true")
+    assert result.code == 2 and "--pack-nodes 2 is invalid: only with --pack" in result.err
+    result = cli("sweep", "slurm-local", "--nodes", "1,2", "--pack", "-t", "00:40:00", "--", "true")
+    assert result.code == 2 and "give --pack-walltime" in result.err, result.err
+    result = cli("sweep", "slurm-local", "--nodes", "1,2", "--pack", "--chain", "2", "--", "true")
+    assert result.code == 2
+    assert_nothing_recorded()
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_them(
+        cli, isolated):
+    """Two points of a paced training (0.5 s a step, margin 20 s) in a one-node pack of 3.5
+    minutes: the first cannot finish its 320 steps and is stopped, having saved, before the
+    pack's walltime; no time is left for the second, recorded `not started`. `rerun --resume`
+    of the pack goes on with the first from its checkpoint and runs the second: every step of
+    each once."""
+    from test_long_runs import PACED_SPEC, metrics
+
+    write_spec(isolated, "llama_chain", PACED_SPEC)
+    result = cli("sweep", "slurm-local", "llama_chain", "--set", "steps=320,20", "--pack",
+                 "--pack-walltime", "00:03:30", "--json")
+    assert result.code == 0, result.err
+    first = json.loads(result.out)
+    wait_state(cli, first["id"], timeout=900)
+    rows = json.loads(cli("status", "--sweep", "1", "--json").out)
+    points = sorted((r for r in rows if r["group_index"]), key=lambda r: r["group_index"])
+    assert [r["state"] for r in points] == ["timeout", "not started"], rows
+    assert points[0]["reason"].startswith("resumable at step"), points[0]
+    stopped_at = len(metrics(points[0]["run_dir"]))
+    assert 0 < stopped_at < 320
+
+    again = cli("rerun", str(first["id"]), "--resume", "--json")
+    assert again.code == 0, again.err
+    rerun = json.loads(again.out)
+    assert rerun["rerun_of"] == first["id"] and rerun["group_id"] == 2
+    wait_state(cli, rerun["id"], timeout=900)
+    rows = json.loads(cli("status", "--sweep", "2", "--json").out)
+    points = sorted((r for r in rows if r["group_index"]), key=lambda r: r["group_index"])
+    assert [r["state"] for r in points] == ["completed", "completed"], rows
+    resumed, fresh = (metrics(r["run_dir"]) for r in points)
+    assert [r["step"] for r in resumed] == list(range(1, 321))  # every step once, in order
+    assert [r["step"] for r in fresh] == list(range(1, 21))

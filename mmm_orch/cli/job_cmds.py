@@ -129,10 +129,10 @@ def submit_chain(prepared, args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from mmm_orch import usecases
+    from mmm_orch.usecases.reruns import rerun
 
     old = common.job(common.jobs_db(args), args.job)
-    record = usecases.rerun(old, args.resume, args.db)
+    record = rerun(old, args.resume, args.db)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
         return 0
@@ -140,6 +140,10 @@ def cmd_rerun(args: argparse.Namespace) -> int:
           + (", resuming from its run's checkpoint" if args.resume else "")
           + f", {record.scheduler} id {record.native_id}")
     print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
+    from mmm_orch.jobs.record import PACK_INDEX
+
+    if record.group_id is not None and record.group_index == PACK_INDEX:
+        print(f"its points: mmm-orch status --sweep {record.group_id}")
     return 0
 
 
@@ -154,9 +158,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for job_id in args.jobs:
         common.job(db, job_id)
     if args.sweep is not None:
-        from mmm_orch.jobs.sweeps import sweep_jobs
+        from mmm_orch.jobs.sweeps import members
 
-        args.jobs += [r.id for r in sweep_jobs(db, args.sweep)[1]]
+        args.jobs += [r.id for r in members(db, args.sweep)]
 
     def select():
         """The jobs to show: every open one among them, so one refresh covers them all."""

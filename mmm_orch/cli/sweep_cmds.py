@@ -41,7 +41,21 @@ def register(sub) -> None:
                    help="inside an allocation: run the points side by side on its nodes as they "
                         "free up, each recorded as a job, in the foreground (see \"Many runs in "
                         "one allocation\")")
+    p.add_argument("--pack", action="store_true",
+                   help="submit one job whose allocation runs the points side by side as its "
+                        "nodes free up, each still recorded as a job (see \"Many runs in one "
+                        "allocation\")")
+    p.add_argument("--pack-nodes", type=int, metavar="N",
+                   help="with --pack: the pack job's nodes (default: the largest point's)")
+    p.add_argument("--pack-walltime", metavar="HH:MM:SS",
+                   help="with --pack: the pack job's walltime (default: enough for the waves its "
+                        "points run in, each --walltime long)")
     p.set_defaults(func=cmd_sweep, workdir=None)
+
+    # What a pack job runs inside its allocation (usecases/packs.py), not a command for users.
+    p = sub.add_parser("pack-run")  # (no help: not listed)
+    p.add_argument("sweep", type=int)
+    p.set_defaults(func=cmd_pack_run)
 
     p = sub.add_parser("report", help="a scaling report of a sweep (s3) or of jobs: table, "
                        "figures and one self-contained report.html")
@@ -61,6 +75,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
     from mmm_orch.planning.cost import hours, sweep_cost
 
+    if args.pack or args.pack_nodes is not None or args.pack_walltime is not None:
+        return _pack(args)
     if args.within and not args.dry_run:
         return _within(args)
 
@@ -92,6 +108,65 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"  job {record.id}: {point.label} ({record.scheduler} id {record.native_id})")
     print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
     return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    """`sweep --pack`: one job runs the points (usecases/packs.py)."""
+    from mmm_orch.errors import InvalidValue
+    from mmm_orch.render import render
+    from mmm_orch.usecases import packs
+
+    if not args.pack:
+        flag, value = (("--pack-nodes", args.pack_nodes) if args.pack_nodes is not None else
+                       ("--pack-walltime", args.pack_walltime))
+        raise InvalidValue(flag, value, "only with --pack")
+    if args.within:
+        raise InvalidValue("--pack", "with --within", "one of them: --pack submits a job for the "
+                           "points, --within runs them in the allocation this runs in")
+    pack = packs.pack_points(common.request(args, nodes=None, sets=()), args.nodes, args.sets,
+                             args.pack_nodes, args.pack_walltime, args.db, args.template, args.host,
+                             env_check=not args.no_env_check, review=args.dry_run)
+    if args.dry_run:
+        common.print_script(render(pack.job.plan, args.template))
+        print("\n".join(packs.review_lines(pack)))
+        return 0
+    sweep, record = packs.submit_pack(pack, args.db)
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2))
+        return 0
+    print(f"sweep {sweep}: pack job {record.id} ({record.scheduler} id {record.native_id}) runs "
+          f"its {len(pack.points)} points on {record.nodes} node(s)")
+    print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
+    return 0
+
+
+def cmd_pack_run(args: argparse.Namespace) -> int:
+    """Inside a pack job: its sweep's recorded points, side by side on its nodes. Exit 0 when
+    every point completed, 1 when one did not, 143 when stopped (the scheduler's SIGTERM at a
+    cancel or the walltime: the running points are cancelled, those waiting not started)."""
+    import signal
+
+    from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, PREFIX
+    from mmm_orch.usecases.packs import run_pack
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+
+    def said(text: str) -> None:
+        print(f"{PREFIX} pack: {text}", flush=True)
+
+    try:
+        records = run_pack(args.sweep, args.db, said)
+    except KeyboardInterrupt:
+        said("stopped: the running points were cancelled, the waiting ones not started")
+        return EXIT_STOPPED_BY_TERM
+    counts = collections.Counter(record.state.value for record in records)
+    said(f"sweep {args.sweep}: {len(records)} points ("
+         + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+    return 0 if set(counts) == {"completed"} else 1
 
 
 def _within(args: argparse.Namespace) -> int:

@@ -45,6 +45,9 @@ NODES_TOKEN = "@NODES@"
 RUN_DIR_VAR = "MMM_ORCH_RUN_DIR"          # the run's directory: metrics and checkpoints go there
 RESUME_VAR = "MMM_ORCH_RESUME"            # "1": continue from the run's latest checkpoint
 ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet is not an error
+# When the job's walltime runs out (epoch seconds; the script exports it): what runs inside the
+# job (a pack's points) keeps its own walltimes within it.
+JOB_END_VAR = "MMM_ORCH_JOB_END"
 CHECKPOINTS_DIR = "checkpoints"           # in the run directory: step-N/ and `latest`
 TENSORBOARD_DIR = "tensorboard"           # in the run directory: TensorBoard's event files
 WANDB_DIR = "wandb"                       # in the run directory: W&B's run-*/offline-run-*
@@ -97,7 +100,7 @@ FOR_TEMPLATES = MappingProxyType({
     "file": MappingProxyType({"nodes": NODES_FILE}),
     "module": MODULES,
     "var": MappingProxyType({"run_dir": RUN_DIR_VAR, "resume": RESUME_VAR,
-                             "allow_fresh": ALLOW_FRESH_VAR}),
+                             "allow_fresh": ALLOW_FRESH_VAR, "job_end": JOB_END_VAR}),
 })
 
 # -- readers --------------------------------------------------------------------------------------

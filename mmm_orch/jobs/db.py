@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from mmm_orch.jobs.bad_nodes import BadNodes
+from mmm_orch.jobs.groups import Groups
 from mmm_orch.jobs.dbfile import (ALLOWED, APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
                                   build, by_tables, by_version, check_file, create_file, describe,
                                   read_mark, refuse_lost_jobs, write_mark)
-from mmm_orch.jobs.record import LIST_COLUMNS, JobRecord, from_row, stored_json
+from mmm_orch.jobs.record import LIST_COLUMNS, JobRecord, from_row
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
 BACKUP_EVERY = 600.0
@@ -78,7 +79,7 @@ def close_all() -> None:
         _open.popitem()[1].close()
 
 
-class JobDB(BadNodes):
+class JobDB(BadNodes, Groups):
     def __init__(self, path: Path):
         """Open the job database at `path`, creating it where there is none; a file that is not
         an mmm-orch database is refused before anything is written to it."""
@@ -228,28 +229,10 @@ class JobDB(BadNodes):
             self.conn.execute("DELETE FROM jobs WHERE id = ? AND state = ?",
                               (job_id, JobState.SUBMITTING.value))
 
-    def new_group(self, kind: str, spec: dict[str, Any]) -> int:
-        with self._write():
-            cur = self.conn.execute("INSERT INTO groups (kind, created_at, spec) VALUES (?, ?, ?)",
-                                    (kind, time.time(), json.dumps(spec)))
-            return int(cur.lastrowid)
-
-    def group_kinds(self) -> dict[int, str]:
-        """Every chain's and sweep's id and kind."""
-        with self._errors("read"):
-            return {row[0]: row[1] for row in self.conn.execute("SELECT id, kind FROM groups")}
-
     def accounts(self) -> set[str]:
         """The accounts jobs were charged to ('' where the machine has none)."""
         with self._errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT account FROM jobs")}
-
-    def group(self, group_id: int) -> dict[str, Any] | None:
-        with self._errors("read"):
-            row = self.conn.execute("SELECT * FROM groups WHERE id = ?", (group_id,)).fetchone()
-        if row is None:
-            return None
-        return {**dict(row), "spec": stored_json(row["spec"], dict, f"group {group_id}'s spec")}
 
     def apply(self, updates: dict[int, JobStatus], now: float | None = None) -> None:
         """Record what the scheduler said, in one transaction; states only move forward."""

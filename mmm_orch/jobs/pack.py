@@ -41,15 +41,22 @@ def next_fit(waiting: list[Sized], free: list[str]) -> tuple[Sized, tuple[str, .
 def run(points: Sequence[Sized], pool: Sequence[str],
         start: Callable[[Sized, tuple[str, ...]], JobRecord],
         ended: Callable[[list[JobRecord]], list[JobRecord]],
-        stop: Callable[[list[JobRecord]], None]) -> list[JobRecord]:
+        stop: Callable[[list[JobRecord]], None],
+        never_started: Callable[[list[Sized]], None] = lambda points: None,
+        in_time: Callable[[Sized], bool] = lambda point: True) -> list[JobRecord]:
     """Run every point on `pool`'s nodes: `start` records and starts one on the nodes given,
     `ended` returns those of the running records that have ended, `stop` cancels the running
-    ones when this is interrupted. The records of the points, in the order they started."""
+    ones when this is interrupted. A waiting point the allocation has no time left for
+    (`in_time`), and every waiting point when this is interrupted, goes to `never_started`.
+    The records of the points that started, in the order they did."""
     waiting, free = order(points), list(pool)
     running: dict[int, tuple[JobRecord, tuple[str, ...]]] = {}
     started: list[JobRecord] = []
     try:
         while waiting or running:
+            if late := [point for point in waiting if not in_time(point)]:
+                waiting = [point for point in waiting if point not in late]
+                never_started(late)
             while (fit := next_fit(waiting, free)) is not None:
                 point, nodes = fit
                 waiting.remove(point)
@@ -64,5 +71,7 @@ def run(points: Sequence[Sized], pool: Sequence[str],
                 time.sleep(POLL_S)
     except BaseException:
         stop([held for held, _ in running.values()])
+        if waiting:
+            never_started(waiting)
         raise
     return started

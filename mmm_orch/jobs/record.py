@@ -13,6 +13,10 @@ from mmm_orch.jobs.dbfile import DatabaseError
 from mmm_orch.schedulers.states import JobState
 
 
+# The group_index of a pack's own job in its sweep (the points are numbered from 1).
+PACK_INDEX = 0
+
+
 @dataclass(frozen=True)
 class JobRecord:
     id: int

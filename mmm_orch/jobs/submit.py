@@ -264,6 +264,18 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     return db.accepted(job_id, native_id) or db.get(job_id)
 
 
+def record_not_started(plan: Plan, db_file: Path, links: dict[str, Any], reason: str) -> int:
+    """The record of a packed point its allocation ended before: it never ran, so it has no
+    script, log or scheduler id; `rerun --resume` of its pack runs it."""
+    from mmm_orch.schedulers.states import JobState
+
+    db = open_db(str(db_file), create=True)
+    assert db is not None
+    return db.insert(**{**record_values(plan, "", "", ""), **links, "scheduler": "local",
+                        "commands": {}, "log_path": "", "state": JobState.NOT_STARTED.value,
+                        "reason": reason})
+
+
 def copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
     """Writes the record's own copy with the scheduler's id, once the outcome is known and before
     the record is settled (a process killed between the two leaves it `submitting`, for `status`

@@ -12,7 +12,7 @@ from typing import Any
 
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.jobs.db import JobDB, open_db
-from mmm_orch.jobs.record import JobRecord
+from mmm_orch.jobs.record import PACK_INDEX, JobRecord
 from mmm_orch.planning import Plan, Request, resolve
 from mmm_orch.planning.occupancy import NOTHING_YET
 
@@ -161,12 +161,22 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
 
 
 def new_sweep(db: JobDB, swept: dict[str, list[str]], planned: list[Point], remote: str = "",
-              within: str = "") -> int:
-    """The sweep's group: its axes and points (`within`: the allocation they run in together)."""
+              within: str = "", pack: dict[str, Any] | None = None) -> int:
+    """The sweep's group: its axes and points (`within`: the allocation they run in together;
+    `pack`: the pack job's nodes, template and the points' plans, which it runs)."""
     first = planned[0].plan
     return db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
                                   "axes": swept, "points": [p.values for p in planned],
-                                  "remote": remote, **({"within": within} if within else {})})
+                                  "remote": remote, **({"within": within} if within else {}),
+                                  **({"pack": pack} if pack else {})})
+
+
+def pack_job(db: JobDB, group: dict) -> JobRecord | None:
+    """The job a packed sweep's points run in (None: the sweep is not a pack)."""
+    if "pack" not in group["spec"]:
+        return None
+    return next((job for job in db.list(group_id=group["id"]) if job.group_index == PACK_INDEX),
+                None)
 
 
 def _stored_point(point: Any) -> bool:
@@ -176,14 +186,20 @@ def _stored_point(point: Any) -> bool:
             and type(point.get("nodes")) is int and point["nodes"] >= 1)
 
 
-def stored_points(group: dict, jobs: list[JobRecord]) -> list[dict[str, Any]]:
-    """The values of each job's point, as submit_sweep stored them: anything else (edited by
-    hand) is refused, not shown as some other point's values."""
+def recorded_points(group: dict) -> list[dict[str, Any]]:
+    """The values of every point of the sweep, as submit_sweep stored them."""
     points = group["spec"].get("points")
     if not (isinstance(points, list) and len(points) <= MAX_POINTS
             and all(_stored_point(p) for p in points)):
         raise MmmError(f"sweep {group['id']}'s points in the job database are damaged (not the "
                        "list of values per point mmm-orch writes): it was changed by hand")
+    return points
+
+
+def stored_points(group: dict, jobs: list[JobRecord]) -> list[dict[str, Any]]:
+    """The values of each job's point, as submit_sweep stored them: anything else (edited by
+    hand) is refused, not shown as some other point's values."""
+    points = recorded_points(group)
     for job in jobs:
         if not (isinstance(job.group_index, int) and 1 <= job.group_index <= len(points)):
             raise MmmError(f"job {job.id} of sweep {group['id']} is damaged in the job database: "
@@ -197,10 +213,19 @@ def sweep_jobs(db: JobDB | None, sweep_id: int) -> tuple[dict, list[JobRecord]]:
     if group is None or group["kind"] != "sweep":
         raise MmmError(f"sweep {sweep_id} not found" + (f" in {db.path}" if db is not None else
                                                           "; no jobs recorded yet"))
-    # An index edited by hand (text, none) sorts first; stored_points names it.
-    jobs = sorted(db.list(group_id=sweep_id),
+    # An index edited by hand (text, none) sorts first; stored_points names it. A pack's own
+    # job is no point.
+    jobs = sorted((job for job in db.list(group_id=sweep_id)
+                   if not ("pack" in group["spec"] and job.group_index == PACK_INDEX)),
                   key=lambda r: r.group_index if type(r.group_index) is int else -1)
     return group, jobs
+
+
+def members(db: JobDB | None, sweep_id: int) -> list[JobRecord]:
+    """Every job of a sweep: a pack's own job first, then the points in order."""
+    group, points = sweep_jobs(db, sweep_id)
+    pack = pack_job(db, group)
+    return ([pack] if pack is not None else []) + points
 
 
 def summary(group: dict, jobs: list[JobRecord]) -> dict[str, Any]:
@@ -208,15 +233,28 @@ def summary(group: dict, jobs: list[JobRecord]) -> dict[str, Any]:
     its points by state."""
     from mmm_orch.schedulers.states import JobState
 
+    packed = "pack" in group["spec"]
+    pack = next((job for job in jobs if packed and job.group_index == PACK_INDEX), None)
+    jobs = [job for job in jobs if job is not pack]
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job.state.value] = counts.get(job.state.value, 0) + 1
+    if pack is not None and (waiting := len(group["spec"].get("points") or ()) - len(jobs)) > 0:
+        # Points are recorded as they start; those the pack job ended before never will be.
+        later = JobState.NOT_STARTED.value if pack.terminal else "waiting"
+        counts[later] = waiting
+        if not pack.terminal:
+            counts[pack.state.value] = counts.get(pack.state.value, 0)
     order = [JobState.SUBMITTING, JobState.RUNNING, JobState.PENDING, JobState.UNKNOWN,
              JobState.FAILED, JobState.HUNG, JobState.TIMEOUT, JobState.CANCELLED,
+             JobState.NOT_STARTED,
              JobState.COMPLETED]
     state = next((s for s in order if s.value in counts), JobState.COMPLETED)
-    nodes = sorted({job.nodes for job in jobs})
-    note = (f"{len(jobs)} points, nodes {','.join(map(str, nodes))}: "
-            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    nodes = sorted({job.nodes for job in jobs} | {
+        point["nodes"] for point in group["spec"].get("points") or () if isinstance(point, dict)
+        and isinstance(point.get("nodes"), int)} if packed else {job.nodes for job in jobs})
+    counted = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if n)
+    note = (f"pack job {pack.id} ({pack.state.value}): {counted}" if pack is not None else
+            f"{len(jobs)} points, nodes {','.join(map(str, nodes))}: {counted}")
     return {"state": state, "note": note, "nodes": nodes,
             "elapsed": max((job.elapsed() or 0 for job in jobs), default=0) or None}

@@ -14,7 +14,7 @@ from typing import Any
 from mmm_orch.errors import ConfigError, InvalidValue
 from mmm_orch.jobs.db import JobDB
 from mmm_orch.jobs.dbfile import DatabaseError
-from mmm_orch.jobs.record import JobRecord
+from mmm_orch.jobs.record import PACK_INDEX, JobRecord
 from mmm_orch.jobs.startup import MAX_EPOCH
 from mmm_orch.planning.checks import bounded
 from mmm_orch.limits import MAX_INT
@@ -103,8 +103,13 @@ def usage(db: JobDB, machine: str | None = None, account: str | None = None,
                            + (", ".join(a or "(none)" for a in known) if known
                               else "none recorded yet"))
     kinds = {group_id: kind for group_id, kind in db.group_kinds().items()}
+    # A pack's points ran in its job, which is charged: their shares are not counted again.
+    packs = {r.group_id for r in records if r.group_index == PACK_INDEX
+             and kinds.get(r.group_id) == "sweep"}
     rows: dict[tuple[str, str, str], UsageRow] = {}
     for record in records:
+        if record.group_id in packs and record.group_index != PACK_INDEX:
+            continue
         if since is not None and _when(record) < since:
             continue
         key = (record.machine, record.account, _group(record, by, kinds))

@@ -10,6 +10,7 @@ from mmm_orch.jobs.track import Refresh
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
 _STYLE = {"completed": "green", "failed": "red", "timeout": "red", "hung": "red", "cancelled": "yellow",
+          "not started": "yellow",
           "running": "cyan", "pending": "blue", "unknown": "magenta"}
 
 

@@ -43,8 +43,10 @@ def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | 
     """(nodes, seconds, charge) of a job that ended: the nodes and time its scheduler accounted
     (where it says; else the nodes asked for, spares included, and the times on record), priced
     by the rules its recorded plan holds. A job that never started, or held its nodes no time,
-    is charged nothing; so is a launch inside an allocation (recorded under the local executor,
-    on a machine with a scheduler): the facility charges the allocation itself."""
+    is charged nothing. A launch inside an allocation (recorded under the local executor, on a
+    machine with a scheduler: `launch`, a sweep's point run `--within` or `--pack`) is charged
+    its share, the nodes it held for the time it ran; the facility charges the allocation, and
+    `usage` counts a pack's job, not its points again."""
     if started is None or nodes == 0:
         return 0, 0.0, 0.0
     nodes = nodes if nodes is not None else asked_nodes
@@ -53,8 +55,7 @@ def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | 
         recorded = json.loads(plan_json)
     except (ValueError, TypeError, RecursionError):
         recorded = None
-    if not seconds or (scheduler == "local" and isinstance(recorded, dict)
-                       and recorded.get("scheduler") != "local"):
+    if not seconds:
         return nodes, seconds, 0.0
     rules = recorded_rules(recorded)
     # No rules: recorded before plans were priced, or edited.

@@ -323,10 +323,11 @@ class Plan:
     @property
     def launch_line(self) -> str:
         """Launcher tokens come from the profile (trusted, may hold $VARS); argv is quoted. With
-        failover, NODES_TOKEN marks where the active nodes go."""
+        failover, NODES_TOKEN marks where the active nodes go. Without a launcher (a pack job's
+        program), the program alone."""
         launch = self.launch
         hosts = NODES_TOKEN if self.placement.failover else launch.hosts
-        return " ".join([launch.launcher[0], *([hosts] if hosts else []), *launch.launcher[1:],
+        return " ".join([*launch.launcher[:1], *([hosts] if hosts else []), *launch.launcher[1:],
                          *(shlex.quote(a) for a in launch.program)])
 
     @property

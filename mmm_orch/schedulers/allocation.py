@@ -11,6 +11,7 @@ from typing import Mapping
 
 from mmm_orch.config.common import NODE_NAME
 from mmm_orch.errors import MmmError
+from mmm_orch.injob.protocol import JOB_END_VAR
 from mmm_orch.paths import NotReadable, read_regular
 
 # Bounds on what the scheduler's variables may name: more nodes than any machine has, a node
@@ -29,6 +30,9 @@ class Allocation:
     # (None: the scheduler does not say).
     cpus_per_node: int | None = None
     cpus_said_by: str = ""
+    # When its walltime runs out (epoch seconds): a job script of mmm-orch's says so
+    # (protocol.JOB_END_VAR), Slurm since 23.02 too; None where nothing does.
+    ends_at: float | None = None
 
 
 def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
@@ -38,15 +42,22 @@ def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "")
         return Allocation("slurm", env["SLURM_JOB_ID"], tuple(expand_hostlist(nodelist)),
-                          *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus))
+                          *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus),
+                          _epoch(env, JOB_END_VAR) or _epoch(env, "SLURM_JOB_END_TIME"))
     if env.get("PBS_JOBID"):
         nodefile = env.get("PBS_NODEFILE", "")
         ncpus = env.get("NCPUS", "")  # the ncpus of the job's chunks (one a node here)
         return Allocation("pbs", env["PBS_JOBID"],
                           tuple(node_names(_node_file(nodefile) if nodefile else "",
                                            f"PBS_NODEFILE {nodefile!r}")),
-                          *_cpus("NCPUS", ncpus))
+                          *_cpus("NCPUS", ncpus), _epoch(env, JOB_END_VAR))
     return None
+
+
+def _epoch(env: Mapping[str, str], variable: str) -> float | None:
+    """An epoch time in seconds from `variable`; None where unset, or not such a number."""
+    text = env.get(variable, "")
+    return float(text) if re.fullmatch(r"[0-9]{1,12}", text) and int(text) > 0 else None
 
 
 def _cpus(variable: str, value: str) -> tuple[int | None, str]:

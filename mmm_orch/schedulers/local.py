@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,7 +67,7 @@ class LocalScheduler:
         # Whether it lives, asked before the result is read: the supervisor writes the result and
         # then exits, so one found gone has left its result. In the other order, a job ending
         # between the two reads would read as vanished, and a terminal state is never asked again.
-        alive = _live(supervisor) is not None
+        alive = not _elsewhere(supervisor) and _live(supervisor) is not None
         result_file = job.job_dir / RESULT_FILE
         if result_file.exists():
             result = json.loads(result_file.read_text())
@@ -80,11 +81,16 @@ class LocalScheduler:
                 state, native = JobState.FAILED, "exited non-zero"
             return JobStatus(native_id=job.native_id, state=state, native_state=native,
                              exit_code=result["exit_code"], signal=result["signal"],
-                             started_at=started, ended_at=result["ended_at"], nodes=1,
+                             started_at=started, ended_at=result["ended_at"],
                              elapsed=result["ended_at"] - started if started else None)
         if alive:
             return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
                              started_at=started)
+        if _elsewhere(supervisor):  # a launch on a compute node, seen from the login node
+            return JobStatus(native_id=job.native_id, state=JobState.UNKNOWN,
+                             native_state="on " + supervisor["host"],
+                             reason=f"runs on {supervisor['host']}: its end is read from its "
+                                    "result file there")
         return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
                          reason="the supervisor ended without recording an exit code "
                                 "(killed, or the computer restarted)")
@@ -95,7 +101,11 @@ class LocalScheduler:
     def cancel(self, job: JobRef) -> None:
         """SIGTERM to the supervisor, which stops the job's process group (TERM, then KILL after
         the grace time); anything still alive from the tree afterwards is killed here."""
-        proc = _live(_supervisor_info(job))
+        supervisor = _supervisor_info(job)
+        if _elsewhere(supervisor):
+            raise SchedulerError(f"local job {job.native_id} runs on {supervisor['host']}: cancel "
+                                 "it there (or end the allocation it runs in)")
+        proc = _live(supervisor)
         if proc is None:
             raise SchedulerError(f"local job {job.native_id} is not running")
         tree = [proc, *proc.children(recursive=True)]
@@ -120,6 +130,12 @@ def _supervisor_info(job: JobRef) -> dict | None:
         return json.loads((job.job_dir / SUPERVISOR_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _elsewhere(info: dict | None) -> bool:
+    """The supervisor runs on another computer (sharing the job's directory): its pid means
+    nothing here."""
+    return bool(info) and info.get("host", socket.gethostname()) != socket.gethostname()
 
 
 def _live(info: dict | None) -> psutil.Process | None:

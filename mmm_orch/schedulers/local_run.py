@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,7 +111,8 @@ def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = si
     """`holder`: the process the job belongs to (`pid:start time`, a launch in the foreground);
     its end, however it comes (a SIGKILL, the allocation's end), stops the job as a cancel."""
     me = psutil.Process()
-    _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time()})
+    _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time(),
+                                            "host": socket.gethostname()})
     _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
     proc = subprocess.Popen([script], start_new_session=True, stdin=subprocess.DEVNULL)

@@ -15,6 +15,7 @@ class JobState(str, enum.Enum):
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     HUNG = "hung"  # ended by the watchdog: no step completed for too long
+    NOT_STARTED = "not started"  # a packed point its allocation ended before: never ran
     UNKNOWN = "unknown"
 
     @property
@@ -23,7 +24,7 @@ class JobState(str, enum.Enum):
 
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-                      JobState.HUNG})
+                      JobState.HUNG, JobState.NOT_STARTED})
 _RANK = {JobState.UNKNOWN: 0, JobState.SUBMITTING: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 
 

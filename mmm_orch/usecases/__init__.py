@@ -18,7 +18,6 @@ from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.jobs.db import JobDB, db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan, Request, cost, resolve
-from mmm_orch.planning.model import ChainLink, JobPlace
 from mmm_orch.planning.occupancy import QueueLoad
 from mmm_orch.render import render
 
@@ -214,8 +213,9 @@ def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str |
 
 def _in_one_allocation(shared: Request, swept: dict[str, list[str]]) -> str:
     """The other way for a sweep the queues cannot take: its points side by side in one
-    allocation as large as its largest point (`sweep --within`), long enough for the waves the
-    points run in at most; what that allocation asks for, and the command that gets it."""
+    allocation as large as its largest point, long enough for the waves the points run in at
+    most: a job of its own (`sweep --pack`) or one the user gets (`sweep --within`); what that
+    allocation asks for, and the command that gets it."""
     from mmm_orch.jobs import sweeps
     from mmm_orch.jobs.launch import allocation_hint
     from mmm_orch.walltime import format_walltime
@@ -224,15 +224,15 @@ def _in_one_allocation(shared: Request, swept: dict[str, list[str]]) -> str:
     nodes = max(point.nodes for point in points)
     waves = -(-sum(point.nodes for point in points) // nodes)
     walltime = format_walltime(max(point.plan.queue.walltime for point in points) * waves)
-    what = (f"or run the {len(points)} points side by side in one allocation of {nodes} node"
+    what = (f"or run the {len(points)} points side by side in one job of {nodes} node"
             f"{'s' if nodes > 1 else ''} for {walltime}")
     try:
         whole = resolve(dataclasses.replace(shared, nodes=nodes, walltime=walltime, queue=None))
     except MmmError:
         return f"{what}, which no queue of {shared.machine} takes"
     cost = f" (at most {whole.cost.most:.2f} {whole.cost.unit})" if whole.cost else ""
-    return (f"{what}{cost}: get it with `{allocation_hint(whole)}` and run this sweep in it "
-            "with --within")
+    return (f"{what}{cost}: submit it with --pack, or get the allocation with "
+            f"`{allocation_hint(whole)}` and run this sweep in it with --within")
 
 
 def submit_sweep(swept, planned, db: str | None = None, template: str | None = None,
@@ -247,26 +247,12 @@ def submit_sweep(swept, planned, db: str | None = None, template: str | None = N
     return sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
 
 
-def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
-    """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
-    job linked to it; `resume`: from the run's latest checkpoint."""
-    from mmm_orch.jobs import submit as jobs
-    from mmm_orch.planning.store import stored_plan
-
-    recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
-    args = dict(recorded.launch.args)
-    if resume:
-        if not recorded.launch.can_resume:
-            raise MmmError(f"rerun --resume: workload {recorded.workload} cannot resume "
-                           f"({recorded.launch.why_it_cannot_resume})")
-        args.update(resume=True, allow_fresh=False)
-    again = dataclasses.replace(recorded.with_launch(args=args, workdir_given=True),
-                                submission=JobPlace(), chain=ChainLink())
-    within_budgets(again, db, "this rerun")
-    check_room(again, 1, old.remote, db)
-    prepared = _ready(again, None, old.remote, env_check=True)
-    return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
-                       links={"rerun_of": old.id})
+def resuming(planned: Plan) -> Plan:
+    """`planned` going on from its run's latest checkpoint (`rerun --resume`)."""
+    if not planned.launch.can_resume:
+        raise MmmError(f"rerun --resume: workload {planned.workload} cannot resume "
+                       f"({planned.launch.why_it_cannot_resume})")
+    return planned.with_launch(args={**planned.launch.args, "resume": True, "allow_fresh": False})
 
 
 def usage(db: JobDB | None, machine: str | None = None, account: str | None = None,
@@ -298,10 +284,10 @@ def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Ite
 
     records = list(records)
     if sweep is not None:
-        from mmm_orch.jobs.sweeps import sweep_jobs
+        from mmm_orch.jobs.sweeps import members
 
         named = {r.id for r in records}
-        records += [r for r in sweep_jobs(db, sweep)[1] if r.id not in named]
+        records += [r for r in members(db, sweep) if r.id not in named]
     for record in list(records):
         if record.group_id is not None and (group := db.group(record.group_id)) \
                 and group["kind"] == "chain":

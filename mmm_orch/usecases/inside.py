@@ -119,18 +119,81 @@ def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str |
     side on its nodes as they free up (jobs/pack.py), each an ordinary job of the sweep's group
     held by this process; in the foreground until all have ended. Everything is planned and
     checked before the first point is recorded. `said` hears each point start and end."""
-    from mmm_orch.jobs import launch as inside, pack, sweeps
+    from mmm_orch.jobs import launch as inside, sweeps
+    from mmm_orch.jobs.submit import check_job_python
+    from mmm_orch.schedulers.allocation import current
+
+    machine = inside.which_machine(request.machine, current(), socket.gethostname())
+    if current() is None:
+        raise MmmError(f"--within: not inside an allocation on {machine}: get one (salloc, "
+                       "qsub -I) and run the sweep in it, or submit it as jobs (without --within)")
+    request = dataclasses.replace(request, machine=machine, avoid_nodes=bad_nodes(db, machine))
+    swept = sweeps.axes(nodes, sets)
+    planned = sweeps.points(request, swept, new_jobs=False)  # no queue: they run in here
+    allocation, pool = _room_for(planned, db, template)
+    if env_check:
+        check_job_python(planned[0].plan, "")
+    sweep_id = sweeps.new_sweep(open_db(str(db_path(db)), create=True), swept, planned,
+                                within=f"{allocation.scheduler} job {allocation.job_id}")
+    return sweep_id, _run_in(allocation, pool, planned, sweep_id, db, template, said)
+
+
+def run_points(points: list, sweep_id: int, db: str | None, template: str | None,
+               said: Callable[[str], None]) -> list[JobRecord]:
+    """A pack's recorded points (jobs/sweeps.Point), run in the allocation this process runs in
+    as `sweep --within` runs its own."""
+    allocation, pool = _room_for(points, db, template)
+    return _run_in(allocation, pool, points, sweep_id, db, template, said)
+
+
+def _room_for(points: list, db: str | None, template: str | None):
+    """The allocation this process runs in and its usable nodes: every point fits them and
+    renders on them, or nothing is recorded."""
+    from mmm_orch.jobs import launch as inside
+    from mmm_orch.jobs.dbfile import jobs_root_for
+    from mmm_orch.schedulers.allocation import current
+
+    first = points[0].plan
+    allocation = current()
+    if allocation is None:
+        raise MmmError(f"not inside an allocation on {first.machine}")
+    if first.scheduler != allocation.scheduler:
+        raise MmmError(f"machine {first.machine!r} is invalid here: it schedules with "
+                       f"{first.scheduler}, and this runs inside {allocation.scheduler} "
+                       f"job {allocation.job_id}; name this allocation's machine")
+    allocation = inside.as_the_profile_lists(first.machine, first.placement.node_list, allocation)
+    pool = inside.nodes_for(allocation, Request(first.machine, first.workload), 0,
+                            bad_nodes(db, first.machine))
+    root = jobs_root_for(db_path(db))
+    for point in points:  # each fits the allocation, and renders, before any is recorded
+        if point.nodes > len(pool):
+            raise InvalidValue("--nodes", point.nodes, f"at most the {len(pool)} usable nodes of "
+                               f"{allocation.scheduler} job {allocation.job_id} (sweep point "
+                               f"{point.index}, {point.label})")
+        inside.check_fits(point.plan, allocation)
+        _ready(inside.placed_on(point.plan, allocation, pool[:point.nodes], root), template, "",
+               env_check=False)
+    return allocation, pool
+
+
+def _run_in(allocation, pool: tuple[str, ...], points: list, sweep_id: int, db: str | None,
+            template: str | None, said: Callable[[str], None]) -> list[JobRecord]:
+    """Run `points` on `pool` as nodes free up (jobs/pack.py), each recorded as a job of sweep
+    `sweep_id` when it starts. Where the allocation says when it ends, each point's walltime
+    ends before it, and a point there is no time left for is recorded `not started`. The
+    sweep's records, in point order."""
+    from mmm_orch.jobs import launch as inside, pack
     from mmm_orch.jobs import submit as jobs
+    from mmm_orch.jobs.dbfile import jobs_root_for
     from mmm_orch.jobs.track import refresh
 
-    swept, planned, allocation, pool, root = _points_within(request, nodes, sets, db, template,
-                                                            env_check)
     opened = open_db(str(db_path(db)), create=True)
-    sweep_id = sweeps.new_sweep(opened, swept, planned,
-                                within=f"{allocation.scheduler} job {allocation.job_id}")
+    root = jobs_root_for(db_path(db))
+    where = f"{allocation.scheduler} job {allocation.job_id}"
 
     def start(point, on: tuple[str, ...]) -> JobRecord:
-        record = jobs.submit(inside.placed_on(point.plan, allocation, on, root), db_path(db),
+        timed = _within_time(point.plan, allocation.ends_at)
+        record = jobs.submit(inside.placed_on(timed, allocation, on, root), db_path(db),
                              template, here=True,
                              links={"group_id": sweep_id, "group_index": point.index})
         said(f"point {point.index} ({point.label}): job {record.id} on {','.join(on)}")
@@ -148,44 +211,37 @@ def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str |
         for line in cancel(opened, running):
             said(line)
 
-    pack.run(planned, pool, start, ended, stop)
-    return sweep_id, sorted(opened.list(group_id=sweep_id), key=lambda r: r.group_index or 0)
+    def never_started(late: list) -> None:
+        for point in late:
+            job_id = jobs.record_not_started(point.plan, db_path(db), {
+                "group_id": sweep_id, "group_index": point.index}, f"{where} ended first")
+            said(f"point {point.index} ({point.label}): job {job_id} not started ({where} "
+                 "ends before it could run)")
+
+    def in_time(point) -> bool:
+        return allocation.ends_at is None or _time_left(allocation.ends_at) >= \
+            point.plan.guard.walltime_margin + MIN_POINT_RUN_S
+
+    pack.run(points, pool, start, ended, stop, never_started, in_time)
+    return sorted((r for r in opened.list(group_id=sweep_id) if r.group_index),
+                  key=lambda r: r.group_index)
 
 
-def _points_within(request: Request, nodes: str | None, sets: list[str], db: str | None,
-                   template: str | None, env_check: bool):
-    """The sweep's axes and points, the allocation, its usable nodes and the jobs' root: every
-    point fits the allocation and renders on its nodes, and the job's Python is checked."""
-    from mmm_orch.jobs import launch as inside, sweeps
-    from mmm_orch.jobs.dbfile import jobs_root_for
-    from mmm_orch.jobs.submit import check_job_python
-    from mmm_orch.schedulers.allocation import current
+# A point's walltime ends this long before its allocation's (the local supervisor's grace to
+# stop it, and some), and one that would run less than MIN_POINT_RUN_S is not started.
+END_SLACK_S = 30
+MIN_POINT_RUN_S = 60
 
-    allocation = current()
-    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
-    if allocation is None:
-        raise MmmError(f"--within: not inside an allocation on {machine}: get one (salloc, "
-                       "qsub -I) and run the sweep in it, or submit it as jobs (without --within)")
-    request = dataclasses.replace(request, machine=machine, avoid_nodes=bad_nodes(db, machine))
-    swept = sweeps.axes(nodes, sets)
-    planned = sweeps.points(request, swept, new_jobs=False)  # no queue: they run in here
-    if planned[0].plan.scheduler != allocation.scheduler:
-        raise MmmError(f"machine {machine!r} is invalid here: it schedules with "
-                       f"{planned[0].plan.scheduler}, and this runs inside {allocation.scheduler} "
-                       f"job {allocation.job_id}; name this allocation's machine")
-    allocation = inside.as_the_profile_lists(machine, planned[0].plan.placement.node_list,
-                                             allocation)
-    pool = inside.nodes_for(allocation, dataclasses.replace(request, nodes=None), 0,
-                            request.avoid_nodes)
-    root = jobs_root_for(db_path(db))
-    for point in planned:  # each fits the allocation, and renders, before any is recorded
-        if point.nodes > len(pool):
-            raise InvalidValue("--nodes", point.nodes, f"at most the {len(pool)} usable nodes of "
-                               f"{allocation.scheduler} job {allocation.job_id} (sweep point "
-                               f"{point.index}, {point.label})")
-        inside.check_fits(point.plan, allocation)
-        _ready(inside.placed_on(point.plan, allocation, pool[:point.nodes], root), template, "",
-               env_check=False)
-    if env_check:
-        check_job_python(planned[0].plan, "")
-    return swept, planned, allocation, pool, root
+
+def _time_left(ends_at: float) -> int:
+    import time
+
+    return int(ends_at - time.time()) - END_SLACK_S
+
+
+def _within_time(planned: Plan, ends_at: float | None) -> Plan:
+    """`planned` with a walltime that ends before its allocation does."""
+    if ends_at is None or _time_left(ends_at) >= planned.queue.walltime:
+        return planned
+    return dataclasses.replace(planned, queue=dataclasses.replace(
+        planned.queue, walltime=_time_left(ends_at)))

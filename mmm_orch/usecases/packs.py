@@ -1,0 +1,188 @@
+"""`sweep --pack`: one batch job whose allocation runs a sweep's points side by side, each
+still a recorded job of the sweep (usecases/inside.py runs them, as `sweep --within` does).
+
+At submission every point is planned and rendered, and the pack job is planned for the nodes
+of the largest point (or --pack-nodes) and the walltime of the waves its points run in. The
+sweep is recorded with its points' plans, then the pack job is submitted with it: inside the
+allocation it runs `mmm-orch pack-run SWEEP` once, on the first node, without the
+launcher, which reads the recorded plans and runs them. What was reviewed is what runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Callable
+
+from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.jobs.db import db_path, open_db
+from mmm_orch.jobs.record import PACK_INDEX, JobRecord
+from mmm_orch.planning import Plan, Request, cost
+from mmm_orch.render import render
+from mmm_orch.usecases import Prepared, _counted_plan, bad_nodes, prepare_plan, resuming, target
+
+
+@dataclasses.dataclass(frozen=True)
+class Pack:
+    swept: dict[str, list[str]]
+    points: list  # jobs/sweeps.Point, in order
+    job: Prepared  # the pack job, its program to be named once the sweep is recorded
+
+
+def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes: int | None,
+                pack_walltime: str | None = None, db: str | None = None,
+                template: str | None = None, host: str | None = None, env_check: bool = True,
+                review: bool = False) -> Pack:
+    """The sweep's points and the pack job that runs them, all checked: every point fits the
+    pack's nodes and renders, the pack job has a queue with room (its user's jobs counted where
+    it goes, `review`: offline) and keeps to the budgets."""
+    from mmm_orch.jobs import sweeps
+
+    remote = None if review else target(request.machine, host)
+    if remote:
+        raise MmmError(f"--pack submits from {request.machine}'s login node, not through "
+                       f"--host/login_hosts ({remote}): the pack job records its points in this "
+                       "job database, which it must reach; run the sweep there")
+    swept = sweeps.axes(nodes, sets)
+    shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
+    points = sweeps.points(shared, swept, new_jobs=False)  # no queue: they run in the pack
+    largest = max(points, key=lambda point: point.nodes)
+    if pack_nodes is not None:
+        if pack_nodes < 1:
+            raise InvalidValue("--pack-nodes", pack_nodes, "a whole number of nodes, 1 or more")
+        if largest.nodes > pack_nodes:
+            raise InvalidValue("--pack-nodes", pack_nodes, f"at least the {largest.nodes} nodes "
+                               f"of sweep point {largest.index} ({largest.label})")
+    for point in points:  # a bad template is refused before the machine is contacted
+        render(point.plan, template)
+    asked = _pack_request(shared, points, pack_nodes or largest.nodes, pack_walltime)
+    try:
+        job, load = _counted_plan(asked, db, None if review else "")
+    except MmmError as exc:
+        if pack_walltime:
+            raise
+        raise MmmError(f"{exc}: the pack's walltime, {asked.walltime}, is its points' waves on "
+                       f"{asked.nodes} node(s); give --pack-walltime (points it leaves no time "
+                       "for are recorded `not started`) or more --pack-nodes") from None
+    job = _runs_once(job, _program(job, db, "<sweep id>"))
+    return Pack(swept, points, prepare_plan(job, template, None, env_check and not review, db=db,
+                                            load=load))
+
+
+def _pack_request(shared: Request, points: list, nodes: int, walltime: str | None) -> Request:
+    """The pack job: `nodes` nodes for `walltime`, by default for the waves its points run in
+    at most (each wave as long as its longest point)."""
+    from mmm_orch.walltime import format_walltime
+
+    waves = -(-sum(point.nodes for point in points) // nodes)
+    walltime = walltime or format_walltime(
+        max(point.plan.queue.walltime for point in points) * waves)
+    return dataclasses.replace(shared, workload="command", command=("true",), sets=(),
+                               nodes=nodes, spare_nodes=0, walltime=walltime,
+                               name=shared.name or f"{points[0].plan.name}-pack")
+
+
+def _runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
+    """`job` running `program` once, on the allocation's first node (where the script runs),
+    without the launcher or the watchdog: each point has its own."""
+    return dataclasses.replace(job.with_launch(launcher=(), hosts="", command=program),
+                               guard=dataclasses.replace(job.guard, first_step_timeout=0,
+                                                         step_timeout=0))
+
+
+def _program(job: Plan, db: str | None, sweep: str) -> tuple[str, ...]:
+    """What the pack job runs: its sweep's points, recorded in the job database `db`."""
+    return (job.launch.python, "-m", "mmm_orch", "--db", str(db_path(db).resolve()), "pack-run",
+            sweep)
+
+
+def submit_pack(pack: Pack, db: str | None = None,
+                rerun_of: int | None = None) -> tuple[int, JobRecord]:
+    """Record the sweep with its points' plans, then submit the pack job that runs them; a
+    refused submission leaves no sweep behind."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.jobs import submit as jobs
+
+    where = db_path(db)
+    opened = open_db(str(where), create=True)
+    template = pack.job.template
+    sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={
+        "nodes": pack.job.plan.layout.nodes, "template": template,
+        "plans": [json.loads(json.dumps(point.plan.to_dict())) for point in pack.points]})
+    job = _runs_once(pack.job.plan, _program(pack.job.plan, db, str(sweep_id)))
+    links = {"group_id": sweep_id, "group_index": PACK_INDEX,
+             **({"rerun_of": rerun_of} if rerun_of is not None else {})}
+    try:
+        record = jobs.submit(job, where, template, links=links)
+    except BaseException:
+        opened.delete_empty_group(sweep_id)
+        raise
+    return sweep_id, record
+
+
+def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int, JobRecord]:
+    """`rerun` of a pack job: a new pack of the points that did not complete, on as many nodes
+    for as long; `resume`: a point that ran goes on from its run's latest checkpoint (one that
+    never started, fresh)."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.planning.model import ChainLink, JobPlace
+    from mmm_orch.planning.store import stored_plan
+    from mmm_orch.schedulers.states import JobState
+
+    opened = open_db(str(db_path(db)))
+    group, ran = sweeps.sweep_jobs(opened, old.group_id)
+    spec = group["spec"]
+    by_index = {record.group_index: record for record in ran}
+    left = []
+    for index, (values, data) in enumerate(zip(sweeps.recorded_points(group),
+                                               spec["pack"]["plans"]), start=1):
+        record = by_index.get(index)
+        if record is not None and record.state is JobState.COMPLETED:
+            continue
+        planned = stored_plan(data, f"sweep {group['id']}'s point {index}")
+        if record is not None and record.state is not JobState.NOT_STARTED and resume:
+            ran = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
+            planned = resuming(planned.with_launch(args={
+                **planned.launch.args, "run_name": ran.launch.args.get("run_name")}))
+        left.append(sweeps.Point(len(left) + 1, values, planned))
+    if not left:
+        raise MmmError(f"rerun: every point of sweep {group['id']} completed; nothing is left "
+                       "to run")
+    job = dataclasses.replace(stored_plan(old.plan, f"job {old.id}'s recorded plan"),
+                              submission=JobPlace(), chain=ChainLink())
+    job = job.with_launch(workdir_given=True)
+    prepared = prepare_plan(job, spec["pack"].get("template"), None, env_check=True, db=db)
+    return submit_pack(Pack(spec["axes"], left, prepared), db, rerun_of=old.id)
+
+
+def run_pack(sweep_id: int, db: str | None = None,
+             said: Callable[[str], None] = lambda text: None) -> list[JobRecord]:
+    """Inside the pack job: its sweep's recorded points run side by side on its nodes."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.planning.store import stored_plan
+    from mmm_orch.usecases import inside
+
+    opened = open_db(str(db_path(db)))
+    group = opened.group(sweep_id) if opened is not None else None
+    spec = group["spec"] if group is not None else {}
+    if not isinstance(spec.get("pack"), dict):
+        raise MmmError(f"sweep {sweep_id} is not a pack in {db_path(db)}")
+    values = sweeps.recorded_points(group)
+    plans = [stored_plan(data, f"sweep {sweep_id}'s point {index}")
+             for index, data in enumerate(spec["pack"]["plans"], start=1)]
+    points = [sweeps.Point(index, point, planned)
+              for index, (point, planned) in enumerate(zip(values, plans), start=1)]
+    return inside.run_points(points, sweep_id, db, spec["pack"].get("template"), said)
+
+
+def review_lines(pack: Pack) -> list[str]:
+    """What `sweep --pack --dry-run` says after the pack job's script."""
+    job = pack.job.plan
+    lines = [f"pack of {len(pack.points)} points of {pack.points[0].plan.workload} on "
+             f"{job.machine}: one job of {job.layout.nodes} node(s), queue "
+             f"{job.queue.name or '-'}, walltime {job.queue.walltime_hms}"
+             + (f", at most {cost.hours(job.cost.most)} {job.cost.unit}" if job.cost else "")
+             + " (nothing submitted)"]
+    for point in pack.points:
+        lines.append(f"  {point.index:>3}  {point.label:<32} {point.plan.layout.nodes} nodes x "
+                     f"{point.plan.layout.ranks_per_node} = {point.plan.layout.ranks} ranks")
+    return lines

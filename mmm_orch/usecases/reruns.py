@@ -1,0 +1,38 @@
+"""`rerun`: a recorded job submitted again where it ran before, or a pack's points that did not
+complete as a new pack."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mmm_orch.jobs.db import db_path, open_db
+from mmm_orch.jobs.record import JobRecord
+from mmm_orch.planning.model import ChainLink, JobPlace
+from mmm_orch.usecases import _ready, check_room, resuming, within_budgets
+from mmm_orch.usecases.packs import rerun_pack
+
+
+def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
+    """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
+    job linked to it; `resume`: from the run's latest checkpoint. A pack job's rerun is a new
+    pack of its points that did not complete (usecases/packs.py)."""
+    from mmm_orch.jobs import submit as jobs
+    from mmm_orch.jobs.sweeps import pack_job
+    from mmm_orch.planning.store import stored_plan
+
+    opened = open_db(db)
+    group = opened.group(old.group_id) if opened is not None and old.group_id else None
+    if group is not None and group["kind"] == "sweep" and \
+            getattr(pack_job(opened, group), "id", None) == old.id:
+        return rerun_pack(old, resume, db)[1]
+
+    recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
+    if resume:
+        recorded = resuming(recorded)
+    again = dataclasses.replace(recorded.with_launch(workdir_given=True),
+                                submission=JobPlace(), chain=ChainLink())
+    within_budgets(again, db, "this rerun")
+    check_room(again, 1, old.remote, db)
+    prepared = _ready(again, None, old.remote, env_check=True)
+    return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
+                       links={"rerun_of": old.id})
