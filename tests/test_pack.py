@@ -231,16 +231,17 @@ def test_a_bad_pack_is_refused_before_anything_is_written(cli, isolated):
 @pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_them(
         cli, isolated):
-    """Two points of a paced training (0.5 s a step, margin 20 s) in a one-node pack of 3.5
-    minutes: the first cannot finish its 320 steps and is stopped, having saved, before the
-    pack's walltime; no time is left for the second, recorded `not started`. `rerun --resume`
-    of the pack goes on with the first from its checkpoint and runs the second: every step of
-    each once."""
+    """Two points of a paced training (0.5 s a step, margin 20 s) in a one-node pack of 4.5
+    minutes: the first cannot finish its 480 steps (240 s) and is stopped, having saved, 50 s
+    before the pack's walltime (its own ends 30 s before the pack's); no time is left for the
+    second, recorded `not started`. `rerun --resume` of the pack goes on with the first from its
+    checkpoint (20 s of steps left) and then runs the second: every step of each once. Up to
+    two minutes of start-up (a loaded host) still leaves the second its 80 s."""
     from test_long_runs import PACED_SPEC, metrics
 
     write_spec(isolated, "llama_chain", PACED_SPEC)
-    result = cli("sweep", "slurm-local", "llama_chain", "--set", "steps=320,20", "--pack",
-                 "--pack-walltime", "00:03:30", "--json")
+    result = cli("sweep", "slurm-local", "llama_chain", "--set", "steps=480,20", "--pack",
+                 "--pack-walltime", "00:04:30", "--json")
     assert result.code == 0, result.err
     first = json.loads(result.out)
     wait_state(cli, first["id"], timeout=900)
@@ -249,7 +250,7 @@ def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_t
     assert [r["state"] for r in points] == ["timeout", "not started"], rows
     assert points[0]["reason"].startswith("resumable at step"), points[0]
     stopped_at = len(metrics(points[0]["run_dir"]))
-    assert 0 < stopped_at < 320
+    assert 0 < stopped_at < 480
 
     again = cli("rerun", str(first["id"]), "--resume", "--json")
     assert again.code == 0, again.err
@@ -260,5 +261,25 @@ def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_t
     points = sorted((r for r in rows if r["group_index"]), key=lambda r: r["group_index"])
     assert [r["state"] for r in points] == ["completed", "completed"], rows
     resumed, fresh = (metrics(r["run_dir"]) for r in points)
-    assert [r["step"] for r in resumed] == list(range(1, 321))  # every step once, in order
+    assert [r["step"] for r in resumed] == list(range(1, 481))  # every step once, in order
     assert [r["step"] for r in fresh] == list(range(1, 21))
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_cancelling_a_pack_ends_its_running_points_and_the_waiting_ones_never_start(cli, isolated):
+    result = cli("sweep", "slurm-local", "--nodes", "2,3", "--pack", "-t", "00:05:00", "--json",
+                 "--", sys.executable, "-c", SLEEPER.replace("120 if n == '2' else 8", "120"))
+    assert result.code == 0, result.err
+    pack_job = json.loads(result.out)
+    deadline = time.monotonic() + 600
+    while not any(r["group_index"] == 2 and r["state"] == "running"  # the 3-node point runs
+                  for r in json.loads(cli("status", "--sweep", "1", "--json").out)):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    said = cli("cancel", "--sweep", "1")
+    assert said.code == 0, said.err
+    wait_state(cli, pack_job["id"], timeout=300)
+    rows = {r["group_index"]: r for r in json.loads(cli("status", "--sweep", "1", "--json").out)}
+    assert rows[0]["state"] == "cancelled" and rows[2]["state"] == "cancelled", rows
+    assert rows[1]["state"] == "not started" and rows[1]["nodes"] == 2, rows
+    assert subprocess.run(["pgrep", "-f", "time.sleep\\(120"], capture_output=True).returncode == 1

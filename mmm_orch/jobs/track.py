@@ -1,5 +1,5 @@
-"""Refresh job states: one batched scheduler query per (machine, host), terminal jobs never
-asked again, and an unreachable scheduler turns into stale rows, not an error."""
+"""Refresh job states: one batched scheduler query per (machine, host, scheduler), terminal jobs
+never asked again, and an unreachable scheduler turns into stale rows, not an error."""
 
 from __future__ import annotations
 
@@ -44,14 +44,16 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
                 outcome.warnings.append(warning)
             if db.get(record.id, events=False) is None:
                 outcome.removed.add(record.id)
-    groups: dict[tuple[str, str], list[JobRecord]] = {}
+    # One query per scheduler a machine's jobs went to there: its batch jobs and the launches
+    # inside its allocations (the local executor) are asked apart.
+    groups: dict[tuple[str, str, str], list[JobRecord]] = {}
     for record in records:
         if not record.terminal and record.native_id:
-            groups.setdefault((record.machine, record.host), []).append(record)
+            groups.setdefault((record.machine, record.host, record.scheduler), []).append(record)
     updates: dict[int, JobStatus] = {}
     retired: list[tuple[JobRecord, dict]] = []  # nodes failover retired, to remember as bad
     now = time.time()
-    for (machine, host_name), group in groups.items():
+    for (machine, host_name, _), group in groups.items():
         newest = max(group, key=lambda r: r.id)
         host = host_for(newest.remote)
         scheduler = scheduler_for(newest.scheduler, newest.commands, host)

@@ -277,17 +277,21 @@ def usage(db: JobDB | None, machine: str | None = None, account: str | None = No
 
 
 def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Iterator[str]:
-    """Cancel `records` and every job of `sweep`; a link of a chain takes the whole chain with it.
-    Yields what happened to each job, in words, as it happens."""
+    """Cancel `records` and every job of `sweep` (of a pack: its job, which stops its points
+    itself and records those waiting as not started); a link of a chain takes the whole chain
+    with it. Yields what happened to each job, in words, as it happens."""
     from mmm_orch.jobs.submit import cancel as send_cancel
     from mmm_orch.jobs.track import refresh
 
     records = list(records)
     if sweep is not None:
-        from mmm_orch.jobs.sweeps import members
+        from mmm_orch.jobs.sweeps import pack_job, sweep_jobs
 
         named = {r.id for r in records}
-        records += [r for r in members(db, sweep) if r.id not in named]
+        group, points = sweep_jobs(db, sweep)
+        pack = pack_job(db, group)
+        whole = [pack] if pack is not None and not pack.terminal else points
+        records += [r for r in whole if r.id not in named]
     for record in list(records):
         if record.group_id is not None and (group := db.group(record.group_id)) \
                 and group["kind"] == "chain":
