@@ -23,6 +23,12 @@ Slurm test cluster (`sudo bash scripts/slurm-cluster.sh up`), each to a queue th
 and never starts them (PBS `parked`, Slurm partition `parked`, which is down):
 
     python benchmarks/pbs_psij.py inprocess [--jobs 200] [--runs 3]
+
+`pack` times recording and queueing `--jobs` runs: one `mmm-orch sweep --pack` of that many
+points (every point planned and rendered, the sweep recorded with their plans, one pack job
+queued) against PSI/J submitting as many jobs in a loop, both to the PBS `parked` queue:
+
+    python benchmarks/pbs_psij.py pack [--jobs 100] [--runs 5]
 """
 
 from __future__ import annotations
@@ -239,6 +245,52 @@ def mmm_round(mmm: Path, count: int, work: Path, sweep: bool = False) -> dict:
             "states": {s: [r["state"] for r in rows].count(s) for s in {r["state"] for r in rows}}}
 
 
+def pack_round(mmm: Path, count: int, work: Path) -> dict:
+    """One `mmm-orch sweep --pack` of `count` points, a new process, timed; checked: the sweep
+    holds `count` points and one job is queued."""
+    import sqlite3
+
+    env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CACHE_HOME": str(work / "cache"),
+           "PYTHONPATH": str(work)}
+    _noop_workload(work)
+    argv = [str(mmm / "mmm-orch"), "sweep", "pbs-local", "noop", "-q", "parked", "--pack",
+            "--pack-walltime", "00:10:00", "--json",
+            "--set", "seed=" + ",".join(str(i) for i in range(count))]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
+    submit_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"mmm-orch sweep --pack: {proc.stderr}")
+    with sqlite3.connect(work / "state" / "mmm-orch" / "jobs.db") as db:
+        spec = json.loads(db.execute("SELECT spec FROM groups").fetchone()[0])
+    queued = subprocess.run([f"{Q}/qselect", "-q", "parked"], capture_output=True,
+                            text=True).stdout.split()
+    native_id = json.loads(proc.stdout)["native_id"]
+    return {"submit_s": submit_s, "points": len(spec["pack"]["plans"]),
+            "queued": int(native_id in queued), "ids": [native_id]}
+
+
+def pack(args: argparse.Namespace, mmm: Path, psij: Path) -> None:
+    rounds: dict[str, list[dict]] = {"mmm-orch sweep --pack": [], "psij": []}
+    for run in range(args.runs):
+        for tool in list(rounds) if run % 2 == 0 else list(reversed(rounds)):
+            with tempfile.TemporaryDirectory() as tmp:
+                result = (psij_round(psij, args.jobs, Path(tmp)) if tool == "psij"
+                          else pack_round(mmm, args.jobs, Path(tmp)))
+            delete(result.pop("ids"))
+            result = {key: result[key] for key in ("submit_s", "points", "queued") if key in result}
+            rounds[tool].append(result)
+            print(f"run {run + 1} {tool}: {result['submit_s']:.2f} s {result}", flush=True)
+            time.sleep(2)
+    summary = {tool: {"submit_s": statistics.median(r["submit_s"] for r in rs),
+                      "runs": [round(r["submit_s"], 3) for r in rs]} for tool, rs in rounds.items()}
+    summary["ratio"] = summary["mmm-orch sweep --pack"]["submit_s"] / summary["psij"]["submit_s"]
+    out = ROOT / "benchmarks" / "results" / "pack_psij.json"
+    out.write_text(json.dumps({"jobs": args.jobs, "runs": args.runs, "psij": PSIJ_VERSION,
+                               "summary": summary, "rounds": rounds}, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
 def psij_round(psij: Path, count: int, work: Path) -> dict:
     proc = subprocess.run([str(psij / "python"), "-c", PSIJ, str(count), str(work / "psij")],
                           capture_output=True, text=True,
@@ -250,7 +302,7 @@ def psij_round(psij: Path, count: int, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", nargs="?", choices=["cli", "inprocess"], default="cli")
+    parser.add_argument("mode", nargs="?", choices=["cli", "inprocess", "pack"], default="cli")
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
@@ -258,8 +310,8 @@ def main() -> None:
     subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
                    check=True)
     psij = venv("psij", [f"psij-python=={PSIJ_VERSION}"])
-    if args.mode == "inprocess":
-        inprocess(args, mmm, psij)
+    if args.mode in ("inprocess", "pack"):
+        (inprocess if args.mode == "inprocess" else pack)(args, mmm, psij)
         return
     rounds = {"mmm-orch": [], "mmm-orch sweep": [], "psij": []}
     for run in range(args.runs):

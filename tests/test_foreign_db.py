@@ -42,6 +42,7 @@ OPENS = {
     "cancel": ["cancel", "1"],
     "sweep": ["sweep", "local", "dist_check", "-N", "1", "--dry-run"],
     "sweep (real)": ["sweep", "local", "dist_check", "-N", "1", "--no-env-check"],
+    "pack-run": ["pack-run", "1"],
     "report": ["report", "1"],
     "plot": ["plot", "1"],
     "diagnose": ["diagnose", "1"],

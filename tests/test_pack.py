@@ -79,6 +79,32 @@ def test_an_interrupted_run_stops_the_running_points(monkeypatch):
     assert sorted(stopped) == [1, 2]
 
 
+def _job(job_id: int, index: int, state: str, nodes: int = 1):
+    from mmm_orch.jobs.record import JobRecord
+    from mmm_orch.schedulers.states import JobState
+
+    return JobRecord(job_id, "slurm-local", "h", "", "slurm" if index == 0 else "local", {}, "w",
+                     "n", nodes, nodes, str(job_id), "", "", "", None, "", JobState(state), "",
+                     "", None, None, 0.0, None, None, 0.0, group_id=1, group_index=index)
+
+
+def test_a_pack_is_one_line_counting_its_points_waiting_and_never_started():
+    from mmm_orch.jobs.sweeps import summary
+
+    group = {"id": 1, "kind": "sweep", "spec": {"pack": {}, "points": [
+        {"nodes": 1}, {"nodes": 2}, {"nodes": 3}]}}
+    pending = summary(group, [_job(1, 0, "pending", 3)])
+    assert pending["state"].value == "pending" and pending["nodes"] == [1, 2, 3]
+    assert pending["note"] == "pack job 1 (pending): 3 waiting"
+    running = summary(group, [_job(1, 0, "running", 3), _job(2, 3, "completed", 3),
+                              _job(3, 2, "running", 2)])
+    assert running["state"].value == "running"
+    assert running["note"] == "pack job 1 (running): 1 completed, 1 running, 1 waiting"
+    ended = summary(group, [_job(1, 0, "failed", 3), _job(2, 3, "completed", 3)])
+    assert ended["state"].value == "not started"  # a point never ran: the least finished
+    assert ended["note"] == "pack job 1 (failed): 1 completed, 2 not started"
+
+
 def test_within_outside_an_allocation_and_a_point_larger_than_it_are_refused(cli, monkeypatch):
     for name in ("SLURM_JOB_ID", "PBS_JOBID"):
         monkeypatch.delenv(name, raising=False)

@@ -10,13 +10,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from conftest import TERMINAL, poll_row
 from mmm_orch.cli import main
 
 CANARY = "/tmp/mmm-orch-quoting-canary"
@@ -132,15 +132,12 @@ DIRECTIVE_NAMES = ["My State", "quote'single", 'quote"double', "percent %j %x %%
 
 
 def wait_terminal(job: int, db: Path, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The job's row once it ended; time queued behind other tests' jobs counts apart."""
+    def read_row() -> dict:
         proc = subprocess.run([sys.executable, "-m", "mmm_orch", "--db", str(db), "status",
                                str(job), "--json"], capture_output=True, text=True)
-        row = json.loads(proc.stdout)[0]
-        if row["state"] in ("completed", "failed", "cancelled", "timeout", "hung"):
-            return row
-        assert time.monotonic() < deadline, row
-        time.sleep(2)
+        return json.loads(proc.stdout)[0]
+    return poll_row(read_row, lambda row: row["state"] in TERMINAL, timeout, interval=2)
 
 
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])

@@ -233,27 +233,28 @@ def summary(group: dict, jobs: list[JobRecord]) -> dict[str, Any]:
     its points by state."""
     from mmm_orch.schedulers.states import JobState
 
-    packed = "pack" in group["spec"]
-    pack = next((job for job in jobs if packed and job.group_index == PACK_INDEX), None)
+    pack = next((job for job in jobs if "pack" in group["spec"]
+                 and job.group_index == PACK_INDEX), None)
     jobs = [job for job in jobs if job is not pack]
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job.state.value] = counts.get(job.state.value, 0) + 1
-    if pack is not None and (waiting := len(group["spec"].get("points") or ()) - len(jobs)) > 0:
+    states = set(counts)
+    nodes = sorted({job.nodes for job in jobs})
+    if pack is not None:
         # Points are recorded as they start; those the pack job ended before never will be.
-        later = JobState.NOT_STARTED.value if pack.terminal else "waiting"
-        counts[later] = waiting
-        if not pack.terminal:
-            counts[pack.state.value] = counts.get(pack.state.value, 0)
+        planned = [point for point in group["spec"].get("points") or ()
+                   if isinstance(point, dict) and type(point.get("nodes")) is int]
+        nodes = sorted({point["nodes"] for point in planned})
+        if (waiting := len(planned) - len(jobs)) > 0:
+            later = JobState.NOT_STARTED.value if pack.terminal else "waiting"
+            counts[later] = waiting
+            states.add(later if pack.terminal else pack.state.value)
     order = [JobState.SUBMITTING, JobState.RUNNING, JobState.PENDING, JobState.UNKNOWN,
              JobState.FAILED, JobState.HUNG, JobState.TIMEOUT, JobState.CANCELLED,
-             JobState.NOT_STARTED,
-             JobState.COMPLETED]
-    state = next((s for s in order if s.value in counts), JobState.COMPLETED)
-    nodes = sorted({job.nodes for job in jobs} | {
-        point["nodes"] for point in group["spec"].get("points") or () if isinstance(point, dict)
-        and isinstance(point.get("nodes"), int)} if packed else {job.nodes for job in jobs})
-    counted = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if n)
+             JobState.NOT_STARTED, JobState.COMPLETED]
+    state = next((s for s in order if s.value in states), JobState.COMPLETED)
+    counted = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     note = (f"pack job {pack.id} ({pack.state.value}): {counted}" if pack is not None else
             f"{len(jobs)} points, nodes {','.join(map(str, nodes))}: {counted}")
     return {"state": state, "note": note, "nodes": nodes,

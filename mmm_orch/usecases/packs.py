@@ -130,48 +130,55 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
 
     opened = open_db(str(db_path(db)))
     group, ran = sweeps.sweep_jobs(opened, old.group_id)
-    spec = group["spec"]
     by_index = {record.group_index: record for record in ran}
     left = []
-    for index, (values, data) in enumerate(zip(sweeps.recorded_points(group),
-                                               spec["pack"]["plans"]), start=1):
-        record = by_index.get(index)
+    for point in _recorded(group):
+        record = by_index.get(point.index)
         if record is not None and record.state is JobState.COMPLETED:
             continue
-        planned = stored_plan(data, f"sweep {group['id']}'s point {index}")
+        planned = point.plan
         if record is not None and record.state is not JobState.NOT_STARTED and resume:
-            ran = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
+            earlier = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
             planned = resuming(planned.with_launch(args={
-                **planned.launch.args, "run_name": ran.launch.args.get("run_name")}))
-        left.append(sweeps.Point(len(left) + 1, values, planned))
+                **planned.launch.args, "run_name": earlier.launch.args.get("run_name")}))
+        left.append(sweeps.Point(len(left) + 1, point.values, planned))
     if not left:
         raise MmmError(f"rerun: every point of sweep {group['id']} completed; nothing is left "
                        "to run")
     job = dataclasses.replace(stored_plan(old.plan, f"job {old.id}'s recorded plan"),
                               submission=JobPlace(), chain=ChainLink())
     job = job.with_launch(workdir_given=True)
-    prepared = prepare_plan(job, spec["pack"].get("template"), None, env_check=True, db=db)
-    return submit_pack(Pack(spec["axes"], left, prepared), db, rerun_of=old.id)
+    prepared = prepare_plan(job, group["spec"]["pack"].get("template"), None, env_check=True,
+                            db=db)
+    return submit_pack(Pack(group["spec"]["axes"], left, prepared), db, rerun_of=old.id)
 
 
 def run_pack(sweep_id: int, db: str | None = None,
              said: Callable[[str], None] = lambda text: None) -> list[JobRecord]:
     """Inside the pack job: its sweep's recorded points run side by side on its nodes."""
-    from mmm_orch.jobs import sweeps
-    from mmm_orch.planning.store import stored_plan
     from mmm_orch.usecases import inside
 
     opened = open_db(str(db_path(db)))
     group = opened.group(sweep_id) if opened is not None else None
-    spec = group["spec"] if group is not None else {}
-    if not isinstance(spec.get("pack"), dict):
+    if group is None or not isinstance(group["spec"].get("pack"), dict):
         raise MmmError(f"sweep {sweep_id} is not a pack in {db_path(db)}")
+    return inside.run_points(_recorded(group), sweep_id, db, group["spec"]["pack"].get("template"),
+                             said)
+
+
+def _recorded(group: dict) -> list:
+    """A pack's points (jobs/sweeps.Point) with the plans recorded when it was submitted."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.planning.store import stored_plan
+
     values = sweeps.recorded_points(group)
-    plans = [stored_plan(data, f"sweep {sweep_id}'s point {index}")
-             for index, data in enumerate(spec["pack"]["plans"], start=1)]
-    points = [sweeps.Point(index, point, planned)
-              for index, (point, planned) in enumerate(zip(values, plans), start=1)]
-    return inside.run_points(points, sweep_id, db, spec["pack"].get("template"), said)
+    plans = group["spec"]["pack"].get("plans")
+    if not isinstance(plans, list) or len(plans) != len(values) or \
+            not all(isinstance(plan, dict) for plan in plans):
+        raise MmmError(f"sweep {group['id']}'s recorded plans are damaged (not one plan a point, "
+                       "as mmm-orch writes them): it was changed by hand")
+    return [sweeps.Point(index, point, stored_plan(plan, f"sweep {group['id']}'s point {index}"))
+            for index, (point, plan) in enumerate(zip(values, plans), start=1)]
 
 
 def review_lines(pack: Pack) -> list[str]:
