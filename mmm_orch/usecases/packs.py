@@ -52,7 +52,9 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
         if largest.nodes > pack_nodes:
             raise InvalidValue("--pack-nodes", pack_nodes, f"at least the {largest.nodes} nodes "
                                f"of sweep point {largest.index} ({largest.label})")
-    for point in points:  # a bad template is refused before the machine is contacted
+    # A template of the user's is tried on every point before the machine is contacted; the
+    # packaged ones on the first (as for one job): each point renders again where it runs.
+    for point in points if template is not None else points[:1]:
         render(point.plan, template)
     asked = _pack_request(shared, points, pack_nodes or largest.nodes, pack_walltime)
     try:
