@@ -129,6 +129,7 @@ def submit_chain(prepared, args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
+    from mmm_orch.jobs.record import PACK_INDEX
     from mmm_orch.usecases.reruns import rerun
 
     old = common.job(common.jobs_db(args), args.job)
@@ -140,8 +141,6 @@ def cmd_rerun(args: argparse.Namespace) -> int:
           + (", resuming from its run's checkpoint" if args.resume else "")
           + f", {record.scheduler} id {record.native_id}")
     print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
-    from mmm_orch.jobs.record import PACK_INDEX
-
     if record.group_id is not None and record.group_index == PACK_INDEX:
         print(f"its points: mmm-orch status --sweep {record.group_id}")
     return 0

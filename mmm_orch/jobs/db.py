@@ -288,7 +288,7 @@ class JobDB(BadNodes, Groups):
         from mmm_orch.planning.cost import ended_charge
 
         plan = self.conn.execute("SELECT plan FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        return (*ended_charge(plan, row["scheduler"], row["nodes"] + row["spares"], status.nodes,
+        return (*ended_charge(plan, row["nodes"] + row["spares"], status.nodes,
                               status.elapsed, started, ended), job_id)
 
     # -- reads -------------------------------------------------------------------------------

@@ -368,14 +368,14 @@ def _price_earlier_jobs(conn: sqlite3.Connection) -> None:
     from mmm_orch.schedulers.states import TERMINAL
 
     ended = {state.value for state in TERMINAL}
-    rows = conn.execute("SELECT id, plan, scheduler, state, nodes, spares, started_at, ended_at "
+    rows = conn.execute("SELECT id, plan, state, nodes, spares, started_at, ended_at "
                         "FROM jobs").fetchall()
-    for job_id, plan, scheduler, state, nodes, spares, started, finished in rows:
+    for job_id, plan, state, nodes, spares, started, finished in rows:
         try:
             account = section(json.loads(plan), "queue").get("account") or ""
         except (ValueError, AttributeError):
             account = ""
-        charged = (ended_charge(plan, scheduler, nodes + (spares or 0), None, None, started,
+        charged = (ended_charge(plan, nodes + (spares or 0), None, None, started,
                                 finished or started or 0) if state in ended else (None, None, None))
         conn.execute("UPDATE jobs SET account = ?, charged_nodes = ?, charged_seconds = ?, "
                      "charge = ? WHERE id = ?", (str(account), *charged, job_id))

@@ -9,7 +9,7 @@ the next. The facilities' recipe: one background launch per node subset, then `w
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from mmm_orch.jobs.record import JobRecord
 
@@ -27,6 +27,13 @@ class Sized(Protocol):
 def order(points: Sequence[Sized]) -> list[Sized]:
     """The order points are offered nodes in: the largest first, then as listed."""
     return sorted(points, key=lambda point: (-point.nodes, point.index))
+
+
+def walltime_for(points: Sequence[Any], nodes: int) -> int:
+    """Seconds that run every point (jobs/sweeps.Point) on `nodes` nodes: the waves they take at
+    most (their nodes over the allocation's), each as long as the longest point's walltime."""
+    waves = -(-sum(point.nodes for point in points) // nodes)
+    return max(point.plan.queue.walltime for point in points) * waves
 
 
 def next_fit(waiting: list[Sized], free: list[str]) -> tuple[Sized, tuple[str, ...]] | None:

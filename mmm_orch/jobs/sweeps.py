@@ -163,7 +163,7 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
 def new_sweep(db: JobDB, swept: dict[str, list[str]], planned: list[Point], remote: str = "",
               within: str = "", pack: dict[str, Any] | None = None) -> int:
     """The sweep's group: its axes and points (`within`: the allocation they run in together;
-    `pack`: the pack job's nodes, template and the points' plans, which it runs)."""
+    `pack`: the template and the points' plans, which its job runs)."""
     first = planned[0].plan
     return db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
                                   "axes": swept, "points": [p.values for p in planned],

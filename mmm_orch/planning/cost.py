@@ -37,7 +37,7 @@ def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, 
                     budget=budget)
 
 
-def ended_charge(plan_json: str, scheduler: str, asked_nodes: int, nodes: int | None,
+def ended_charge(plan_json: str, asked_nodes: int, nodes: int | None,
                  elapsed: float | None, started: float | None, ended: float
                  ) -> tuple[int, float, float]:
     """(nodes, seconds, charge) of a job that ended: the nodes and time its scheduler accounted

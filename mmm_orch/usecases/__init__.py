@@ -218,12 +218,12 @@ def _in_one_allocation(shared: Request, swept: dict[str, list[str]]) -> str:
     allocation asks for, and the command that gets it."""
     from mmm_orch.jobs import sweeps
     from mmm_orch.jobs.launch import allocation_hint
+    from mmm_orch.jobs.pack import walltime_for
     from mmm_orch.walltime import format_walltime
 
     points = sweeps.points(shared, swept, new_jobs=False)
     nodes = max(point.nodes for point in points)
-    waves = -(-sum(point.nodes for point in points) // nodes)
-    walltime = format_walltime(max(point.plan.queue.walltime for point in points) * waves)
+    walltime = format_walltime(walltime_for(points, nodes))
     what = (f"or run the {len(points)} points side by side in one job of {nodes} node"
             f"{'s' if nodes > 1 else ''} for {walltime}")
     try:

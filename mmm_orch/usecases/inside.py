@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import time
 from typing import Callable
 
 from mmm_orch.errors import InvalidValue, MmmError, SchedulerError
@@ -123,8 +124,9 @@ def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str |
     from mmm_orch.jobs.submit import check_job_python
     from mmm_orch.schedulers.allocation import current
 
-    machine = inside.which_machine(request.machine, current(), socket.gethostname())
-    if current() is None:
+    allocation = current()
+    machine = inside.which_machine(request.machine, allocation, socket.gethostname())
+    if allocation is None:
         raise MmmError(f"--within: not inside an allocation on {machine}: get one (salloc, "
                        "qsub -I) and run the sweep in it, or submit it as jobs (without --within)")
     request = dataclasses.replace(request, machine=machine, avoid_nodes=bad_nodes(db, machine))
@@ -234,8 +236,6 @@ MIN_POINT_RUN_S = 60
 
 
 def _time_left(ends_at: float) -> int:
-    import time
-
     return int(ends_at - time.time()) - END_SLACK_S
 
 

@@ -10,7 +10,6 @@ launcher, which reads the recorded plans and runs them. What was reviewed is wha
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Callable
 
 from mmm_orch.errors import InvalidValue, MmmError
@@ -73,11 +72,11 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
 def _pack_request(shared: Request, points: list, nodes: int, walltime: str | None) -> Request:
     """The pack job: `nodes` nodes for `walltime`, by default for the waves its points run in
     at most (each wave as long as its longest point)."""
+    from mmm_orch.jobs.pack import walltime_for
     from mmm_orch.walltime import format_walltime
 
-    waves = -(-sum(point.nodes for point in points) // nodes)
     walltime = walltime or format_walltime(
-        max(point.plan.queue.walltime for point in points) * waves)
+        walltime_for(points, nodes))
     return dataclasses.replace(shared, workload="command", command=("true",), sets=(),
                                nodes=nodes, spare_nodes=0, walltime=walltime,
                                name=shared.name or f"{points[0].plan.name}-pack")
@@ -108,8 +107,7 @@ def submit_pack(pack: Pack, db: str | None = None,
     opened = open_db(str(where), create=True)
     template = pack.job.template
     sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={
-        "nodes": pack.job.plan.layout.nodes, "template": template,
-        "plans": [json.loads(json.dumps(point.plan.to_dict())) for point in pack.points]})
+        "template": template, "plans": [point.plan.to_dict() for point in pack.points]})
     job = _runs_once(pack.job.plan, _program(pack.job.plan, db, str(sweep_id)))
     links = {"group_id": sweep_id, "group_index": PACK_INDEX,
              **({"rerun_of": rerun_of} if rerun_of is not None else {})}
