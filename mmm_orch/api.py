@@ -240,11 +240,12 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
           grid: Mapping[str, Sequence[Any]] | None = None, host: str | None = None,
           template: str | None = None, env_check: bool = True, db: str | None = None,
           pack: bool = False, pack_nodes: int | None = None, pack_walltime: str | None = None,
-          **options: Any) -> Sweep:
+          devices: Sequence[int] | None = None, **options: Any) -> Sweep:
     """Submit every point of `nodes` x `grid` (option -> values) as one sweep, all or none, as
     `mmm-orch sweep --nodes 1,2 --set lr=1e-3,3e-4` does; fixed `options` apply to every
     point. `pack`: one job runs them all side by side (`sweep --pack`, `--pack-nodes`,
-    `--pack-walltime`)."""
+    `--pack-walltime`); `devices`: with `pack`, points on that many devices of one node each,
+    besides those of `nodes` (`--devices`)."""
     from mmm_orch import usecases
 
     fixed = _plan_options(machine, workload, options)
@@ -257,6 +258,16 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
         if not counts:
             raise InvalidValue("nodes", nodes, "a non-empty list of node counts, e.g. [1, 2, 4]")
         swept_nodes = ",".join(map(str, counts))
+    swept_devices = None
+    if devices is not None:
+        counts = [whole_of("devices", n, 1) for n in items_of("devices", devices, "device counts",
+                                                               "[1, 2]")]
+        if not counts:
+            raise InvalidValue("devices", devices, "a non-empty list of device counts, e.g. [1, 2]")
+        if not flag_of("pack", pack):
+            raise InvalidValue("devices", devices, "only with pack=True (runs side by side on one "
+                               "node's devices; a job of its own holds whole nodes)")
+        swept_devices = ",".join(map(str, counts))
     grid = {} if grid is None else {
         key: [_setting(f"grid {key}", v) for v in items_of(f"grid {key}", values, "values",
                                                              "[1e-3, 3e-4]")]
@@ -280,7 +291,8 @@ def sweep(machine: str, workload: str | None = None, *, nodes: Sequence[int] | N
         pack_walltime = None if pack_walltime is None else _word(pack_walltime)
         with lock:
             packed = packs.pack_points(fixed.request(swept=True), swept_nodes, axes, pack_nodes,
-                                       pack_walltime, db, template, host, env_check)
+                                       pack_walltime, db, template, host, env_check,
+                                       devices=swept_devices)
             _typed(packed.points[0].plan.workload, "options", fixed_values)
             _typed(packed.points[0].plan.workload, "grid", grid)
             sweep_id, record = packs.submit_pack(packed, db)

@@ -66,7 +66,9 @@ SlurmdPidFile=/run/slurmd-%n.pid
 SlurmdSpoolDir=/var/spool/slurmd-%n
 SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# task/affinity: srun binds each task to its CPUs (--cpu-bind, --exact), as on the facilities;
+# the packing tests check that runs side by side on one node hold CPUs of their own.
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none

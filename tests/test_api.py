@@ -264,11 +264,15 @@ def test_the_example_scaling_study_runs(request, isolated, machine, nodes):
 
 @pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 def test_a_packed_sweep_runs_in_one_job_and_is_reported_point_by_point(isolated):
-    study = mmm_orch.sweep("slurm-local", "dist_check", nodes=[1, 2], pack=True)
+    study = mmm_orch.sweep("slurm-local", "dist_check", nodes=[1, 2], devices=[1], pack=True)
     assert study.jobs == [] and study.pack.record.nodes == 2  # points are recorded as they start
+    assert study.points[2] == {"nodes": 1, "devices": "1"}
     assert study.pack.wait(timeout=600, poll=0.5).state == "completed", study.pack.logs()
     rows = mmm_orch.report(study)
-    assert [(r["nodes"], r["state"]) for r in rows] == [(1, "completed"), (2, "completed")]
+    assert [(r["nodes"], r["state"]) for r in rows] == [(1, "completed"), (2, "completed"),
+                                                       (1, "completed")]
     assert all(r["busbw_gbps"] is not None for r in rows)
     with pytest.raises(mmm_orch.InvalidValue, match="pack_nodes 2 is invalid: only with pack=True"):
         mmm_orch.sweep("slurm-local", "dist_check", nodes=[1, 2], pack_nodes=2)
+    with pytest.raises(mmm_orch.InvalidValue, match="devices .* is invalid: only with pack=True"):
+        mmm_orch.sweep("slurm-local", "dist_check", devices=[1])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script,
-                      wait_state, write_spec)
+                      wait_state, write_probe, write_spec)
 from mmm_orch.jobs import pack
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
@@ -31,6 +32,7 @@ POINT = ("import os, socket, sys, time; n = os.environ.get('SLURM_NNODES') or "
 class FakePoint:
     index: int
     nodes: int
+    devices: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,8 @@ def test_points_take_free_nodes_largest_first_and_smaller_ones_backfill(monkeypa
     points = [FakePoint(1, 1), FakePoint(2, 3), FakePoint(3, 2), FakePoint(4, 1)]
     started, busy, log = [], {}, []
 
-    def start(point, on):
+    def start(point, slot):
+        on = slot.nodes
         assert not set(on) & {n for held in busy.values() for n in held}, "a node given twice"
         record = FakeRecord(len(started) + 1, point, on)
         started.append(record)
@@ -65,6 +68,21 @@ def test_points_take_free_nodes_largest_first_and_smaller_ones_backfill(monkeypa
     assert ("start", 1, ("c",)) == log[3]  # the 1-node point beside the 2-node one
 
 
+def test_points_on_some_devices_fill_a_shared_node_first_and_leave_whole_nodes_whole():
+    room = pack.Room(["a", "b"], per_node=4)
+    assert room.take(FakePoint(1, 1, devices=2)) == pack.Slot(("a",), (0, 1))
+    assert room.take(FakePoint(2, 1, devices=1)) == pack.Slot(("a",), (2,))  # beside it
+    assert room.take(FakePoint(3, 1)) == pack.Slot(("b",))  # the whole node left
+    assert room.take(FakePoint(4, 1, devices=2)) is None  # one device free on a
+    assert room.take(FakePoint(5, 1, devices=1)) == pack.Slot(("a",), (3,))
+    room.give_back(pack.Slot(("a",), (0, 1)))
+    assert room.take(FakePoint(6, 1)) is None  # a is still shared
+    assert room.take(FakePoint(7, 1, devices=2)) == pack.Slot(("a",), (0, 1))
+    # the largest first, in devices: 1 node is 4 of them
+    order = pack.order([FakePoint(1, 1, 1), FakePoint(2, 1), FakePoint(3, 1, 2)], per_node=4)
+    assert [p.index for p in order] == [2, 3, 1]
+
+
 def test_an_interrupted_run_stops_the_running_points(monkeypatch):
     monkeypatch.setattr(pack, "POLL_S", 0)
     stopped = []
@@ -74,7 +92,7 @@ def test_an_interrupted_run_stops_the_running_points(monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         pack.run([FakePoint(1, 1), FakePoint(2, 1)], ["a", "b"],
-                 lambda point, on: FakeRecord(point.index, point, on), ended,
+                 lambda point, slot: FakeRecord(point.index, point, slot.nodes), ended,
                  lambda running: stopped.extend(r.id for r in running))
     assert sorted(stopped) == [1, 2]
 
@@ -206,35 +224,90 @@ def test_inside_an_interactive_qsub_the_sweep_runs_its_points(cli, isolated):
 # -- sweep --pack: one batch job runs the points ---------------------------------------------
 
 
+# Each rank of a point says its tag, its ranks, the device mask and the CPUs it was given; the
+# 4-rank point (2 nodes) of tag x exits 1, the 1-rank point (one device) of tag y hangs.
+PROBE = """import os, sys, time
+tag = sys.argv[sys.argv.index("--tag") + 1]
+ranks = int(os.environ.get("SLURM_NTASKS") or os.environ["PMI_SIZE"])
+print(f"probe tag={tag} ranks={ranks} mask={os.environ.get('CUDA_VISIBLE_DEVICES', '-')} "
+      f"cpus={','.join(map(str, sorted(os.sched_getaffinity(0))))}", flush=True)
+time.sleep(600 if (ranks, tag) == (1, "y") else 4)
+sys.exit(1 if (ranks, tag) == (4, "x") else 0)
+"""
+PLACED = re.compile(r"point (\d+) \(.*\): job (\d+) on (\S+)(?: devices (\S+))?$")
+
+
+def _probes(text: str) -> list[dict[str, str]]:
+    return [dict(word.split("=", 1) for word in line.split()[-4:])
+            for line in text.splitlines() if "probe tag=" in line]
+
+
 @pytest.mark.parametrize("machine", ["slurm-local", "pbs-local"])
-def test_a_pack_job_runs_its_points_side_by_side_and_a_failing_one_ends_alone(
+def test_six_points_of_nodes_and_devices_share_a_pack_and_a_failing_and_a_hung_one_end_alone(
         cli, isolated, machine, request):
+    """Points of 2 nodes, 1 node and 1 device (x 2 tags) in one 3-node job: no two that run at
+    the same time share a node, or on a shared node a device or a CPU; the failing and the hung
+    point end alone, the other four complete; each is charged its share and reported."""
     request.getfixturevalue("slurm_cluster" if machine == "slurm-local" else "pbs_server")
     request.getfixturevalue("leftovers_cancelled")
-    result = cli("sweep", machine, "--nodes", "1,2,3", "--pack", "-t", "00:03:00", "--json", "--",
-                 sys.executable, "-c", POINT)
+    write_probe(isolated, "probe", PROBE, "  tag: {type: str}\n",
+                'watchdog: {progress: output, first_step_timeout: "00:00:30", '
+                'step_timeout: "00:00:30"}\n')
+    result = cli("sweep", machine, "probe", "--nodes", "2,1", "--devices", "1", "--set",
+                 "tag=x,y", "--pack", "--pack-nodes", "3", "-t", "00:02:00", "--json")
     assert result.code == 0, result.err
     pack_job = json.loads(result.out)
     assert pack_job["nodes"] == 3 and pack_job["scheduler"] == machine.split("-")[0]
-    # two waves of 3-minute points: the 3-node one, then the 1- and 2-node ones side by side
+    # 14 devices of points on 6: three waves of 2-minute points
     assert "walltime=00:06:00" in Path(pack_job["script_path"]).read_text().replace(" -t ",
                                                                                       " walltime=")
     ended = wait_state(cli, pack_job["id"], timeout=600)
-    assert ended["state"] == "failed" and ended["exit_code"] == 1, ended  # one point failed
-    rows = _check_points(cli, {1: ("completed", 0), 2: ("failed", 1), 3: ("completed", 0)})
-    by_nodes = {r["nodes"]: r for r in rows}
-    assert by_nodes[3]["ended_at"] <= min(by_nodes[1]["started_at"], by_nodes[2]["started_at"]) + 1
-    assert abs(by_nodes[1]["started_at"] - by_nodes[2]["started_at"]) < 5  # side by side
-    assert cli("status", "--sweep", "1").out.count("\n") == 5  # the header, the pack job, 3 points
-    # Each point is charged its share (its nodes for the time it ran); usage counts the pack's
-    # job, which the scheduler charged, and not its points again.
-    assert all(r["charged_nodes"] == r["nodes"] and r["charge"] > 0 for r in rows), rows
+    assert ended["state"] == "failed" and ended["exit_code"] == 1, ended  # points did not complete
+    rows = {r["group_index"]: r for r in json.loads(cli("status", "--sweep", "1", "--json").out)
+            if r["group_index"]}
+    # points: 1 nodes=2 x, 2 nodes=2 y, 3 nodes=1 x, 4 nodes=1 y, 5 devices=1 x, 6 devices=1 y
+    assert {i: (r["state"], r["exit_code"]) for i, r in rows.items()} == {
+        1: ("failed", 1), 2: ("completed", 0), 3: ("completed", 0), 4: ("completed", 0),
+        5: ("completed", 0), 6: ("hung", 124)}, rows
+    placed = {int(m[1]): (m[3].split(","), m[4]) for m in map(
+        PLACED.search, cli("logs", str(pack_job["id"])).out.splitlines()) if m}
+    assert sorted(placed) == [1, 2, 3, 4, 5, 6], placed
+    given = {}
+    for index, row in rows.items():
+        probes = _probes(cli("logs", str(row["id"])).out)
+        assert len(probes) == {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1}[index], probes
+        given[index] = ({p["mask"] for p in probes}, {c for p in probes for c in p["cpus"].split(",")})
+    for index in (5, 6):  # one device each: its mask, and the CPU next to it
+        nodes, devices = placed[index]
+        assert len(nodes) == 1 and given[index][0] == {devices} and len(given[index][1]) == 1
+    shared = 0
+    for a in rows:
+        for b in rows:
+            if a >= b or rows[a]["ended_at"] <= rows[b]["started_at"] or \
+                    rows[b]["ended_at"] <= rows[a]["started_at"]:
+                continue  # not at the same time
+            common = set(placed[a][0]) & set(placed[b][0])
+            if common:  # only points on some devices share a node, never a device or a CPU
+                assert placed[a][1] and placed[b][1], (a, b, placed)
+                assert not given[a][0] & given[b][0] and not given[a][1] & given[b][1], given
+                shared += 1
+    assert shared, (placed, rows)  # the two one-device points ran side by side on one node
+    # Each point is charged its share: its nodes, or half a node for one of its two devices.
+    for index, row in rows.items():
+        share = 0.5 if index >= 5 else row["nodes"]
+        held = row["ended_at"] - row["started_at"]
+        assert row["charge"] == pytest.approx(share * held / 3600, rel=0.05), (index, row)
+    # `usage` counts the pack's job, which the scheduler charged, and not its points again.
     pack_row = next(r for r in json.loads(cli("status", "--sweep", "1", "--json").out)
                     if r["group_index"] == 0)
     used = json.loads(cli("usage", "--json").out)
     assert [(u["jobs"], u["charged"]) for u in used] == [(1, pytest.approx(pack_row["charge"]))]
+    report = cli("report", "s1", "--out", str(isolated / "report"))
+    assert report.code == 0, report.err
+    html = (isolated / "report" / "report.html").read_text()
+    assert all(f">{row['id']}<" in html for row in rows.values()), html[-2000:]
     line = next(line for line in cli("status").out.splitlines() if line.startswith("s1"))
-    assert f"pack job {pack_job['id']} (failed): 2 completed, 1 failed" in line, line
+    assert f"pack job {pack_job['id']} (failed): 4 completed, 1 failed, 1 hung" in line, line
 
 
 def test_a_bad_pack_is_refused_before_anything_is_written(cli, isolated):
@@ -251,6 +324,13 @@ def test_a_bad_pack_is_refused_before_anything_is_written(cli, isolated):
     assert result.code == 2 and "give --pack-walltime" in result.err, result.err
     result = cli("sweep", "slurm-local", "--nodes", "1,2", "--pack", "--chain", "2", "--", "true")
     assert result.code == 2
+    for machine, argv, words in [
+        ("slurm-local", ["--pack"], "--devices 3 is invalid: 1 to the 2 devices of a slurm-local node"),
+        ("local", ["--pack"], "--devices 3 is invalid: a machine whose profile says how runs share"),
+        ("pbs-local", [], "--devices '3' is invalid: only with --pack or --within"),
+    ]:
+        result = cli("sweep", machine, "--devices", "3", *argv, "--", "true")
+        assert result.code == 2 and words in result.err, result.err
     assert_nothing_recorded()
 
 

@@ -45,6 +45,10 @@ def register(sub) -> None:
                    help="submit one job whose allocation runs the points side by side as its "
                         "nodes free up, each still recorded as a job (see \"Many runs in one "
                         "allocation\")")
+    p.add_argument("--devices", metavar="D[,D...]",
+                   help="with --pack or --within: points on D devices (GPUs, tiles, GCDs) of one "
+                        "node each, side by side with others on the rest; beside --nodes, more "
+                        "points")
     p.add_argument("--pack-nodes", type=int, metavar="N",
                    help="with --pack: the pack job's nodes (default: the largest point's)")
     p.add_argument("--pack-walltime", metavar="HH:MM:SS",
@@ -82,7 +86,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
                                            args.sets, args.db, args.template, args.host,
-                                           review=args.dry_run)
+                                           review=args.dry_run, devices=args.devices,
+                                           within=args.within)
     if args.dry_run:
         print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
               f"{len(planned)} points (nothing submitted)")
@@ -125,7 +130,8 @@ def _pack(args: argparse.Namespace) -> int:
                            "points, --within runs them in the allocation this runs in")
     pack = packs.pack_points(common.request(args, nodes=None, sets=()), args.nodes, args.sets,
                              args.pack_nodes, args.pack_walltime, args.db, args.template, args.host,
-                             env_check=not args.no_env_check, review=args.dry_run)
+                             env_check=not args.no_env_check, review=args.dry_run,
+                             devices=args.devices)
     if args.dry_run:
         common.print_script(render(pack.job.plan, args.template))
         print("\n".join(packs.review_lines(pack)))
@@ -193,7 +199,7 @@ def _within(args: argparse.Namespace) -> int:
     try:
         sweep, records = inside.sweep_within(
             common.request(args, nodes=None, sets=()), args.nodes, args.sets, args.db,
-            args.template, env_check=not args.no_env_check, said=said)
+            args.template, env_check=not args.no_env_check, said=said, devices=args.devices)
     except KeyboardInterrupt:
         said("stopped: the running points were cancelled")
         return 130

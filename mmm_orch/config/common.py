@@ -153,6 +153,9 @@ def check_placeholders(text: str, placeholders=PLACEHOLDERS) -> str:
 
 Templated = Annotated[str, Check(after=check_placeholders)]
 # A node's address from its name in the job's node list (filled inside the job, by failover).
+# A launcher argument for a run on some devices of a node: {cpus} too (config/machine.DeviceSlots).
+SlotTemplated = Annotated[str, Check(after=lambda text: check_placeholders(
+    text, (*PLACEHOLDERS, "cpus")))]
 NodeTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("node", "short")))]
 # A word of a balance tool's command: {account} is the project asked about.
 AccountTemplated = Annotated[str, Check(after=lambda text: check_placeholders(text, ("account",)))]

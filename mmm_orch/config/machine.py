@@ -15,6 +15,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 from dataclasses import field
 from typing import Annotated, Literal
 
+import annotated_types as at
+
 from mmm_orch.config.common import (
     Check,
     EnvName,
@@ -26,8 +28,10 @@ from mmm_orch.config.common import (
     PositiveInt,
     PositiveNumber,
     ShellValue,
+    SlotTemplated,
     Templated,
     Walltime,
+    check_placeholders,
     config,
 )
 from mmm_orch.config.charging import Charging, check_factor
@@ -130,7 +134,54 @@ class Launcher:
     # What the launch gets to save a checkpoint and stop before the walltime: srun forwards
     # USR1 to every task (TERM makes it kill them), torchrun forwards TERM (USR1 kills it).
     stop_signal: Literal["USR1", "USR2", "TERM", "INT"] = "USR1"
+    # Seconds between two launches started side by side in one allocation (`sweep --pack`):
+    # some facilities ask for a pause between background launches (OLCF: `sleep 1` between srun).
+    start_gap: Annotated[float, at.Ge(0), at.Le(60)] = 0
     source: str = ""
+
+
+# A device's name in a mask, or the CPUs next to it in the launcher's words: "0.1", "24-31".
+DeviceWord = Annotated[str, Check(after=lambda text: _device_word(text))]
+
+
+def _device_word(text: str) -> str:
+    if not re.fullmatch(r"[0-9][0-9.,\-]{0,63}", text):
+        raise ValueError(f"{text!r}: digits with '.', ',' or '-' (a device or CPU list)")
+    return text
+
+
+def _slot_placeholders(text: str) -> str:
+    return check_placeholders(text, ("ids", "first"))
+
+
+@config
+class DeviceSlots:
+    """Runs side by side on one node (`sweep --pack --devices D`), each on D of its devices: what
+    each device is called in a mask, the CPUs next to it, and the launch and the variables each
+    run gets. Machine data, with sources: the facilities' own recipes for many runs on a node."""
+
+    # Every device of a node, as the mask names it, in the order runs take them.
+    ids: Annotated[list[DeviceWord], at.MinLen(1)]
+    # The launcher's arguments for a run on some devices of one node, in place of launcher.args:
+    # {cpus} are the CPUs of its devices (`cpus`, one entry a rank, joined by `cpus_joined_by`).
+    launcher_args: list[SlotTemplated]
+    # The CPUs next to each device, in the launcher's words ([] where the launcher picks them).
+    cpus: list[DeviceWord] = field(default_factory=list)
+    cpus_joined_by: Literal[":", ","] = ":"
+    # Exported for each run: {ids} are its devices' ids joined by ',', {first} the position of
+    # its first device on the node (a per-launch counter that concurrent launches need apart).
+    set: dict[EnvName, Annotated[ShellValue, Check(after=_slot_placeholders)]] = field(
+        default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError("ids repeat: each device of a node once")
+        if self.cpus and len(self.cpus) != len(self.ids):
+            raise ValueError(f"cpus lists {len(self.cpus)} entries for {len(self.ids)} devices "
+                             "(one each, or none where the launcher picks)")
+        if not self.cpus and any("{cpus}" in arg for arg in self.launcher_args):
+            raise ValueError("launcher_args name {cpus} but no cpus are listed")
 
 
 @config
@@ -142,6 +193,7 @@ class Devices:
     visible_env: str = "CUDA_VISIBLE_DEVICES"
     # Each rank sees only its own device (srun --gpus-per-task=1): index 0 for every rank.
     one_per_rank: Flag = False
+    slots: DeviceSlots | None = None
     source: str = ""
 
     def index_for(self, local_rank: int, gpus_per_node: int) -> int:

@@ -37,28 +37,42 @@ class Point:
         return self.plan.layout.nodes + self.plan.placement.spare_nodes
 
     @property
+    def devices(self) -> int:
+        """The devices of one node the point holds; 0: whole nodes."""
+        share = self.plan.devices.share
+        return len(share.held) if share else 0
+
+    @property
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.values.items())
 
 
-def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
-    """The swept values: `--nodes 1,2,4` and each `--set KEY=V1,V2` (a single value is a fixed
-    option, an axis of one). Empty lists and repeated values are refused."""
+# The sweep's own axes, not trainer options: a point's size, in whole nodes or in devices of
+# one node (runs packed side by side); both given, the points take each size of either.
+SIZES = ("nodes", "devices")
+
+
+def axes(nodes: str | None, sets: list[str], devices: str | None = None) -> dict[str, list[str]]:
+    """The swept values: `--nodes 1,2,4`, `--devices 1,2` and each `--set KEY=V1,V2` (a single
+    value is a fixed option, an axis of one). Empty lists and repeated values are refused."""
     found: dict[str, list[str]] = {}
     if nodes is not None:
         found["nodes"] = _node_counts("--nodes", _values("--nodes", nodes))
+    if devices is not None:
+        found["devices"] = _node_counts("--devices", _values("--devices", devices))
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise MmmError(f"--set {item!r} is invalid: give KEY=V1,V2,...")
-        if key in found:
-            raise MmmError(f"--set {key}: given twice; list all its values in one --set")
+        if key in found or key == "devices":
+            raise MmmError(f"--set {key}: given twice; list all its values in one --set"
+                           if key in found else "--set devices: give --devices D1,D2,...")
         found[key] = _values(f"--set {key}", text, allow_empty_value=True)
         if key == "nodes":  # a sweep's own axis, as --nodes is, not a trainer option
             _node_counts("--set nodes", found[key])
-    count = 1
-    for values in found.values():
-        count *= len(values)
+    count = max(1, sum(len(found.get(size, ())) for size in SIZES))
+    for key, values in found.items():
+        count *= 1 if key in SIZES else len(values)
     if count > MAX_POINTS:
         sizes = " x ".join(f"{len(v)} {k}" for k, v in found.items())
         raise MmmError(f"sweep: {sizes} is {count} points, more than {MAX_POINTS}; split it into "
@@ -67,9 +81,10 @@ def axes(nodes: str | None, sets: list[str]) -> dict[str, list[str]]:
 
 
 def _node_counts(flag: str, values: list[str]) -> list[str]:
+    what = "device" if flag == "--devices" else "node"
     for value in values:
         if not _NODES.fullmatch(value) or int(value) < 1:
-            raise MmmError(f"{flag} {value[:40]!r} is invalid: node counts are whole numbers "
+            raise MmmError(f"{flag} {value[:40]!r} is invalid: {what} counts are whole numbers "
                            "1-9999999")
     return values
 
@@ -99,11 +114,11 @@ def _check_distinct(swept: dict[str, list[str]], workload: str) -> None:
         seen: dict[Any, str] = {}
         for value in values:
             try:
-                typed = int(value) if key == "nodes" else options[key].coerce(key, value)
+                typed = int(value) if key in SIZES else options[key].coerce(key, value)
             except (KeyError, ValueError):
                 continue  # planning the point says what is wrong with it
             if typed in seen:
-                flag = "--nodes" if key == "nodes" else f"--set {key}"
+                flag = f"--{key}" if key in SIZES else f"--set {key}"
                 raise MmmError(f"{flag}: {seen[typed]!r} and {value!r} are the same value "
                                f"({typed!r}); list each value once")
             seen[typed] = value
@@ -114,15 +129,18 @@ def points(request: Request, swept: dict[str, list[str]], new_jobs: bool = True)
     the sweep with an error naming it. Each point's queue counts the points before it against
     the queue's job limits (`new_jobs`: they are scheduler jobs, not runs in one allocation)."""
     _check_distinct(swept, request.workload)
-    keys = list(swept)
+    keys = [key for key in swept if key not in SIZES]
+    sizes = [{size: value} for size in SIZES for value in swept.get(size, ())] or [{}]
     out = []
     load = request.queue_load or NOTHING_YET
-    for index, combo in enumerate(itertools.product(*(swept[k] for k in keys)), start=1):
-        values = dict(zip(keys, combo))
-        sets = tuple(f"{k}={v}" for k, v in values.items() if k != "nodes")
+    for index, (size, *combo) in enumerate(
+            itertools.product(sizes, *(swept[k] for k in keys)), start=1):
+        values = {**size, **dict(zip(keys, combo))}
+        sets = tuple(f"{k}={v}" for k, v in values.items() if k not in SIZES)
         point_request = dataclasses.replace(
             request, sets=request.sets + sets, queue_load=load,
-            nodes=int(values["nodes"]) if "nodes" in values else request.nodes)
+            nodes=int(values["nodes"]) if "nodes" in values else request.nodes,
+            devices=int(values["devices"]) if "devices" in values else request.devices)
         try:
             plan = resolve(point_request)
         except MmmError as exc:

@@ -78,6 +78,8 @@ def check_script_text(machine: Machine, workload: Workload) -> None:
              (f"{where}: scheduler.queue_directive", machine.scheduler.queue_directive),
              (f"{where}: scheduler.exclude_directive", machine.scheduler.exclude_directive),
              (f"{where}: devices.source", machine.devices.source),
+             (f"{where}: devices.slots.source",
+              machine.devices.slots.source if machine.devices.slots else ""),
              (f"{where}: rendezvous.source", machine.rendezvous.source)]
     texts += [(f"{where}: directive", d) for d in machine.directives]
     texts += [(f"{where}: scheduler.failover_directives", d)

@@ -27,14 +27,14 @@ MAX_NODE_HOURS = 1e12
 
 
 def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, walltime: int,
-           budget: float | None) -> CostPlan:
+           budget: float | None, share: float = 1.0) -> CostPlan:
     rules = machine.charging
     factor = rules.factor * (queue.charge_factor if queue and queue.charge_factor is not None
                              else 1.0)
     return CostPlan(unit=rules.unit, nodes=nodes + spare_nodes if rules.whole_nodes else nodes,
                     spare_nodes=spare_nodes, walltime=walltime, factor=factor,
                     charged_for=rules.charged_for, minimum=rules.minimum or 0, source=rules.source,
-                    budget=budget)
+                    budget=budget, share=share)
 
 
 def ended_charge(plan_json: str, asked_nodes: int, nodes: int | None,
@@ -72,7 +72,7 @@ def most_of(plan: Any, otherwise: float) -> float:
 # The numbers of a recorded plan's rules: (least, most, whole).
 _RULES = {"nodes": (0, MAX_INT, True), "spare_nodes": (0, MAX_INT, True),
           "walltime": (0, MAX_INT, True), "minimum": (0, MAX_INT, True),
-          "factor": (0, sys.float_info.max, False)}
+          "factor": (0, sys.float_info.max, False), "share": (0, 1, False)}
 
 
 def recorded_rules(plan: Any) -> CostPlan | None:
@@ -82,7 +82,8 @@ def recorded_rules(plan: Any) -> CostPlan | None:
     try:
         rules = plan["cost"]
         numbers = {name: bounded(name, rules[name], least, most, "", whole)
-                   for name, (least, most, whole) in _RULES.items()}
+                   for name, (least, most, whole) in _RULES.items()
+                   if name in rules or name != "share"}  # (recorded before points shared nodes)
         if rules["charged_for"] not in ("elapsed", "walltime"):
             return None
         return CostPlan(unit=str(rules["unit"]), charged_for=rules["charged_for"], **numbers)

@@ -17,7 +17,11 @@ from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
 
 def env_groups(machine: Machine, workload: Workload, request: Request, nodes: int,
                 override_presets: list[str], override_no_presets: list[str],
-                device_env: list[EnvEntry], workload_env: dict[str, str]) -> list[EnvGroup]:
+                device_env: list[EnvEntry], workload_env: dict[str, str],
+                share: EnvGroup | None = None) -> list[EnvGroup]:
+    """The variables in groups, in the order the script sets them: the presets, the device and
+    rendezvous variables (`share`: a run's own devices of a node, after them), the workload's,
+    the user's --env."""
     for name in (*request.presets, *request.no_presets, *override_presets, *override_no_presets):
         if machine.preset(name) is None:
             raise unknown_name(f"preset on {machine.name}", name, [p.name for p in machine.presets])
@@ -47,6 +51,8 @@ def env_groups(machine: Machine, workload: Workload, request: Request, nodes: in
     groups.append(EnvGroup(name="device and rendezvous", description="read by mmm_orch.runtime",
                            source=machine.devices.source or machine.rendezvous.source,
                            set=tuple(device_env)))
+    if share is not None:
+        groups.append(share)
     if workload_env:
         groups.append(EnvGroup(
             name=f"workload {workload.name}",

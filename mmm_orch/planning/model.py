@@ -46,6 +46,7 @@ class Request:
     # queue selection keeps to the facility's job-count limits with them; None: not counted.
     queue_load: QueueLoad | None = field(default=None, hash=False, compare=False)
     jobs: int = 1  # the jobs this request puts in its queue at once (a chain: its links)
+    devices: int | None = None  # a run on this many devices of one node, beside other runs
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,35 @@ class QueuePlan:
         return format_walltime(self.walltime)
 
 
+# The environment group of a run's own devices (DeviceShare.env), replaced where it is placed.
+SHARE_GROUP = "devices of this run"
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """Some devices of one node, other runs on the rest (`sweep --pack --devices D`): the node's
+    devices as the profile's devices.slots names them, which of them this run holds, and the
+    launcher line and variables that give it those (the profile's, still to be filled)."""
+
+    held: tuple[int, ...]  # positions on the node of the devices this run holds
+    ids: tuple[str, ...]  # every device of the node, as a mask names it
+    cpus: tuple[str, ...]  # the CPUs next to each device (none: the launcher picks)
+    cpus_joined_by: str
+    launcher: tuple[str, ...]  # {cpus} still to fill
+    set: tuple[tuple[str, str], ...]  # (name, value) with {ids} and {first} still to fill
+
+    @property
+    def launcher_words(self) -> tuple[str, ...]:
+        cpus = self.cpus_joined_by.join(self.cpus[i] for i in self.held) if self.cpus else ""
+        return tuple(word.replace("{cpus}", shlex.quote(cpus)) for word in self.launcher)
+
+    @property
+    def env(self) -> tuple[EnvEntry, ...]:
+        ids = ",".join(self.ids[i] for i in self.held)
+        return tuple(EnvEntry(name=name, value=value.replace("{ids}", ids).replace(
+            "{first}", str(self.held[0]))) for name, value in self.set)
+
+
 @dataclass(frozen=True)
 class Devices:
     kind: str  # the profile's device: cuda, rocm, xpu, cpu
@@ -85,6 +115,7 @@ class Devices:
     backend: str
     index: tuple[int, ...]  # set_device index per local rank
     physical: tuple[int | None, ...]  # the physical device per local rank (visible devices reordered)
+    share: DeviceShare | None = None  # some devices of one node, beside other runs
 
 
 @dataclass(frozen=True)
@@ -147,6 +178,7 @@ class Launch:
     workdir_given: bool  # False: a remote submission runs in its job directory instead
     # The user's own program in place of the trainer, after the launcher's command_prefix.
     command: tuple[str, ...] = ()
+    start_gap: float = 0.0  # seconds between two launches started side by side in an allocation
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -285,11 +317,12 @@ class CostPlan:
     minimum: int  # seconds charged at least
     source: str = ""
     budget: float | None = None  # --max-node-hours, in the unit
+    share: float = 1.0  # the part of each node it holds (some of one node's devices: D of them)
 
     def charge(self, nodes: int, elapsed: float) -> float:
-        """The charge of a job that held `nodes` for `elapsed` seconds."""
+        """The charge of a job that held `nodes` (its share of them) for `elapsed` seconds."""
         seconds = self.walltime if self.charged_for == "walltime" else elapsed
-        return nodes * max(seconds, self.minimum) / 3600 * self.factor
+        return nodes * self.share * max(seconds, self.minimum) / 3600 * self.factor
 
     @property
     def most(self) -> float:
@@ -338,6 +371,17 @@ class Plan:
 
     def with_launch(self, **changes: Any) -> Plan:
         return dataclasses.replace(self, launch=dataclasses.replace(self.launch, **changes))
+
+    def on_devices(self, held: tuple[int, ...]) -> Plan:
+        """A plan on some devices of one node (devices.share) moved to the devices at `held`:
+        its launcher line and its devices' variables follow them."""
+        share = dataclasses.replace(self.devices.share, held=tuple(held))
+        environment = dataclasses.replace(self.environment, groups=tuple(
+            dataclasses.replace(group, set=share.env) if group.name == SHARE_GROUP else group
+            for group in self.environment.groups))
+        return dataclasses.replace(self.with_launch(launcher=share.launcher_words),
+                                   devices=dataclasses.replace(self.devices, share=share),
+                                   environment=environment)
 
     def waiting_for(self, job_id: str) -> Plan:
         """A chain link's plan that starts once the job `job_id` has ended."""

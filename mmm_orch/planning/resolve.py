@@ -25,9 +25,10 @@ from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
 from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit, way_out
 from mmm_orch.planning.environment import env_groups, environment_word
-from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, Devices, EnvEntry,
-                                 Environment, Guard, Launch, Layout, Placement, Plan, QueuePlan,
-                                 Request, Transport)
+from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, SHARE_GROUP,
+                                     DeviceShare, Devices, EnvEntry, EnvGroup, Environment, Guard,
+                                     Launch, Layout, Placement, Plan, QueuePlan, Request,
+                                     Transport)
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
@@ -55,17 +56,18 @@ def resolve(request: Request) -> Plan:
 
     args = _trainer_args(workload, override.args if override else {},
                          checks.pairs(request.sets, "--set"))
-    layout = _layout(machine, workload, nodes, args)
+    layout = _layout(machine, workload, nodes, args, request.devices)
     python = sys.executable if machine.python == "auto" else machine.python
     # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
     cpu_bind = machine.launcher.cpu_bind
     fields = {"nodes": nodes, "ranks": layout.ranks, "ranks_per_node": layout.ranks_per_node,
               "gpus_per_node": layout.gpus_per_node, "cpus_per_rank": layout.cpus_per_rank,
               "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "", "python": shlex.quote(python)}
-    devices = _devices(machine, layout.ranks_per_node)
+    devices = _devices(machine, layout.ranks_per_node, _share(machine, request.devices, fields))
     sized = memory.sized(machine, workload, args, layout)
     priced = cost.priced(machine, queue, nodes, placement.spare_nodes, walltime,
-                         cost.parse_budget(request.max_node_hours))
+                         cost.parse_budget(request.max_node_hours),
+                         len(devices.share.held) / len(devices.share.ids) if devices.share else 1.0)
     cost.check_max("this job", priced.most, priced.budget, priced.unit)
     return Plan(
         mmm_orch_version=__version__,
@@ -85,7 +87,7 @@ def resolve(request: Request) -> Plan:
         devices=devices,
         environment=_environment(machine, workload, override, request, nodes, devices, python,
                                  account),
-        launch=_launch(machine, workload, request, fields, python, args),
+        launch=_launch(machine, workload, request, fields, python, args, devices.share),
         guard=Guard(
             first_step_timeout=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
             step_timeout=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
@@ -118,6 +120,8 @@ def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
 
 def _nodes(machine: Machine, workload: Workload, override: MachineOverride | None,
            request: Request) -> int:
+    if request.devices is not None:
+        return _nodes_of_a_share(machine, request)
     nodes = request.nodes
     if nodes is None:
         nodes = (override and override.nodes) or min(workload.defaults.nodes, machine.max_nodes)
@@ -126,6 +130,34 @@ def _nodes(machine: Machine, workload: Workload, override: MachineOverride | Non
     if nodes > machine.max_nodes:
         raise fail("--nodes", nodes, f"{machine.name} has at most {machine.max_nodes} nodes")
     return nodes
+
+
+def _nodes_of_a_share(machine: Machine, request: Request) -> int:
+    """A run on some devices of one node: the profile says how a node is shared."""
+    slots = machine.devices.slots
+    if slots is None:
+        raise fail("--devices", request.devices, f"a machine whose profile says how runs share "
+                   f"a node's devices (devices.slots); {machine.name}'s does not")
+    if not 1 <= request.devices <= len(slots.ids):
+        raise fail("--devices", request.devices, f"1 to the {len(slots.ids)} devices of a "
+                   f"{machine.name} node (a larger run takes whole nodes: --nodes)")
+    if request.nodes not in (None, 1):
+        raise fail("--nodes", request.nodes, "1 with --devices (a run on some devices of one node)")
+    return 1
+
+
+def _share(machine: Machine, devices: int | None, fields: dict[str, Any]) -> DeviceShare | None:
+    """The first `devices` devices of a node, as the profile shares one (placement moves a run
+    to others: Plan.on_devices)."""
+    slots = machine.devices.slots
+    if devices is None or slots is None:
+        return None
+    command = machine.launcher.command.format(**fields)
+    return DeviceShare(
+        held=tuple(range(devices)), ids=tuple(slots.ids), cpus=tuple(slots.cpus),
+        cpus_joined_by=slots.cpus_joined_by,
+        launcher=(command, *(arg.format(**fields, cpus="{cpus}") for arg in slots.launcher_args)),
+        set=tuple(slots.set.items()))
 
 
 def _walltime(machine: Machine, workload: Workload, override: MachineOverride | None,
@@ -304,8 +336,11 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
     return args
 
 
-def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, Any]) -> Layout:
-    ranks_per_node = machine.default_ranks_per_node
+def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, Any],
+            devices: int | None) -> Layout:
+    """One rank per device (or the profile's ranks per node); on some devices of a node, one
+    rank each, with the CPUs of its device."""
+    ranks_per_node = devices or machine.default_ranks_per_node
     ranks = nodes * ranks_per_node
     tp = workload.layout_value("tp", args)
     pp = workload.layout_value("pp", args)
@@ -314,20 +349,25 @@ def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, An
                    "(tensor-parallel groups stay inside a node)")
     if pp < 1 or ranks % (tp * pp):
         raise fail("pp", pp, f"tp x pp = {tp * pp} must divide the {ranks} ranks")
-    cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core // ranks_per_node)
+    sharing = len(machine.devices.slots.ids) if devices and machine.devices.slots else None
+    cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core //
+                        (sharing or ranks_per_node))
     return Layout(nodes=nodes, ranks_per_node=ranks_per_node, ranks=ranks,
                   gpus_per_node=machine.node.gpus, cpus_per_rank=cpus_per_rank,
                   mesh={"dp": ranks // (tp * pp), "tp": tp, "pp": pp})
 
 
-def _devices(machine: Machine, ranks_per_node: int) -> Devices:
+def _devices(machine: Machine, ranks_per_node: int, share: DeviceShare | None) -> Devices:
     gpus = machine.node.gpus
     return Devices(
         kind=machine.node.device,
         torch="cuda" if machine.node.device == "rocm" else machine.node.device,
         backend=machine.backend,
         index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
-        physical=tuple(machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)))
+        # on a share, the mask (or the launcher) decides which devices a rank sees
+        physical=tuple(None if share else machine.devices.physical_for(r, gpus)
+                       for r in range(ranks_per_node)),
+        share=share)
 
 
 def _environment(machine: Machine, workload: Workload, override: MachineOverride | None,
@@ -339,7 +379,10 @@ def _environment(machine: Machine, workload: Workload, override: MachineOverride
     groups = env_groups(machine, workload, request, nodes,
                         list(override.presets) if override else [],
                         list(override.no_presets) if override else [],
-                        _device_env(machine, devices, python), workload_env)
+                        _device_env(machine, devices, python), workload_env,
+                        devices.share and EnvGroup(
+                            name=SHARE_GROUP, description="its devices, beside other runs",
+                            source=machine.devices.slots.source, set=devices.share.env))
     path = environment_word(machine, account)
     if request.stage_env and not path:
         raise fail("--stage-env", True, f"{machine.name} has no job environment to stage (the "
@@ -354,7 +397,7 @@ def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntr
     """The variables mmm_orch.runtime reads: device, backend, visible devices, rendezvous."""
     entries = [EnvEntry(name="MMM_DEVICE", value=devices.torch),
                EnvEntry(name="MMM_BACKEND", value=devices.backend)]
-    if machine.devices.visible:
+    if machine.devices.visible and devices.share is None:  # (a share's own mask instead)
         entries.append(EnvEntry(name=machine.devices.visible_env,
                                 value=",".join(map(str, machine.devices.visible))))
     if machine.devices.one_per_rank:
@@ -370,11 +413,11 @@ def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntr
 
 
 def _launch(machine: Machine, workload: Workload, request: Request, fields: dict[str, Any],
-            python: str, args: dict[str, Any]) -> Launch:
+            python: str, args: dict[str, Any], share: DeviceShare | None) -> Launch:
     launcher = [machine.launcher.command.format(**fields)]
     launcher += [arg.format(**fields) for arg in machine.launcher.args]
     return Launch(
-        launcher=tuple(launcher), hosts=machine.launcher.hosts,
+        launcher=share.launcher_words if share else tuple(launcher), hosts=machine.launcher.hosts,
         per_node=machine.launcher.per_node.format(**fields), python=python,
         python_is_submitters=machine.python == "auto",
         python_prefix=machine.launcher.python_prefix, trainer=workload.trainer, args=args,
@@ -382,4 +425,5 @@ def _launch(machine: Machine, workload: Workload, request: Request, fields: dict
         RESUMABLE_COMMAND_OPTIONS if workload.resumable else COMMAND_OPTIONS,
         stop_signal=machine.launcher.stop_signal,
         workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None,
-        command=(*machine.launcher.command_prefix, *request.command) if request.command else ())
+        command=(*machine.launcher.command_prefix, *request.command) if request.command else (),
+        start_gap=machine.launcher.start_gap)

@@ -184,14 +184,19 @@ def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[
 
 
 def sweep_points(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
-                 template: str | None = None, host: str | None = None, review: bool = False):
+                 template: str | None = None, host: str | None = None, review: bool = False,
+                 devices: str | None = None, within: bool = False):
     """The sweep's axes and every point planned, each point's script rendered once to check it.
     `request` carries what all points share (its nodes and --set come from the axes). Where the
     points' queues have job limits, the user's jobs are counted where the sweep goes (`review`:
-    offline, as `plan` does) and each point takes a queue with room for it."""
+    offline, as `plan` does) and each point takes a queue with room for it. Points on some
+    devices of a node (`devices`) only run side by side in one allocation (`within`)."""
     from mmm_orch.jobs import queue_load, sweeps
 
-    swept = sweeps.axes(nodes, sets)
+    if devices is not None and not within:
+        raise InvalidValue("--devices", devices, "only with --pack or --within (runs side by side "
+                           "on one node's devices; a job of its own holds whole nodes)")
+    swept = sweeps.axes(nodes, sets, devices)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     try:
         planned = sweeps.points(shared, swept)

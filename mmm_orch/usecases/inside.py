@@ -115,7 +115,8 @@ def submit_here(prepared: Prepared, db: str | None = None) -> JobRecord:
 
 def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str | None = None,
                  template: str | None = None, env_check: bool = True,
-                 said: Callable[[str], None] = lambda text: None) -> tuple[int, list[JobRecord]]:
+                 said: Callable[[str], None] = lambda text: None,
+                 devices: str | None = None) -> tuple[int, list[JobRecord]]:
     """`sweep --within`: every point run inside the allocation this process runs in, side by
     side on its nodes as they free up (jobs/pack.py), each an ordinary job of the sweep's group
     held by this process; in the foreground until all have ended. Everything is planned and
@@ -130,7 +131,7 @@ def sweep_within(request: Request, nodes: str | None, sets: list[str], db: str |
         raise MmmError(f"--within: not inside an allocation on {machine}: get one (salloc, "
                        "qsub -I) and run the sweep in it, or submit it as jobs (without --within)")
     request = dataclasses.replace(request, machine=machine, avoid_nodes=bad_nodes(db, machine))
-    swept = sweeps.axes(nodes, sets)
+    swept = sweeps.axes(nodes, sets, devices)
     planned = sweeps.points(request, swept, new_jobs=False)  # no queue: they run in here
     allocation, pool = _room_for(planned, db, template)
     if env_check:
@@ -193,12 +194,22 @@ def _run_in(allocation, pool: tuple[str, ...], points: list, sweep_id: int, db: 
     root = jobs_root_for(db_path(db))
     where = f"{allocation.scheduler} job {allocation.job_id}"
 
-    def start(point, on: tuple[str, ...]) -> JobRecord:
+    last_start = [0.0]
+
+    def start(point, slot: pack.Slot) -> JobRecord:
+        if (wait := last_start[0] + point.plan.launch.start_gap - time.monotonic()) > 0:
+            time.sleep(wait)  # the pause the facility asks for between background launches
+        last_start[0] = time.monotonic()
         timed = _within_time(point.plan, allocation.ends_at)
-        record = jobs.submit(inside.placed_on(timed, allocation, on, root), db_path(db),
-                             template, here=True,
+        placed = inside.placed_on(timed, allocation, slot.nodes, root)
+        if slot.devices:
+            placed = placed.on_devices(slot.devices)
+        record = jobs.submit(placed, db_path(db), template, here=True,
                              links={"group_id": sweep_id, "group_index": point.index})
-        said(f"point {point.index} ({point.label}): job {record.id} on {','.join(on)}")
+        devices = (f" devices {','.join(placed.devices.share.ids[i] for i in slot.devices)}"
+                   if slot.devices else "")
+        said(f"point {point.index} ({point.label}): job {record.id} on "
+             f"{','.join(slot.nodes)}{devices}")
         return record
 
     def ended(running: list[JobRecord]) -> list[JobRecord]:
@@ -224,7 +235,8 @@ def _run_in(allocation, pool: tuple[str, ...], points: list, sweep_id: int, db: 
         return allocation.ends_at is None or _time_left(allocation.ends_at) >= \
             point.plan.guard.walltime_margin + MIN_POINT_RUN_S
 
-    pack.run(points, pool, start, ended, stop, never_started, in_time)
+    pack.run(points, pool, start, ended, stop, never_started, in_time,
+             pack.devices_per_node(points))
     return sorted((r for r in opened.list(group_id=sweep_id) if r.group_index),
                   key=lambda r: r.group_index)
 

@@ -30,7 +30,7 @@ class Pack:
 def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes: int | None,
                 pack_walltime: str | None = None, db: str | None = None,
                 template: str | None = None, host: str | None = None, env_check: bool = True,
-                review: bool = False) -> Pack:
+                review: bool = False, devices: str | None = None) -> Pack:
     """The sweep's points and the pack job that runs them, all checked: every point fits the
     pack's nodes and renders, the pack job has a queue with room (its user's jobs counted where
     it goes, `review`: offline) and keeps to the budgets."""
@@ -41,7 +41,7 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
         raise MmmError(f"--pack submits from {request.machine}'s login node, not through "
                        f"--host/login_hosts ({remote}): the pack job records its points in this "
                        "job database, which it must reach; run the sweep there")
-    swept = sweeps.axes(nodes, sets)
+    swept = sweeps.axes(nodes, sets, devices)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     points = sweeps.points(shared, swept, new_jobs=False)  # no queue: they run in the pack
     largest = max(points, key=lambda point: point.nodes)
