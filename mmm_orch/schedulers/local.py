@@ -30,9 +30,10 @@ class LocalScheduler:
     submit_command = ""  # runs here, always
 
     def submit(self, submission: Submission) -> str:
-        """Start the supervisor detached; it records its own pid and start time first thing
-        (supervisor.json), so the job can be found from its directory even if this process
-        is killed the instant after starting it."""
+        """Start the supervisor detached. Its pid and start time (supervisor.json: how the job is
+        found from its directory) are written here at once and by the supervisor first thing,
+        so the job is found even if this process is killed the instant after starting it, and
+        a pack starts its points without waiting for each supervisor's start-up."""
         with open(submission.log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
@@ -40,15 +41,16 @@ class LocalScheduler:
                  _holder(submission.held_by)],
                 cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        deadline = time.monotonic() + 30
-        while not (found := self.find(submission)):
-            if proc.poll() is not None and not self.find(submission):
-                raise SubmissionRefused(f"the local supervisor exited ({proc.returncode}) "
-                                        f"before starting the job; see {submission.log_path}")
-            if time.monotonic() > deadline:  # it may still start the job: the record stays
-                raise SchedulerError("the local supervisor did not start within 30 s")
-            time.sleep(0.01)
-        return found[0]
+        try:
+            started = psutil.Process(proc.pid).create_time()
+        except psutil.Error:  # (gone and reaped already: it could not even start)
+            raise SubmissionRefused(f"the local supervisor exited ({proc.poll()}) before starting "
+                                    f"the job; see {submission.log_path}") from None
+        partial = submission.job_dir / f".{SUPERVISOR_FILE}.{os.getpid()}"  # (its own: .tmp)
+        partial.write_text(json.dumps({"pid": proc.pid, "create_time": started,
+                                       "host": socket.gethostname()}))
+        partial.replace(submission.job_dir / SUPERVISOR_FILE)
+        return str(proc.pid)
 
     def find(self, submission: Submission) -> list[str]:
         info = _supervisor_info(JobRef("", submission.job_dir))

@@ -190,6 +190,8 @@ def review_lines(pack: Pack) -> list[str]:
              + (f", at most {cost.hours(job.cost.most)} {job.cost.unit}" if job.cost else "")
              + " (nothing submitted)"]
     for point in pack.points:
-        lines.append(f"  {point.index:>3}  {point.label:<32} {point.plan.layout.nodes} nodes x "
-                     f"{point.plan.layout.ranks_per_node} = {point.plan.layout.ranks} ranks")
+        layout, share = point.plan.layout, point.plan.devices.share
+        held = (f"{point.devices} of a node's {len(share.ids)} devices" if share else
+                f"{layout.nodes} nodes x {layout.ranks_per_node}")
+        lines.append(f"  {point.index:>3}  {point.label:<32} {held} = {layout.ranks} ranks")
     return lines
