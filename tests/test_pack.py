@@ -258,8 +258,8 @@ def test_six_points_of_nodes_and_devices_share_a_pack_and_a_failing_and_a_hung_o
     assert result.code == 0, result.err
     pack_job = json.loads(result.out)
     assert pack_job["nodes"] == 3 and pack_job["scheduler"] == machine.split("-")[0]
-    # 14 devices of points on 6: three waves of 2-minute points
-    assert "walltime=00:06:00" in Path(pack_job["script_path"]).read_text().replace(" -t ",
+    # 14 devices of points on 6: three waves of 2-minute points, and a minute's slack
+    assert "walltime=00:07:00" in Path(pack_job["script_path"]).read_text().replace(" -t ",
                                                                                       " walltime=")
     ended = wait_state(cli, pack_job["id"], timeout=600)
     assert ended["state"] == "failed" and ended["exit_code"] == 1, ended  # points did not complete
@@ -308,6 +308,15 @@ def test_six_points_of_nodes_and_devices_share_a_pack_and_a_failing_and_a_hung_o
     assert all(f">{row['id']}<" in html for row in rows.values()), html[-2000:]
     line = next(line for line in cli("status").out.splitlines() if line.startswith("s1"))
     assert f"pack job {pack_job['id']} (failed): 4 completed, 1 failed, 1 hung" in line, line
+    # `rerun` of one point: a pack of that point alone, on one node, for its walltime
+    again = cli("rerun", str(rows[5]["id"]), "--json")
+    assert again.code == 0, again.err
+    rerun = json.loads(again.out)
+    assert (rerun["nodes"], rerun["rerun_of"], rerun["group_id"]) == (1, rows[5]["id"], 2), rerun
+    assert wait_state(cli, rerun["id"], timeout=600)["state"] == "completed"
+    [point] = [r for r in json.loads(cli("status", "--sweep", "2", "--json").out)
+               if r["group_index"]]
+    assert point["state"] == "completed" and len(_probes(cli("logs", str(point["id"])).out)) == 1
 
 
 def test_a_bad_pack_is_refused_before_anything_is_written(cli, isolated):

@@ -341,15 +341,15 @@ def test_a_sweep_the_queues_cannot_take_is_told_of_one_allocation_for_all_its_po
                  "--dry-run", "--", "true")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
     assert "--queue 'single' is full for you" in result.err
-    assert ("or run the 2 points side by side in one job of 2 nodes for 00:40:00 (at most "
-            "1.33 node-hours): submit it with --pack, or get the allocation with `salloc "
-            "--partition=debug --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 -t 00:40:00` and "
+    assert ("or run the 2 points side by side in one job of 2 nodes for 00:41:00 (at most "
+            "1.37 node-hours): submit it with --pack, or get the allocation with `salloc "
+            "--partition=debug --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 -t 00:41:00` and "
             "run this sweep in it with --within") in result.err
     packed = cli("sweep", "slurm-local", "--nodes", "1,2", "-t", "00:20:00", "--pack",
-                 "--dry-run", "--", "true")  # what it said: one job, on 2 nodes, for 00:40:00
+                 "--dry-run", "--", "true")  # what it said: one job, on 2 nodes, for 00:41:00
     assert packed.code == 0, packed.err
-    assert "one job of 2 node(s), queue debug, walltime 00:40:00, at most 1.33 node-hours" in \
+    assert "one job of 2 node(s), queue debug, walltime 00:41:00, at most 1.37 node-hours" in \
         packed.out
     polaris = cli("sweep", "polaris", "llama3_8b", "-A", "P", "--nodes", "4,8", "-q",
                   "debug-scaling", "--dry-run")
-    assert "in one job of 8 nodes for 02:00:00, which no queue of polaris takes" in polaris.err
+    assert "in one job of 8 nodes for 02:01:00, which no queue of polaris takes" in polaris.err

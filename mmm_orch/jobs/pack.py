@@ -18,6 +18,13 @@ from mmm_orch.jobs.record import JobRecord
 
 # Between two looks at the running points: short next to any run, cheap (a file read each).
 POLL_S = 0.3
+# A point's walltime ends this long before its allocation's (the local supervisor's grace to
+# stop it, and some), and one that would run less than its walltime margin and MIN_POINT_RUN_S
+# more is not started. A pack's own walltime leaves START_SLACK_S beyond its waves for this and
+# for its script's start-up before the first point.
+END_SLACK_S = 30
+MIN_POINT_RUN_S = 60
+START_SLACK_S = 60
 
 
 class Sized(Protocol):
@@ -49,10 +56,11 @@ def order(points: Sequence[Sized], per_node: int = 1) -> list[Sized]:
 
 def walltime_for(points: Sequence[Any], nodes: int) -> int:
     """Seconds that run every point (jobs/sweeps.Point) on `nodes` nodes: the waves they take at
-    most (their devices over the allocation's), each as long as the longest point's walltime."""
+    most (their devices over the allocation's), each as long as the longest point's walltime,
+    and the pack's start-up and the slack before its end."""
     per_node = devices_per_node(points)
     waves = -(-sum(_size(point, per_node) for point in points) // (nodes * per_node))
-    return max(point.plan.queue.walltime for point in points) * waves
+    return max(point.plan.queue.walltime for point in points) * waves + START_SLACK_S
 
 
 def devices_per_node(points: Sequence[Any]) -> int:

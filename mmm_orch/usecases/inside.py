@@ -233,7 +233,7 @@ def _run_in(allocation, pool: tuple[str, ...], points: list, sweep_id: int, db: 
 
     def in_time(point) -> bool:
         return allocation.ends_at is None or _time_left(allocation.ends_at) >= \
-            point.plan.guard.walltime_margin + MIN_POINT_RUN_S
+            point.plan.guard.walltime_margin + pack.MIN_POINT_RUN_S
 
     pack.run(points, pool, start, ended, stop, never_started, in_time,
              pack.devices_per_node(points))
@@ -241,13 +241,9 @@ def _run_in(allocation, pool: tuple[str, ...], points: list, sweep_id: int, db: 
                   key=lambda r: r.group_index)
 
 
-# A point's walltime ends this long before its allocation's (the local supervisor's grace to
-# stop it, and some), and one that would run less than MIN_POINT_RUN_S is not started.
-END_SLACK_S = 30
-MIN_POINT_RUN_S = 60
-
-
 def _time_left(ends_at: float) -> int:
+    from mmm_orch.jobs.pack import END_SLACK_S
+
     return int(ends_at - time.time()) - END_SLACK_S
 
 

@@ -136,12 +136,8 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
         record = by_index.get(point.index)
         if record is not None and record.state is JobState.COMPLETED:
             continue
-        planned = point.plan
-        if record is not None and record.state is not JobState.NOT_STARTED and resume:
-            earlier = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
-            planned = resuming(planned.with_launch(args={
-                **planned.launch.args, "run_name": earlier.launch.args.get("run_name")}))
-        left.append(sweeps.Point(len(left) + 1, point.values, planned))
+        left.append(sweeps.Point(len(left) + 1, point.values,
+                                 _again(opened, point.plan, record, resume)))
     if not left:
         raise MmmError(f"rerun: every point of sweep {group['id']} completed; nothing is left "
                        "to run")
@@ -151,6 +147,42 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
     prepared = prepare_plan(job, group["spec"]["pack"].get("template"), None, env_check=True,
                             db=db)
     return submit_pack(Pack(group["spec"]["axes"], left, prepared), db, rerun_of=old.id)
+
+
+def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int, JobRecord]:
+    """`rerun` of one point of a pack: a new pack of that point alone, sized for it (its nodes,
+    its walltime), in a queue picked as for one job; `resume`: from its run's latest
+    checkpoint."""
+    from mmm_orch.jobs import sweeps
+    from mmm_orch.planning.store import stored_plan
+
+    opened = open_db(str(db_path(db)))
+    group, _ = sweeps.sweep_jobs(opened, old.group_id)
+    point = _recorded(group)[old.group_index - 1]
+    again = sweeps.Point(1, point.values, _again(opened, point.plan, old, resume))
+    pack_id = sweeps.pack_job(opened, group).id
+    pack = stored_plan(opened.get(pack_id).plan, f"job {pack_id}'s recorded plan")
+    asked = _pack_request(Request(pack.machine, "command", account=pack.queue.account,
+                                  name=pack.name), [again], point.nodes, None)
+    job, load = _counted_plan(asked, db, "")
+    job = _runs_once(job.with_launch(workdir=pack.launch.workdir, workdir_given=True),
+                     _program(job, db, "<sweep id>"))
+    template = group["spec"]["pack"].get("template")
+    prepared = prepare_plan(job, template, None, env_check=True, db=db, load=load)
+    return submit_pack(Pack(group["spec"]["axes"], [again], prepared), db, rerun_of=old.id)
+
+
+def _again(opened, planned: Plan, record: JobRecord | None, resume: bool) -> Plan:
+    """A point's recorded plan to run again; `resume`: one that ran goes on from its run's
+    latest checkpoint (one that never started, fresh)."""
+    from mmm_orch.planning.store import stored_plan
+    from mmm_orch.schedulers.states import JobState
+
+    if record is None or record.state is JobState.NOT_STARTED or not resume:
+        return planned
+    earlier = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
+    return resuming(planned.with_launch(args={**planned.launch.args,
+                                              "run_name": earlier.launch.args.get("run_name")}))
 
 
 def run_pack(sweep_id: int, db: str | None = None,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from mmm_orch.errors import MmmError
 from mmm_orch.jobs.db import db_path, open_db
 from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning.model import ChainLink, JobPlace
 from mmm_orch.usecases import _ready, check_room, resuming, within_budgets
-from mmm_orch.usecases.packs import rerun_pack
+from mmm_orch.usecases.packs import rerun_pack, rerun_point
 
 
 def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
@@ -22,11 +23,15 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
 
     opened = open_db(db)
     group = opened.group(old.group_id) if opened is not None and old.group_id else None
-    if group is not None and group["kind"] == "sweep" and \
-            getattr(pack_job(opened, group), "id", None) == old.id:
-        return rerun_pack(old, resume, db)[1]
+    pack = pack_job(opened, group) if group is not None and group["kind"] == "sweep" else None
+    if pack is not None:
+        return (rerun_pack if pack.id == old.id else rerun_point)(old, resume, db)[1]
 
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
+    if old.scheduler == "local" and recorded.scheduler != "local":
+        raise MmmError(f"rerun: job {old.id} ran inside a {recorded.scheduler} allocation, on "
+                       "nodes it no longer has (`launch`, `sweep --within`): launch it again "
+                       "inside one, or submit it as a job of its own (`mmm-orch submit`)")
     if resume:
         recorded = resuming(recorded)
     again = dataclasses.replace(recorded.with_launch(workdir_given=True),
