@@ -263,11 +263,11 @@ def pack_round(mmm: Path, count: int, work: Path, cache: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"mmm-orch sweep --pack: {proc.stderr}")
     with sqlite3.connect(work / "state" / "mmm-orch" / "jobs.db") as db:
-        spec = json.loads(db.execute("SELECT spec FROM groups").fetchone()[0])
+        plans = db.execute("SELECT count(*) FROM group_plans").fetchone()[0]
     queued = subprocess.run([f"{Q}/qselect", "-q", "parked"], capture_output=True,
                             text=True).stdout.split()
     native_id = json.loads(proc.stdout)["native_id"]
-    return {"submit_s": submit_s, "points": len(spec["pack"]["plans"]),
+    return {"submit_s": submit_s, "points": plans,
             "queued": int(native_id in queued), "ids": [native_id]}
 
 

@@ -19,8 +19,8 @@ from typing import Any, Callable
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import RECORD_FILE
 
-SCHEMA_VERSION = 5  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
-# 5: account and the charge
+SCHEMA_VERSION = 6  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
+# 5: account and the charge; 6: group_plans
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Set in the SQLite header ("mmmo") when mmm-orch creates a database, so that a file is known to
 # be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
@@ -80,6 +80,12 @@ CREATE TABLE IF NOT EXISTS groups (
     created_at   REAL NOT NULL,
     spec         TEXT NOT NULL       -- JSON: what was asked (links, axes and points)
 );
+CREATE TABLE IF NOT EXISTS group_plans (  -- a pack's points' plans, read only where they run
+    group_id     INTEGER NOT NULL REFERENCES groups(id),
+    idx          INTEGER NOT NULL,   -- the point, from 1
+    plan         TEXT NOT NULL,      -- JSON
+    PRIMARY KEY (group_id, idx)
+);
 """
 # Columns added after the first schema, created on older databases by build().
 _ADDED_COLUMNS = {
@@ -104,7 +110,7 @@ _FIRST_JOB_COLUMNS = {
     "state", "native_state", "reason", "exit_code", "signal", "submitted_at", "started_at",
     "ended_at", "checked_at"}
 _EVENT_COLUMNS = {"job_id", "at", "state", "native_state", "reason"}
-_OUR_TABLES = {"jobs", "events", "bad_nodes", "groups"}
+_OUR_TABLES = {"jobs", "events", "bad_nodes", "groups", "group_plans"}
 _SPECIAL_FILES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket",
                   stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 

@@ -181,12 +181,13 @@ def submit_sweep(swept: dict[str, list[str]], planned: list[Point], db_file: Pat
 def new_sweep(db: JobDB, swept: dict[str, list[str]], planned: list[Point], remote: str = "",
               within: str = "", pack: dict[str, Any] | None = None) -> int:
     """The sweep's group: its axes and points (`within`: the allocation they run in together;
-    `pack`: the template and the points' plans, which its job runs)."""
+    `pack`: the template its job renders them with, and their plans are kept, which it runs)."""
     first = planned[0].plan
     return db.new_group("sweep", {"machine": first.machine, "workload": first.workload,
                                   "axes": swept, "points": [p.values for p in planned],
                                   "remote": remote, **({"within": within} if within else {}),
-                                  **({"pack": pack} if pack else {})})
+                                  **({"pack": pack} if pack is not None else {})},
+                        [p.plan.to_dict() for p in planned] if pack is not None else [])
 
 
 def pack_job(db: JobDB, group: dict) -> JobRecord | None:

@@ -106,8 +106,7 @@ def submit_pack(pack: Pack, db: str | None = None,
     where = db_path(db)
     opened = open_db(str(where), create=True)
     template = pack.job.template
-    sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={
-        "template": template, "plans": [point.plan.to_dict() for point in pack.points]})
+    sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={"template": template})
     job = _runs_once(pack.job.plan, _program(pack.job.plan, db, str(sweep_id)))
     links = {"group_id": sweep_id, "group_index": PACK_INDEX,
              **({"rerun_of": rerun_of} if rerun_of is not None else {})}
@@ -132,7 +131,7 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
     group, ran = sweeps.sweep_jobs(opened, old.group_id)
     by_index = {record.group_index: record for record in ran}
     left = []
-    for point in _recorded(group):
+    for point in _recorded(opened, group):
         record = by_index.get(point.index)
         if record is not None and record.state is JobState.COMPLETED:
             continue
@@ -158,7 +157,7 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
 
     opened = open_db(str(db_path(db)))
     group, _ = sweeps.sweep_jobs(opened, old.group_id)
-    point = _recorded(group)[old.group_index - 1]
+    point = _recorded(opened, group)[old.group_index - 1]
     again = sweeps.Point(1, point.values, _again(opened, point.plan, old, resume))
     pack_id = sweeps.pack_job(opened, group).id
     pack = stored_plan(opened.get(pack_id).plan, f"job {pack_id}'s recorded plan")
@@ -194,21 +193,21 @@ def run_pack(sweep_id: int, db: str | None = None,
     group = opened.group(sweep_id) if opened is not None else None
     if group is None or not isinstance(group["spec"].get("pack"), dict):
         raise MmmError(f"sweep {sweep_id} is not a pack in {db_path(db)}")
-    return inside.run_points(_recorded(group), sweep_id, db, group["spec"]["pack"].get("template"),
+    return inside.run_points(_recorded(opened, group), sweep_id, db, group["spec"]["pack"].get("template"),
                              said)
 
 
-def _recorded(group: dict) -> list:
+def _recorded(opened, group: dict) -> list:
     """A pack's points (jobs/sweeps.Point) with the plans recorded when it was submitted."""
     from mmm_orch.jobs import sweeps
     from mmm_orch.planning.store import stored_plan
 
     values = sweeps.recorded_points(group)
-    plans = group["spec"]["pack"].get("plans")
-    if not isinstance(plans, list) or len(plans) != len(values) or \
-            not all(isinstance(plan, dict) for plan in plans):
-        raise MmmError(f"sweep {group['id']}'s recorded plans are damaged (not one plan a point, "
-                       "as mmm-orch writes them): it was changed by hand")
+    plans = opened.group_plans(group["id"])
+    if len(plans) != len(values):
+        raise MmmError(f"sweep {group['id']}'s recorded plans are damaged ({len(plans)} for "
+                       f"{len(values)} points, not one a point as mmm-orch writes them): it was "
+                       "changed by hand")
     return [sweeps.Point(index, point, stored_plan(plan, f"sweep {group['id']}'s point {index}"))
             for index, (point, plan) in enumerate(zip(values, plans), start=1)]
 
