@@ -33,6 +33,14 @@ def venv(name: str, packages: list[str]) -> Path:
     return path / "bin"
 
 
+def this_checkout() -> Path:
+    """The benchmarks' virtualenv of mmm-orch, reinstalled so that it measures this checkout."""
+    mmm = venv("mmm-orch", [str(ROOT)])
+    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
+                   check=True)
+    return mmm
+
+
 def sample(cmd: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
@@ -47,9 +55,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=25)
     args = parser.parse_args()
 
-    mmm = venv("mmm-orch", [str(ROOT)])
-    # Reinstall so the benchmark always measures this checkout.
-    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)], check=True)
+    mmm = this_checkout()
     torchx = venv("torchx", ["torch==2.13.0", "torchx"])
     version = subprocess.run([str(torchx / "python"), "-c", "import torchx; print(torchx.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_render import ROOT, venv  # noqa: E402
+from cli_render import ROOT, this_checkout, venv  # noqa: E402
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, str]:
@@ -91,9 +91,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
 
-    mmm = venv("mmm-orch", [str(ROOT)])
-    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
-                   check=True)
+    mmm = this_checkout()
     torchx = venv("torchx", ["torch==2.13.0", "torchx"])
     work = tempfile.mkdtemp(prefix="mmm-bench-exec-")
     env = {**os.environ, "XDG_STATE_HOME": f"{work}/state", "XDG_CACHE_HOME": f"{work}/cache"}

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_render import ROOT, venv  # noqa: E402
+from cli_render import ROOT, this_checkout  # noqa: E402
 
 POINTS = 24
 BENCH_PROFILE = """extends: pbs-local
@@ -127,9 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    mmm = venv("mmm-orch", [str(ROOT)])
-    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
-                   check=True)
+    mmm = this_checkout()
     rounds: dict[str, list[dict]] = {"pack": [], "separate": []}
     for run in range(args.runs):
         for tool in list(rounds) if run % 2 == 0 else list(reversed(rounds)):

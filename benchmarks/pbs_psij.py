@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_render import ROOT, venv  # noqa: E402
+from cli_render import ROOT, this_checkout, venv  # noqa: E402
 
 Q = "/opt/pbs/bin"
 PSIJ_VERSION = "0.9.11"
@@ -341,9 +341,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    mmm = venv("mmm-orch", [str(ROOT)])
-    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
-                   check=True)
+    mmm = this_checkout()
     psij = venv("psij", [f"psij-python=={PSIJ_VERSION}"])
     if args.mode in ("inprocess", "pack"):
         (inprocess if args.mode == "inprocess" else pack)(args, mmm, psij)
