@@ -19,9 +19,50 @@ from mmm_orch.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+# What a test needs that the fast tier (`scripts/test.sh --fast`) leaves out: a live server, a
+# real sshd or root, asked for as a fixture or, where a test picks its server itself, a marker.
+LIVE_FIXTURES = {"slurm_cluster", "pbs_server", "sshd", "leftovers_cancelled"}
+SLOW_MARKERS = ("live", "slow", "serial", "starts_first")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="only the tests that need no server, no root and no waiting (the "
+                          "developer's loop; CI runs them all)")
+
+
+# Past these a module is worth splitting along its users' seams, a function into named steps: a
+# report at the end of every run (what a reader meets), not a gate that shapes the code.
+LONG_MODULE, LONG_FUNCTION = 400, 60
+
+
+def pytest_terminal_summary(terminalreporter):
+    import ast
+
+    modules, functions = [], []
+    for path in sorted((REPO / "mmm_orch").rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(REPO))
+        if (lines := len(text.splitlines())) > LONG_MODULE:
+            modules.append(f"{name} ({lines})")
+        functions += [f"{name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+                      for node in ast.walk(ast.parse(text))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > LONG_FUNCTION]
+    terminalreporter.write_sep("-", "sizes")
+    terminalreporter.write_line(f"modules over {LONG_MODULE} lines: {', '.join(modules) or 'none'}")
+    terminalreporter.write_line(f"functions over {LONG_FUNCTION} lines: "
+                                f"{', '.join(functions) or 'none'}")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests marked starts_first go to the front (pytest-xdist hands tests out in this
-    order); the rest keep theirs."""
+    """With --fast, only the fast tier. The tests marked starts_first go to the front
+    (pytest-xdist hands tests out in this order); the rest keep theirs."""
+    if config.getoption("--fast"):
+        slow = {item for item in items if LIVE_FIXTURES & set(item.fixturenames)
+                or any(item.get_closest_marker(name) for name in SLOW_MARKERS)}
+        config.hook.pytest_deselected(items=[item for item in items if item in slow])
+        items[:] = [item for item in items if item not in slow]
     items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
 
 

@@ -150,6 +150,7 @@ def test_a_plan_made_once_is_submitted_as_reviewed_each_time_a_new_job(isolated)
         assert "planned once" in mmm_orch.job(job.id).record.script
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_submit_wait_logs_cancel_and_find_again_from_another_process(request, isolated, kind,
                                                                      leftovers_cancelled):
@@ -248,6 +249,7 @@ def test_a_process_killed_mid_submit_leaves_one_record_the_next_refresh_settles(
     assert job.wait(timeout=120, poll=0.5).state == "cancelled"
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("machine,nodes", [("local", "1"), ("slurm-local", "1,2")])
 def test_the_example_scaling_study_runs(request, isolated, machine, nodes):
     if machine != "local":

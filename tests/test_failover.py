@@ -79,6 +79,7 @@ def running_past(cli, row: dict, step: int, timeout: float = 240) -> dict:
     return failover_state(row)
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli, isolated, kind,
                                                                     leftovers_cancelled):

@@ -141,6 +141,7 @@ def test_inside_an_allocation_the_machine_is_found_from_its_first_node(cli, isol
     assert_nothing_recorded()
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_allocate_gets_an_allocation_launches_in_it_and_keeps_the_exit_code(request, cli, isolated,
                                                                             kind, leftovers_cancelled):
@@ -178,6 +179,7 @@ HELD = {  # an allocation that stays pending: Slurm's start an hour from now, PB
 }
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_allocate_killed_while_it_waits_leaves_its_allocation_recorded(request, cli, isolated,

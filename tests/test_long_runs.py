@@ -71,6 +71,7 @@ def _stop_local_runs(isolated: Path, follower: subprocess.Popen) -> None:
         follower.kill()
 
 
+@pytest.mark.live
 @pytest.mark.starts_first
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, isolated, kind,

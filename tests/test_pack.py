@@ -242,6 +242,7 @@ def _probes(text: str) -> list[dict[str, str]]:
             for line in text.splitlines() if "probe tag=" in line]
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("machine", ["slurm-local", "pbs-local"])
 def test_six_points_of_nodes_and_devices_share_a_pack_and_a_failing_and_a_hung_one_end_alone(
         cli, isolated, machine, request):

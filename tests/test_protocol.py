@@ -185,18 +185,3 @@ def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
     assert metrics.is_file()
 
 
-def _function_lengths() -> list[tuple[int, str]]:
-    out = []
-    for module, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                out.append((node.end_lineno - node.lineno + 1, f"{module}.{node.name}"))
-    return out
-
-
-def test_modules_and_functions_stay_small_enough_to_read():
-    """A module past ~400 lines is split along its users' seams, a function past ~60 lines into
-    steps with names."""
-    long_modules = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 400}
-    assert long_modules == {}
-    assert [f for f in _function_lengths() if f[0] > 62] == []

@@ -140,6 +140,7 @@ def wait_terminal(job: int, db: Path, timeout: float = 180) -> dict:
     return poll_row(read_row, lambda row: row["state"] in TERMINAL, timeout, interval=2)
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 @pytest.mark.parametrize("name", DIRECTIVE_NAMES)
 def test_log_paths_in_directives_on_the_live_schedulers(request, isolated, kind, name, tmp_path,

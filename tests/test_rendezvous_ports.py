@@ -87,6 +87,7 @@ def test_the_test_profiles_ask_the_host_for_a_port(cli, machine):
     assert '-m mmm_orch.injob.rendezvous)"' in script and "JOBID" not in script.split("MASTER_PORT=")[1]
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind,extra", [("slurm", []), ("pbs", []), ("slurm", ["--spare-nodes", "1"])],
                          ids=["slurm", "pbs", "slurm-failover"])
 def test_a_job_whose_port_is_taken_completes_on_another(request, cli, isolated, held_port, kind,

@@ -103,6 +103,7 @@ def test_a_command_resumes_only_when_its_workload_says_so(cli, project):
     assert "#   export MMM_ORCH_RESUME=1" in later and "MMM_ORCH_ALLOW_FRESH" not in later
 
 
+@pytest.mark.live
 @pytest.mark.starts_first
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_the_example_carries_across_walltimes_in_a_chain_of_three(request, cli, project, kind,
@@ -126,6 +127,7 @@ def test_the_example_carries_across_walltimes_in_a_chain_of_three(request, cli, 
     assert "the training finished in link" in cli("status").out
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_the_example_survives_the_loss_of_a_nodes_ranks_on_a_spare(request, cli, project, kind,
                                                                    leftovers_cancelled):

@@ -354,6 +354,7 @@ def test_submit_killed_at_random_instants(sched):
     ("slurm-local", "--mem=900G", "Memory specification can not be satisfied"),
     ("pbs-local", "-l bogus=3", "Unknown resource Resource_List.bogus"),
 ])
+@pytest.mark.live
 def test_a_directive_the_scheduler_refuses_is_one_call_and_exit_2(request, cli, isolated,
                                                                     machine, directive, words):
     """The live scheduler's refusal of a directive (an option sbatch does not take, memory no

@@ -21,14 +21,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, adamw, autocast, classifier_step,
-                                   draw_per_rank, mean_across, mesh, param_dtype, run_dir)
-from mmm_orch.runtime.metrics import MetricLogger
+from mmm_orch.runtime.loop import (adamw, autocast, classifier_step, draw_per_rank, mean_across,
+                                   mesh, param_dtype, run_dir)
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
+from mmm_orch.trainers.training import Training
 
 TEST_OFFSET = 10**9  # synthetic test images are samples nobody trains on
 TINY = {"train_samples": 512, "test_batch_size": 128}
@@ -112,48 +111,74 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                cfg.keep_checkpoints)
-    step = 0
-    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
-        step = state["step"]
-        scheduler.load_state_dict(state["scheduler"])
-    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
-                                "steps_per_epoch": steps_per_epoch},
-                          enabled=rt.is_main, resumed_from=step)
-    timer = StepTimer(rt)
-    stop = False
+    training = Training(rt, cfg, out, model, optimizer,
+                        {**dataclasses.asdict(cfg), "world_size": rt.world_size,
+                         "steps_per_epoch": steps_per_epoch}, scheduler)
+    epoch = Epoch(cfg, rt, train, steps_per_epoch)
+
+    def train_step(step: int) -> dict:
+        training.timer.start()
+        loss, times = classifier_step(model, optimizer, training.timer, rt, cfg.dtype,
+                                      *epoch.batch(step))
+        epoch.add(loss)
+        return {"epoch": epoch.number, "loss": mean_across(loss), **times,
+                "samples_per_s": cfg.batch_size / times["dt"], "mem_gib": rt.device.memory_gib()}
+
+    def after_step(step: int) -> None:
+        """At an epoch's last step: its LR step, its test, and its line in the metrics."""
+        if step % steps_per_epoch:
+            return
+        scheduler.step()
+        test_loss, test_acc = evaluate(model, test, rt, cfg)
+        training.logger.event("epoch", epoch=epoch.number, train_loss=epoch.mean_loss(),
+                              test_loss=test_loss, test_acc=test_acc)
+        epoch.reset()
 
     # A run stopped at an epoch's last step resumes in that epoch, to finish its LR step and test.
-    for epoch in range(max(1, (step - 1) // steps_per_epoch + 1), cfg.epochs + 1):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-        epoch_loss = torch.zeros((), device=rt.device.torch)
-        first = step - (epoch - 1) * steps_per_epoch  # > 0 only when resuming mid-epoch
-        for batch in range(first, steps_per_epoch):
-            step += 1
-            timer.start()
-            picked = order[batch_indices(batch, rt.rank, cfg.batch_size, rt.world_size) % len(train)]
-            loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *train.batch(picked))
-            epoch_loss += loss.detach()
-            logger.step(step, epoch=epoch, loss=mean_across(loss), **times,
-                        samples_per_s=cfg.batch_size / times["dt"],
-                        mem_gib=rt.device.memory_gib())
-            stop = checkpointer.after_step(step, model, optimizer,
-                                           {"scheduler": scheduler.state_dict()}, logger)
-            if stop:
-                break
-        if stop:
-            break
-        scheduler.step()
-        dist.all_reduce(epoch_loss)
-        test_loss, test_acc = evaluate(model, test, rt, cfg)
-        trained = steps_per_epoch - first  # 0 when resumed at the end of this epoch
-        logger.event("epoch", epoch=epoch,
-                     train_loss=epoch_loss.item() / rt.world_size / trained if trained else None,
-                     test_loss=test_loss, test_acc=test_acc)
-    logger.close()
-    runtime_dist.teardown()
-    return checkpointer.exit_code(step, cfg.epochs * steps_per_epoch)
+    if training.step:
+        epoch.enter(training.step)
+        after_step(training.step)
+    return training.run(cfg.epochs * steps_per_epoch, train_step, after_step=after_step)
+
+
+class Epoch:
+    """Where the run is in its epochs: each epoch's order of the training samples (shuffled
+    from the seed and the epoch), and the loss of the steps this process trained in it."""
+
+    def __init__(self, cfg: Config, rt, train, steps_per_epoch: int):
+        self.cfg, self.rt, self.train, self.steps_per_epoch = cfg, rt, train, steps_per_epoch
+        self.number, self.order = 0, None
+        self.reset()
+
+    def enter(self, step: int) -> int:
+        """Into the epoch step N falls in (its order shuffled once); N's place in it."""
+        number, within = divmod(step - 1, self.steps_per_epoch)
+        if number + 1 != self.number:
+            self.number = number + 1
+            self.order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(
+                self.cfg.seed + self.number))
+        return within
+
+    def batch(self, step: int):
+        """Step N's batch of this rank."""
+        within = self.enter(step)
+        picked = self.order[batch_indices(within, self.rt.rank, self.cfg.batch_size,
+                                          self.rt.world_size) % len(self.train)]
+        return self.train.batch(picked)
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.loss += loss.detach()
+        self.trained += 1
+
+    def mean_loss(self) -> float | None:
+        """The epoch's mean training loss over every rank (None: resumed at its end, no step
+        of it trained here)."""
+        dist.all_reduce(self.loss)
+        return self.loss.item() / self.rt.world_size / self.trained if self.trained else None
+
+    def reset(self) -> None:
+        self.loss = torch.zeros((), device=self.rt.device.torch)
+        self.trained = 0
 
 
 if __name__ == "__main__":

@@ -18,15 +18,13 @@ if __name__ == "__main__":  # before torch loads: a stop during startup waits fo
 
 
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
-                                   param_dtype, run_dir)
-from mmm_orch.runtime.metrics import MetricLogger
+from mmm_orch.runtime.loop import adamw, draw_per_rank, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
+from mmm_orch.trainers.training import Training
 
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "seq_len": 64,
         "batch_size": 4}
@@ -67,19 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                cfg.keep_checkpoints)
-    step = 0
-    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
-        step = state["step"]
+    training = Training(rt, cfg, out, model, optimizer,
+                        {**dataclasses.asdict(cfg), "world_size": rt.world_size,
+                         "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()}})
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
-    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size,
-                                "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()}},
-                          enabled=rt.is_main, resumed_from=step)
-    timer = StepTimer(rt)
+    timer = training.timer
 
-    while step < cfg.steps:
-        step += 1
+    def train_step(step: int) -> dict:
         timer.start()
         inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(),
                                                   cfg.batch_size, dp_mesh.size()))
@@ -92,13 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
         times = timer.stop()
         tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"] / rt.world_size
-        logger.step(step, loss=mean_across(loss, dp_mesh.get_group()), **times,
-                    tokens_per_s=tokens_per_s, mem_gib=rt.device.memory_gib())
-        if checkpointer.after_step(step, model, optimizer, {}, logger):
-            break
-    logger.close()
-    runtime_dist.teardown()
-    return checkpointer.exit_code(step, cfg.steps)
+        return {"loss": mean_across(loss, dp_mesh.get_group()), **times,
+                "tokens_per_s": tokens_per_s, "mem_gib": rt.device.memory_gib()}
+
+    return training.run(cfg.steps, train_step)
 
 
 if __name__ == "__main__":

@@ -24,18 +24,17 @@ import torch
 
 from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.dataset import DatasetError, SampleLog, TokenDataset
 from mmm_orch.runtime.dist import refuse
 from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
 from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
                                    param_dtype, run_dir, warmup_cosine)
-from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
+from mmm_orch.trainers.training import Training
 from mmm_orch.trainers.validation import SYNTHETIC_HELD_OUT, Offset, validation_loss
 
 
@@ -126,28 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                cfg.keep_checkpoints, cfg.async_save)
-    step = consumed = 0  # consumed: the global index of the next sample to train on
-    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
-        step = state["step"]
-        consumed = state.get("samples", step * batches.size)
-        scheduler.load_state_dict(state["scheduler"])
-    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
-                                "params": params, "world_size": rt.world_size,
-                                **batches.describe()},
-                          enabled=rt.is_main, resumed_from=step)
+    training = Training(rt, cfg, out, model, optimizer,
+                        {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
+                         "params": params, "world_size": rt.world_size, **batches.describe()},
+                        scheduler, cfg.async_save)
+    step = training.step
+    consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches,
                               step)
     rate = TokenRate(transformer_flops_per_token(params, embedding_params, args.n_layers,
                                                  args.n_heads, args.head_dim, seq_len),
                      rt.device.name(), rt.world_size)
-    timer, device = StepTimer(rt), rt.device.torch
+    timer, device = training.timer, rt.device.torch
     if step:
-        logger.event("resume", step=step, samples=consumed, checkpoint=str(checkpointer.root))
+        training.logger.event("resume", step=step, samples=consumed,
+                              checkpoint=str(training.checkpointer.root))
 
-    while step < cfg.steps:
-        step += 1
+    def step_of_training(step: int) -> dict:
+        nonlocal consumed
         loss = train_step(model, train, batches, consumed, timer, device, step, samples,
                           tp_mesh.size(), cfg.loss_chunk)
         consumed, grad_norm = consumed + batches.size, torch.nn.utils.clip_grad_norm_(
@@ -156,20 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         times = timer.stop()
-
         validated = validate(cfg, step, model, val, batch_size, dp_mesh, tp_mesh.size(), device)
-        logger.step(step, loss=mean_across(loss, dp_mesh.get_group()),
-                    grad_norm=_full(grad_norm), lr=scheduler.get_last_lr()[0], **times,
-                    **rate(batches.size * seq_len, times["dt"]), mem_gib=rt.device.memory_gib(),
-                    **validated)
-        if checkpointer.after_step(step, model, optimizer,
-                                   {"scheduler": scheduler.state_dict(), "samples": consumed},
-                                   logger):
-            break
-    checkpointer.wait_pending(logger)
-    logger.close()
-    runtime_dist.teardown()
-    return checkpointer.exit_code(step, cfg.steps)
+        return {"loss": mean_across(loss, dp_mesh.get_group()), "grad_norm": _full(grad_norm),
+                "lr": scheduler.get_last_lr()[0], **times,
+                **rate(batches.size * seq_len, times["dt"]), "mem_gib": rt.device.memory_gib(),
+                **validated}
+
+    return training.run(cfg.steps, step_of_training, lambda: {"samples": consumed})
 
 
 def validate(cfg: Config, step: int, model, val, batch_size: int, dp_mesh, tp: int,

@@ -16,14 +16,13 @@ if __name__ == "__main__":  # before torch loads: a stop during startup waits fo
 import torch
 
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
-from mmm_orch.runtime.loop import (StepTimer, adamw, classifier_step, draw_per_rank,
-                                   mean_across, mesh, param_dtype, run_dir)
-from mmm_orch.runtime.metrics import MetricLogger
+from mmm_orch.runtime.loop import (adamw, classifier_step, draw_per_rank, mean_across, mesh,
+                                   param_dtype, run_dir)
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
+from mmm_orch.trainers.training import Training
 
 TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "heads": 2, "head_dim": 16, "num_classes": 10,
         "batch_size": 8}
@@ -61,29 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
-    checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                cfg.keep_checkpoints)
-    step = 0
-    if state := checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh):
-        step = state["step"]
+    training = Training(rt, cfg, out, model, optimizer,
+                        {**dataclasses.asdict(cfg), "world_size": rt.world_size})
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
-    logger = MetricLogger(out, {**dataclasses.asdict(cfg), "world_size": rt.world_size},
-                          enabled=rt.is_main, resumed_from=step)
-    timer = StepTimer(rt)
 
-    while step < cfg.steps:
-        step += 1
-        timer.start()
+    def train_step(step: int) -> dict:
+        training.timer.start()
         batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
-        loss, times = classifier_step(model, optimizer, timer, rt, cfg.dtype, *batch)
-        logger.step(step, loss=mean_across(loss), **times,
-                    samples_per_s=cfg.batch_size / times["dt"],
-                    mem_gib=rt.device.memory_gib())
-        if checkpointer.after_step(step, model, optimizer, {}, logger):
-            break
-    logger.close()
-    runtime_dist.teardown()
-    return checkpointer.exit_code(step, cfg.steps)
+        loss, times = classifier_step(model, optimizer, training.timer, rt, cfg.dtype, *batch)
+        return {"loss": mean_across(loss), **times, "samples_per_s": cfg.batch_size / times["dt"],
+                "mem_gib": rt.device.memory_gib()}
+
+    return training.run(cfg.steps, train_step)
 
 
 if __name__ == "__main__":
