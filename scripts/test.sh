@@ -4,13 +4,17 @@
 # side by side (MMM_ORCH_TEST_WORKERS, default 6 on CI's 2 cores; tests sharing a module fixture
 # are kept on one worker by an xdist_group); the few that stop a shared scheduler (marked
 # `serial`) run first, alone.
+# `--fast`: only the tests that need no server, no root and no waiting (tests/conftest.py), for
+# a developer's loop; the servers are not started. CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+fast=0
+[[ " $* " == *" --fast "* ]] && fast=1
 # The real test schedulers (Slurm: munge, MariaDB, slurmdbd, slurmctld, three slurmd; OpenPBS:
 # server, scheduler, comm and a MoM with three vnodes) need root, as in CI. Without root their
 # tests skip and say so.
-if [[ $(id -u) -eq 0 ]]; then
+if [[ $(id -u) -eq 0 && $fast -eq 0 ]]; then
     bash scripts/slurm-cluster.sh up
     bash scripts/pbs-server.sh up
 fi
