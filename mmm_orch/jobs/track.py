@@ -141,11 +141,21 @@ def _failover(status: JobStatus, record: JobRecord, host: Host) -> tuple[JobStat
     and spare nodes, the nodes it retired and, once it ended, why its last attempt stopped; and
     the nodes it retired on evidence (a blind rotation is a guess, not evidence)."""
     try:
-        state = json.loads(host.read_from(posixpath.join(record.job_dir, protocol.FAILOVER_FILE), 0) or b"")
-    except (ValueError, MmmError, OSError):
+        text = host.read_from(posixpath.join(record.job_dir, protocol.FAILOVER_FILE), 0)
+    except (MmmError, OSError):
         return status, []
-    retired = state.get("retired", [])
-    return _failover_status(status, state, retired), [e for e in retired if not e["blind"]]
+    if not text:  # not written yet (the loop writes it once it has picked the active nodes)
+        return status, []
+    try:  # written by the job: what is not as the loop writes it is said, never a crash
+        state = json.loads(text)
+        retired = state.get("retired", [])
+        lost = [entry for entry in retired if not entry["blind"]]
+        return _failover_status(status, state, retired), lost
+    except (ValueError, RecursionError, TypeError, KeyError, AttributeError):
+        damaged = (f"{protocol.FAILOVER_FILE} is not as the job writes it (truncated or changed): "
+                   "its attempts are not shown")
+        return dataclasses.replace(status, reason="; ".join(
+            [status.reason, damaged]).strip("; ")), []
 
 
 def _failover_status(status: JobStatus, state: dict, retired: list[dict]) -> JobStatus:
