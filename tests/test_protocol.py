@@ -142,6 +142,18 @@ def test_each_marker_and_file_name_is_written_only_in_the_protocol(text):
     assert not spelled, spelled
 
 
+VARIABLES = [value for name, value in vars(protocol).items()
+             if name.endswith("_VAR") and isinstance(value, str)]
+
+
+@pytest.mark.parametrize("name", VARIABLES)
+def test_each_variable_the_job_hands_its_programs_is_named_only_in_the_protocol(name):
+    """`os.environ.get("MMM_RUN_LOCK_WAIT")` in one module and its setting in another would be two
+    definitions that can drift apart."""
+    spelled = [str(p.relative_to(REPO)) for p in SOURCES if name in _strings(p)]
+    assert not spelled, spelled
+
+
 def test_each_exit_code_is_defined_only_in_the_protocol():
     codes = {name: value for name, value in vars(protocol).items() if name.startswith("EXIT_")}
     assert len(set(codes.values())) == len(codes), codes

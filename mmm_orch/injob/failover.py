@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         if attempt > 1:  # from the last checkpoint: a trainer by its options, a command by
             line = f"{line} {args.resume_args}".rstrip()  # the runtime's variables
             os.environ.update({protocol.RESUME_VAR: "1", protocol.ALLOW_FRESH_VAR: "1",
-                               "MMM_RUN_LOCK_WAIT": str(RELAUNCH_LOCK_WAIT_S)})
+                               protocol.RUN_LOCK_WAIT_VAR: str(RELAUNCH_LOCK_WAIT_S)})
         protocol.say(protocol.ATTEMPT, f"={attempt}/{attempts} at={time.time():.3f} "
                      f"active={','.join(active)} spares={','.join(spares) or 'none'}")
         state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,

@@ -48,6 +48,11 @@ ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet 
 # When the job's walltime runs out (epoch seconds; the script exports it): what runs inside the
 # job (a pack's points) keeps its own walltimes within it.
 JOB_END_VAR = "MMM_ORCH_JOB_END"
+DEVICE_VAR = "MMM_DEVICE"                 # the torch device type the ranks use (cuda, xpu, cpu)
+BACKEND_VAR = "MMM_BACKEND"               # the collective backend (nccl, xccl, gloo)
+# How long a relaunched run waits for the run directory's lock held by the ranks of the launch
+# that ended (seconds; failover sets it, runtime/loop.py waits).
+RUN_LOCK_WAIT_VAR = "MMM_RUN_LOCK_WAIT"
 CHECKPOINTS_DIR = "checkpoints"           # in the run directory: step-N/ and `latest`
 TENSORBOARD_DIR = "tensorboard"           # in the run directory: TensorBoard's event files
 WANDB_DIR = "wandb"                       # in the run directory: W&B's run-*/offline-run-*

@@ -20,6 +20,7 @@ from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import Workload, MachineOverride
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
+from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
@@ -395,8 +396,8 @@ def _environment(machine: Machine, workload: Workload, override: MachineOverride
 
 def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntry]:
     """The variables mmm_orch.runtime reads: device, backend, visible devices, rendezvous."""
-    entries = [EnvEntry(name="MMM_DEVICE", value=devices.torch),
-               EnvEntry(name="MMM_BACKEND", value=devices.backend)]
+    entries = [EnvEntry(name=protocol.DEVICE_VAR, value=devices.torch),
+               EnvEntry(name=protocol.BACKEND_VAR, value=devices.backend)]
     if machine.devices.visible and devices.share is None:  # (a share's own mask instead)
         entries.append(EnvEntry(name=machine.devices.visible_env,
                                 value=",".join(map(str, machine.devices.visible))))

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mmm_orch.injob import protocol
+
 _BACKENDS = {"cuda": "nccl", "xpu": "xccl", "mps": "gloo", "cpu": "gloo"}
 # What MMM_BACKEND may name: torch's collective backends (ROCm's RCCL is behind nccl), and
 # oneCCL's ccl.
@@ -111,12 +113,12 @@ def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
     """The device for this rank: local rank modulo the visible devices (with --gpus-per-task=1
     each rank sees one device, so every rank gets index 0)."""
     env = os.environ if env is None else env
-    device_type = env.get("MMM_DEVICE") or _auto_type()
+    device_type = env.get(protocol.DEVICE_VAR) or _auto_type()
     if device_type == "rocm":
         device_type = "cuda"  # ROCm builds of torch use the cuda device type
     if device_type not in _BACKENDS:
         raise DeviceError(f"MMM_DEVICE={device_type!r}: expected cuda, rocm, xpu, mps or cpu")
-    chosen = env.get("MMM_BACKEND")
+    chosen = env.get(protocol.BACKEND_VAR)
     if chosen and chosen not in _ALLOWED_BACKENDS:
         raise DeviceError(f"MMM_BACKEND={chosen!r}: expected {', '.join(_ALLOWED_BACKENDS)}")
     backend = (_registered(chosen) if chosen else

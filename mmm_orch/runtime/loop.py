@@ -161,7 +161,7 @@ def _claim(path: Path, hostname: str) -> str:
     _RUN_LOCK = open(path / ".lock", "a+")
     # A relaunch after a failure waits this long for the ranks of the launch that ended,
     # which may take the scheduler's kill grace (Slurm's KillWait) to go.
-    deadline = time.monotonic() + float(os.environ.get("MMM_RUN_LOCK_WAIT", "0"))
+    deadline = time.monotonic() + float(os.environ.get(protocol.RUN_LOCK_WAIT_VAR, "0"))
     waiting = False
     while True:
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from mmm_orch.injob import protocol
 from mmm_orch.runtime.dataset import (FORMAT, MANIFEST, SHARD_FILE, SPLITS, dtype_for,
                                       replacement_dirs, shard_name)
 from mmm_orch.runtime.options import parse
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mmm_orch.runtime import dist as runtime_dist
 
-    os.environ.setdefault("MMM_DEVICE", "cpu")  # text work: no accelerator to hold
+    os.environ.setdefault(protocol.DEVICE_VAR, "cpu")  # text work: no accelerator to hold
     rt = runtime_dist.setup()
     started = time.perf_counter()
     dtype = dtype_for(tokenizer.vocab_size)
