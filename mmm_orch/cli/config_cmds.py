@@ -89,7 +89,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     if args.name is None and args.what.isdigit():
-        from mmm_orch.jobs import view
+        from mmm_orch.cli import view
 
         try:
             job_id = common.job_id(args.what)

@@ -157,7 +157,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         result, blamed = diagnose.diagnose(text, signatures), ""
     else:
         from mmm_orch import inspection
-        from mmm_orch.jobs.view import exit_text
+        from mmm_orch.cli.view import exit_text
 
         db = common.jobs_db(args)
         found = inspection.diagnose(db, common.job(db, args.job))

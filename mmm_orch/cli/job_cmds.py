@@ -149,7 +149,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    from mmm_orch.jobs import view
+    from mmm_orch.cli import view
     from mmm_orch.jobs.track import Refresh, refresh
 
     db = common.jobs_db(args)
@@ -231,7 +231,7 @@ def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start
     final = db.get(job_id, events=False)
     if not exit_with_job:
         return 0
-    from mmm_orch.jobs.view import exit_text
+    from mmm_orch.cli.view import exit_text
 
     print(f"mmm-orch: job {job_id} {final.state.value} (exit {exit_text(final)})", file=sys.stderr)
     if final.exit_code is not None:
