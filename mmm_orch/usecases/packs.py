@@ -71,12 +71,11 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
 
 def _pack_request(shared: Request, points: list, nodes: int, walltime: str | None) -> Request:
     """The pack job: `nodes` nodes for `walltime`, by default for the waves its points run in
-    at most (each wave as long as its longest point)."""
+    at most (jobs/pack.walltime_for)."""
     from mmm_orch.jobs.pack import walltime_for
     from mmm_orch.walltime import format_walltime
 
-    walltime = walltime or format_walltime(
-        walltime_for(points, nodes))
+    walltime = walltime or format_walltime(walltime_for(points, nodes))
     return dataclasses.replace(shared, workload="command", command=("true",), sets=(),
                                nodes=nodes, spare_nodes=0, walltime=walltime,
                                name=shared.name or f"{points[0].plan.name}-pack")
