@@ -49,7 +49,7 @@ def summary(samples: list[float]) -> dict[str, float]:
 def measure_status(mmm: Path, env: dict[str, str], work: str, runs: int,
                    times: dict[str, list[float]]) -> None:
     sys.path.insert(0, str(ROOT))
-    from mmm_orch.jobs.db import JobDB
+    from mmm_orch.records.db import JobDB
 
     submitted = JobDB(Path(work) / "state" / "mmm-orch" / "jobs.db")
     first = submitted.get(1)

@@ -6,46 +6,90 @@ From Python (mmm_orch/api.py; README "From Python"):
     job = mmm_orch.submit("slurm-local", "fsdp", nodes=2, options={"epochs": 1})
     job.wait()
 
-The names below load on first use, so that `import mmm_orch` (and the CLI) stays instant.
+The names below load on first use, so that `import mmm_orch` (and the CLI) stays instant. No
+module or package of mmm_orch has an API name (rendering.py, not render.py), so an import of
+one never hides the API's function of that name.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
+_API = (
+    "Job",
+    "Sweep",
+    "balance",
+    "job",
+    "jobs",
+    "plan",
+    "refresh",
+    "render",
+    "report",
+    "submit",
+    "sweep",
+    "usage",
+)
+_ERRORS = (
+    "MmmError",
+    "InvalidValue",
+    "UnknownName",
+    "ConfigError",
+    "SchedulerError",
+    "SchedulerUnavailable",
+)
+__all__ = [
+    "ConfigError",
+    "InvalidValue",
+    "Job",
+    "MmmError",
+    "SchedulerError",
+    "SchedulerUnavailable",
+    "Sweep",
+    "UnknownName",
+    "__version__",
+    "balance",
+    "job",
+    "jobs",
+    "plan",
+    "refresh",
+    "render",
+    "report",
+    "submit",
+    "sweep",
+    "usage",
+]
 
-_API = ("Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report", "submit",
-        "sweep", "usage")
-_ERRORS = ("MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",
-           "SchedulerUnavailable")
-__all__ = ["Job", "Sweep", "balance", "job", "jobs", "plan", "refresh", "render", "report", "submit",
-           "sweep", "usage",
-           "MmmError", "InvalidValue", "UnknownName", "ConfigError", "SchedulerError",
-           "SchedulerUnavailable", "__version__"]
-
-if TYPE_CHECKING:  # what type checkers and editors see; at run time, _Package below
-    from mmm_orch.api import (Job, Sweep, balance, job, jobs, plan, refresh, render,
-                              report, submit, sweep, usage)
-    from mmm_orch.errors import (ConfigError, InvalidValue, MmmError, SchedulerError,
-                                 SchedulerUnavailable, UnknownName)
-
-
-class _Package(types.ModuleType):
-    """mmm_orch itself. `render` and `jobs` are also the names of a module and a package in it,
-    which an import of them binds here: the API's functions win (those are imported from
-    mmm_orch.render and mmm_orch.jobs.*, which reach them by sys.modules, never by attribute)."""
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in _API:
-            from mmm_orch import api
-
-            return getattr(api, name)
-        return super().__getattribute__(name)
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
+    from mmm_orch.api import (
+        Job,
+        Sweep,
+        balance,
+        job,
+        jobs,
+        plan,
+        refresh,
+        render,
+        report,
+        submit,
+        sweep,
+        usage,
+    )
+    from mmm_orch.errors import (
+        ConfigError,
+        InvalidValue,
+        MmmError,
+        SchedulerError,
+        SchedulerUnavailable,
+        UnknownName,
+    )
+    from mmm_orch.version import __version__
 
 
 def __getattr__(name: str) -> Any:
+    if name in _API:
+        from mmm_orch import api  # the API loads the use cases: only when it is used
+
+        return getattr(api, name)
     if name == "__version__":  # (in-job code imports this package: it loads nothing more)
         from mmm_orch.version import __version__
 
@@ -55,6 +99,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(errors, name)
     raise AttributeError(f"module 'mmm_orch' has no attribute {name!r}")
-
-
-sys.modules[__name__].__class__ = _Package

@@ -9,10 +9,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
-from mmm_orch.errors import MmmError
+from mmm_orch.config.registry import load_machine
+from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.hosts import host_for
+from mmm_orch.planning.checks import SAFE_WORD
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,10 @@ def _number(text: str) -> float:
 
 # sbank-list-allocations: " Id  Start  End  Resource  Project  Jobs  Charged  Available Balance"
 # (fields added with -f "+created" follow the balance).
-_SBANK_ROW = re.compile(r"^\s*\d+\s+(\d{4}-\d\d-\d\d)\s+(\d{4}-\d\d-\d\d)\s+(\S+)\s+(\S+)\s+"
-                        r"([\d,]+)\s+(-?[\d,.]+)\s+(-?[\d,.]+)(\s.*)?$")
+_SBANK_ROW = re.compile(
+    r"^\s*\d+\s+(\d{4}-\d\d-\d\d)\s+(\d{4}-\d\d-\d\d)\s+(\S+)\s+(\S+)\s+"
+    r"([\d,]+)\s+(-?[\d,.]+)\s+(-?[\d,.]+)(\s.*)?$"
+)
 
 
 def parse_sbank(text: str) -> list[Allocation]:
@@ -56,9 +62,18 @@ def parse_sbank(text: str) -> list[Allocation]:
         if match := _SBANK_ROW.match(line):
             start, end, resource, project, jobs, charged, available, _ = match.groups()
             used, remaining = _number(charged), _number(available)
-            out.append(Allocation(project=project, resource=resource, allocation=used + remaining,
-                                  used=used, remaining=remaining, jobs=int(jobs.replace(",", "")),
-                                  start=start, end=end))
+            out.append(
+                Allocation(
+                    project=project,
+                    resource=resource,
+                    allocation=used + remaining,
+                    used=used,
+                    remaining=remaining,
+                    jobs=int(jobs.replace(",", "")),
+                    start=start,
+                    end=end,
+                )
+            )
     return out
 
 
@@ -75,55 +90,79 @@ def parse_showusage(text: str) -> list[Allocation]:
             allocation, used, remaining = (_number(c) for c in cells[1:4])
         except ValueError:
             continue  # the header
-        out.append(Allocation(project=cells[0], resource="", allocation=allocation, used=used,
-                              remaining=remaining))
+        out.append(
+            Allocation(
+                project=cells[0], resource="", allocation=allocation, used=used, remaining=remaining
+            )
+        )
     return out
 
 
 PARSERS: dict[str, Callable[[str], list[Allocation]]] = {
-    "sbank": parse_sbank, "showusage": parse_showusage}
+    "sbank": parse_sbank,
+    "showusage": parse_showusage,
+}
 
 
 def balance(machine_name: str, account: str | None, host: str | None = None) -> Balance:
     """The allocations of `account` (the profile's default where None) the machine's tool
     reports; where it cannot tell, a Balance with no allocations and a note saying why."""
-    from mmm_orch.config.registry import load_machine
-    from mmm_orch.hosts import host_for
-    from mmm_orch.planning.checks import SAFE_WORD
-
     machine = load_machine(machine_name)
     tool = machine.charging.balance
     account = account or machine.account.default
     if account and not SAFE_WORD.fullmatch(account):
-        from mmm_orch.errors import InvalidValue
-
         raise InvalidValue("--account", account, "letters, digits, '_', '.', '-'")
     if tool is None:
-        return Balance(machine.name, account or "", [],
-                       f"machine {machine.name} has no balance tool in its profile"
-                       + (f" ({machine.charging.notes})" if machine.charging.notes else ""))
+        return Balance(
+            machine.name,
+            account or "",
+            [],
+            f"machine {machine.name} has no balance tool in its profile"
+            + (f" ({machine.charging.notes})" if machine.charging.notes else ""),
+        )
     if "{account}" in " ".join(tool.command) and not account:
         raise MmmError(f"balance on {machine.name}: give the project to ask about (--account)")
     argv = [word.format(account=account) for word in tool.command]
-    remote = host if host is not None else ("" if shutil.which(argv[0]) else
-                                            (machine.login_hosts[0] if machine.login_hosts else ""))
+    remote = (
+        host
+        if host is not None
+        else (
+            "" if shutil.which(argv[0]) else (machine.login_hosts[0] if machine.login_hosts else "")
+        )
+    )
     where = f" on {remote}" if remote else ""
     runner = host_for(remote)  # a bad --host is an error (exit 2), not a note
     try:
         result = runner.run(argv, timeout=tool.timeout_s)
     except subprocess.TimeoutExpired:
-        return Balance(machine.name, account or "", [],
-                       f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s")
+        return Balance(
+            machine.name,
+            account or "",
+            [],
+            f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s",
+        )
     except (MmmError, OSError) as exc:
         return Balance(machine.name, account or "", [], f"{argv[0]}{where}: {exc}")
     if result.returncode != 0:
-        return Balance(machine.name, account or "", [],
-                       f"{argv[0]}{where} failed (exit {result.returncode}): "
-                       f"{(result.stderr or result.stdout).strip()[:200]}")
+        return Balance(
+            machine.name,
+            account or "",
+            [],
+            f"{argv[0]}{where} failed (exit {result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[:200]}",
+        )
     listed = PARSERS[tool.parser](result.stdout)
     found = [a for a in listed if not account or a.project == account]
     if found:
         return Balance(machine.name, account or "", found)
-    return Balance(machine.name, account or "", [], f"{argv[0]}{where} listed no allocation"
-                   + (f" of {account} (it listed: {', '.join(sorted({a.project for a in listed}))})"
-                      if listed else ""))
+    return Balance(
+        machine.name,
+        account or "",
+        [],
+        f"{argv[0]}{where} listed no allocation"
+        + (
+            f" of {account} (it listed: {', '.join(sorted({a.project for a in listed}))})"
+            if listed
+            else ""
+        ),
+    )

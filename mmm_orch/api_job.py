@@ -9,22 +9,27 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Literal, overload
 
-from mmm_orch.errors import InvalidValue
-from mmm_orch.limits import MAX_INT
-from mmm_orch.jobs.record import JobRecord
+from mmm_orch import usecases
+from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.usecases import MAX_INT, JobDB, JobRecord, inspection, reruns, tracking
 
-# One connection per database file and process (jobs/db.py): threads take turns with it.
+# One connection per database file and process (records/db.py): threads take turns with it.
 lock = threading.RLock()
-
 
 
 # The API's checks of Python values, one per kind, each returning the value made plain (a str or
 # int subclass's own __str__ is never called later, e.g. by an f-string deep inside).
 
+
+# Each `..._of` with `none`: None passes too; without, the value is never None.
+@overload
+def text_of(field: str, value: Any, none: Literal[False] = False) -> str: ...
+@overload
+def text_of(field: str, value: Any, none: bool) -> str | None: ...
 def text_of(field: str, value: Any, none: bool = False) -> str | None:
     """A str, left to be checked by what reads it (planning says what a name may be, in the
     command line's words)."""
@@ -35,28 +40,47 @@ def text_of(field: str, value: Any, none: bool = False) -> str | None:
     return str.__str__(value)
 
 
+@overload
+def name_of(field: str, value: Any, none: Literal[False] = False) -> str: ...
+@overload
+def name_of(field: str, value: Any, none: bool) -> str | None: ...
 def name_of(field: str, value: Any, none: bool = False) -> str | None:
     """A name nothing downstream checks (a filter, a login host): one line, not empty."""
     value = text_of(field, value, none)
     if value is not None and (not value or not value.isprintable()):
-        raise InvalidValue(field, value, "a name: one line of text, not empty"
-                           + (", or None" if none else ""))
+        raise InvalidValue(
+            field, value, "a name: one line of text, not empty" + (", or None" if none else "")
+        )
     return value
 
 
+@overload
+def path_of(field: str, value: Any, none: Literal[False] = False) -> str: ...
+@overload
+def path_of(field: str, value: Any, none: bool) -> str | None: ...
 def path_of(field: str, value: Any, none: bool = False) -> str | None:
     """A file's path (str or pathlib.Path): one line, not empty."""
     if none and value is None:
         return None
     plain = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(plain, str) or not plain or not plain.isprintable():
-        raise InvalidValue(field, value, "a path (str or Path), one line"
-                           + (", or None" if none else ""))
+        raise InvalidValue(
+            field, value, "a path (str or Path), one line" + (", or None" if none else "")
+        )
     return str.__str__(plain)
 
 
-def whole_of(field: str, value: Any, low: int, high: int = MAX_INT,
-             none: bool = False) -> int | None:
+@overload
+def whole_of(
+    field: str, value: Any, low: int, high: int = MAX_INT, none: Literal[False] = False
+) -> int: ...
+@overload
+def whole_of(
+    field: str, value: Any, low: int, high: int = MAX_INT, *, none: bool
+) -> int | None: ...
+def whole_of(
+    field: str, value: Any, low: int, high: int = MAX_INT, none: bool = False
+) -> int | None:
     if none and value is None:
         return None
     try:  # any integer type (numpy's too), never a bool
@@ -64,24 +88,40 @@ def whole_of(field: str, value: Any, low: int, high: int = MAX_INT,
     except TypeError:
         plain = None
     if plain is None or not low <= plain <= high:
-        allowed = f"a whole number {low}-{high}" if high < MAX_INT else \
-            f"a whole number >= {low} (below 2**63)"
+        allowed = (
+            f"a whole number {low}-{high}"
+            if high < MAX_INT
+            else f"a whole number >= {low} (below 2**63)"
+        )
         raise InvalidValue(field, value, allowed + (" or None" if none else ""))
     return plain
 
 
+@overload
+def number_of(
+    field: str, value: Any, zero: bool = False, none: Literal[False] = False
+) -> float: ...
+@overload
+def number_of(field: str, value: Any, zero: bool = False, *, none: bool) -> float | None: ...
 def number_of(field: str, value: Any, zero: bool = False, none: bool = False) -> float | None:
     """A finite number of seconds or node-hours: greater than 0 (`zero`: or 0)."""
     if none and value is None:
         return None
     try:
-        plain = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        plain = (
+            float(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
             else math.nan
+        )
     except OverflowError:  # an int past a float's range
         plain = math.nan
     if not (math.isfinite(plain) and (plain >= 0 if zero else plain > 0)):
-        raise InvalidValue(field, value, ("a finite number >= 0" if zero else
-                                          "a finite number > 0") + (" or None" if none else ""))
+        raise InvalidValue(
+            field,
+            value,
+            ("a finite number >= 0" if zero else "a finite number > 0")
+            + (" or None" if none else ""),
+        )
     return plain
 
 
@@ -101,18 +141,18 @@ def items_of(field: str, value: Any, what: str, example: str) -> list[Any]:
 def jobs_of(field: str, value: Any, empty: bool = True) -> list[Job]:
     found = items_of(field, value, "Jobs", "mmm_orch.jobs()")
     if not all(isinstance(each, Job) for each in found) or not (found or empty):
-        raise InvalidValue(field, value, "a " + ("" if empty else "non-empty ")
-                           + "list of Jobs, e.g. mmm_orch.jobs()")
+        raise InvalidValue(
+            field,
+            value,
+            "a " + ("" if empty else "non-empty ") + "list of Jobs, e.g. mmm_orch.jobs()",
+        )
     return found
 
 
-def _db(path: str | None):
-    from mmm_orch.jobs.db import open_db
-
-    db = open_db(path)
+def opened(path: str | None) -> JobDB:
+    """The job database at `path` (None: the default one); there must be one."""
+    db = tracking.open_jobs(path)
     if db is None:
-        from mmm_orch.errors import MmmError
-
         raise MmmError("no job database yet: nothing was submitted")
     return db
 
@@ -120,17 +160,14 @@ def _db(path: str | None):
 def refresh(jobs: Iterable[Job]) -> list[Job]:
     """Ask the schedulers about these jobs at once (one query per machine and host, as `status`
     does; ended jobs are not asked again) and update each."""
-    from mmm_orch.jobs.track import refresh as refresh_records
-
     jobs = jobs_of("jobs", jobs)
     by_db: dict[str | None, list[Job]] = {}
     for job in jobs:
         by_db.setdefault(job.db, []).append(job)
     with lock:
         for path, group in by_db.items():
-            db = _db(path)
-            refresh_records(db, [job.record for job in group])
-            fresh = {r.id: r for r in db.list(ids=[job.id for job in group])}
+            db = opened(path)
+            fresh = {r.id: r for r in tracking.refresh(db, [job.record for job in group]).records}
             for job in group:
                 job.record = fresh.get(job.id, job.record)
     return jobs
@@ -142,8 +179,9 @@ class Job:
 
     def __init__(self, record: JobRecord, db: str | Path | None = None):
         if not isinstance(record, JobRecord):
-            raise InvalidValue("record", record,
-                               "a JobRecord (Jobs come from submit(), job(), jobs())")
+            raise InvalidValue(
+                "record", record, "a JobRecord (Jobs come from submit(), job(), jobs())"
+            )
         self.record = record
         # The job database's path; None: the default ($MMM_ORCH_DB, XDG state).
         self.db = path_of("db", db, none=True)
@@ -155,8 +193,10 @@ class Job:
         return hash((self.id, self.db))
 
     def __repr__(self) -> str:
-        return (f"Job({self.id}, {self.workload} on {self.machine}, {self.state}, "
-                f"{self.record.scheduler} id {self.native_id or '-'})")
+        return (
+            f"Job({self.id}, {self.workload} on {self.machine}, {self.state}, "
+            f"{self.record.scheduler} id {self.native_id or '-'})"
+        )
 
     id = property(lambda self: self.record.id)
     native_id = property(lambda self: self.record.native_id)
@@ -192,63 +232,46 @@ class Job:
 
     def logs(self, tail: int | None = None) -> str:
         """The log so far ('' before the job writes one); its last `tail` lines."""
-        from mmm_orch import inspection
-
         log, _ = inspection.log_text(self.record, whole_of("tail", tail, 0, none=True))
-        return (log or b"").decode(errors="replace")
+        return log or ""
 
     def follow(self) -> Iterator[str]:
         """The log as it is written (whole lines), until the job ends."""
-        from mmm_orch.hosts import host_for
-        from mmm_orch.jobs import logs
-
-        for chunk in logs.follow(host_for(self.record.remote), self.log_path,
-                                 lambda: self.refresh().done):
-            yield chunk.decode(errors="replace")
+        yield from tracking.follow_log(self.record, lambda: self.refresh().done)
 
     def cancel(self) -> list[str]:
         """Cancel it (a link of a chain: the chain), as `mmm-orch cancel`; what happened, in
         words."""
-        from mmm_orch import usecases
-
         with lock:
-            said = list(usecases.cancel(_db(self.db), [self.record]))
+            said = list(usecases.cancel(opened(self.db), [self.record]))
         self.refresh()
         return said
 
     def timeline(self) -> list[dict[str, Any]]:
         """Its events (submitted, job start, launch, first step, ...), each with `at` and
         `gap_s`, as `mmm-orch timeline`."""
-        from mmm_orch import inspection
-
         with lock:
-            found = inspection.timeline(_db(self.db), self.record)
+            found = inspection.timeline(opened(self.db), self.record)
         self.record = found.record
         return found.events
 
     def diagnose(self) -> dict[str, Any]:
         """The first known failure in its log, as `mmm-orch diagnose --json`."""
-        from mmm_orch import inspection
-
         with lock:
-            found = inspection.diagnose(_db(self.db), self.record)
+            found = inspection.diagnose(opened(self.db), self.record)
         self.record = found.record
         return {"log": self.log_path, **found.result.to_dict(), "blamed": found.blamed}
 
     def metrics(self) -> list[dict[str, Any]]:
         """The run's step records (step, loss, dt, throughput, ...), one dict per step."""
-        from mmm_orch import inspection
-
         return inspection.metrics(self.record)
 
     def rerun(self, resume: bool = False) -> Job:
         """Submit its recorded plan again (`resume`: from its run's latest checkpoint); a pack
         job: a new pack of its points that did not complete."""
-        from mmm_orch.usecases.reruns import rerun
-
         resume = flag_of("resume", resume)
         with lock:
-            return Job(rerun(self.record, resume, self.db), self.db)
+            return Job(reruns.rerun(self.record, resume, self.db), self.db)
 
     @property
     def links(self) -> list[Job]:
@@ -256,7 +279,7 @@ class Job:
         if self.record.group_id is None:
             return [self]
         with lock:
-            records = _db(self.db).list(group_id=self.record.group_id)
+            records = opened(self.db).list(group_id=self.record.group_id)
         return [Job(r, self.db) for r in sorted(records, key=lambda r: (r.group_index or 0, r.id))]
 
     @property

@@ -21,13 +21,13 @@ import json
 import os
 import shlex
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from mmm_orch.version import __version__
 
 REPORT = "MMM_ORCH_ENV_REPORT "  # marks the line the report script prints
+STEP = "MMM_ORCH_STEP "  # marks each step the create script says it did
 # Run by the job's python after the setup lines and the activation: what a job would see.
 _REPORT_PY = (
     "import json, sys\n"
@@ -46,7 +46,8 @@ _REPORT_PY = (
     "                info['device'] = f'{kind} x{api.device_count()}'; break\n"
     "    except Exception as exc:\n"
     "        info['torch_error'] = f'{type(exc).__name__}: {exc}'\n"
-    f"print({REPORT!r} + json.dumps(info))\n")
+    f"print({REPORT!r} + json.dumps(info))\n"
+)
 
 
 def config_file() -> Path:
@@ -79,6 +80,7 @@ def remember(machine: str, entry: dict[str, Any]) -> None:
 
 # -- the wheel ----------------------------------------------------------------------------------
 
+
 def package_files() -> list[tuple[str, bytes]]:
     """(archive name, bytes) of every file of the running mmm_orch package, symlinked data
     directories (machines, workloads, templates) followed, caches left out."""
@@ -98,16 +100,31 @@ def build_wheel() -> tuple[str, bytes]:
     """(file name, bytes) of a pure-Python wheel of this mmm-orch, the same bytes for the same
     files. Installed with --no-deps: a job needs only the standard library, torch and numpy,
     which the facility's module provides."""
+    import zipfile  # ~3 ms (with shutil and lzma) that every plan would pay: only `env create`
+
     dist = f"mmm_orch-{__version__}.dist-info"
     files = package_files()
-    files.append((f"{dist}/METADATA",
-                  f"Metadata-Version: 2.1\nName: mmm-orch\nVersion: {__version__}\n"
-                  "Summary: job-side part of mmm-orch (trainers, runtime, watchdog)\n".encode()))
-    files.append((f"{dist}/WHEEL", b"Wheel-Version: 1.0\nGenerator: mmm-orch\n"
-                                   b"Root-Is-Purelib: true\nTag: py3-none-any\n"))
-    record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-        f"{len(data)}\n" for name, data in files) + f"{dist}/RECORD,,\n"
+    files.append(
+        (
+            f"{dist}/METADATA",
+            f"Metadata-Version: 2.1\nName: mmm-orch\nVersion: {__version__}\n"
+            "Summary: job-side part of mmm-orch (trainers, runtime, watchdog)\n".encode(),
+        )
+    )
+    files.append(
+        (
+            f"{dist}/WHEEL",
+            b"Wheel-Version: 1.0\nGenerator: mmm-orch\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+    )
+    record = (
+        "".join(
+            f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+            f"{len(data)}\n"
+            for name, data in files
+        )
+        + f"{dist}/RECORD,,\n"
+    )
     files.append((f"{dist}/RECORD", record.encode()))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as wheel:
@@ -128,6 +145,7 @@ def wheel_digest() -> str:
 
 
 # -- scripts run on the login node ---------------------------------------------------------------
+
 
 def _setup(lines: tuple[str, ...] | list[str]) -> str:
     return "\n".join(lines)
@@ -163,13 +181,14 @@ echo "MMM_ORCH_STEP installed mmm-orch {__version__}${{have:+ (was $have)}}"
 """
 
 
-def check_script(setup: list[str] | tuple[str, ...], activate: str, python: str,
-                 quick: bool = False) -> str:
+def check_script(
+    setup: list[str] | tuple[str, ...], activate: str, python: str, quick: bool = False
+) -> str:
     """bash that does what a job does before its launch (setup lines, activation) and reports
     what its python then is."""
     return f"""{_setup(setup)}
 {activate}
-{'export MMM_ORCH_CHECK_QUICK=1' if quick else ''}
+{"export MMM_ORCH_CHECK_QUICK=1" if quick else ""}
 {shlex.quote(python)} - <<'MMM_ORCH_PY'
 {_REPORT_PY}MMM_ORCH_PY
 """
@@ -178,7 +197,7 @@ def check_script(setup: list[str] | tuple[str, ...], activate: str, python: str,
 def read_report(stdout: str) -> dict[str, Any] | None:
     for line in stdout.splitlines():
         if line.startswith(REPORT):
-            return json.loads(line[len(REPORT):])
+            return json.loads(line[len(REPORT) :])
     return None
 
 
@@ -188,13 +207,15 @@ def activation(path_word: str) -> str:
 
 # -- the check at submission ----------------------------------------------------------------------
 
+
 def _cache_file() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "mmm-orch" / "env-checks.json"
 
 
-def check_key(machine: str, host: str, setup: tuple[str, ...], environment: str,
-              python: str) -> str:
+def check_key(
+    machine: str, host: str, setup: tuple[str, ...], environment: str, python: str
+) -> str:
     text = json.dumps([machine, host, list(setup), environment, python, wheel_digest()])
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -226,11 +247,15 @@ def missing_message(machine: str, report: dict[str, Any] | None, host: str, outp
     where = f" on {host}" if host else ""
     if report is None:
         last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        return (f"the job's Python for {machine}{where} could not be started after the profile's "
-                f"setup lines ({last}); check them with `mmm-orch env check {machine}`")
+        return (
+            f"the job's Python for {machine}{where} could not be started after the profile's "
+            f"setup lines ({last}); check them with `mmm-orch env check {machine}`"
+        )
     if report["mmm_orch"] is None:
         why = report["error"] or "mmm_orch is not installed"
     else:
         why = f"it has mmm-orch {report['mmm_orch']}, this is {__version__}"
-    return (f"the job's Python for {machine}{where} ({report['python']}) cannot run mmm-orch "
-            f"{__version__}: {why}; fix it with `mmm-orch env create {machine}`")
+    return (
+        f"the job's Python for {machine}{where} ({report['python']}) cannot run mmm-orch "
+        f"{__version__}: {why}; fix it with `mmm-orch env create {machine}`"
+    )

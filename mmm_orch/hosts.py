@@ -18,7 +18,9 @@ from mmm_orch.transport import LocalRunner, Runner
 
 
 class Host(Runner, Protocol):
-    name: str
+    # Read-only: SshHost gives its target through a property.
+    @property
+    def name(self) -> str: ...
 
     def home(self) -> str: ...
     def make_private_dir(self, path: str) -> list[str]: ...
@@ -94,7 +96,7 @@ def host_for(remote: str) -> Host:
     """The host for a job's `remote` field ('' is here); one instance per target per process."""
     if remote not in _open:
         if remote:
-            from mmm_orch.ssh import SshHost
+            from mmm_orch.ssh import SshHost  # paramiko: only where a host is remote
 
             _open[remote] = SshHost(remote)
         else:

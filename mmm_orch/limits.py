@@ -6,3 +6,6 @@ MAX_LINKS = 200
 
 # SQLite's largest integer: no job id, count or number of seconds recorded is larger.
 MAX_INT = 2**63 - 1
+
+# 9999-12-31T23:59:59Z: time.localtime ends there, so no recorded or printed time is later.
+MAX_EPOCH = 253402300799.0

@@ -34,8 +34,12 @@ class LlamaArgs:
     @property
     def block_params(self) -> int:
         kv = self.n_kv_heads * self.head_dim
-        return (2 * self.dim * self.dim + 2 * self.dim * kv  # wq, wo; wk, wv
-                + 3 * self.dim * self.ffn_dim + 2 * self.dim)  # w1, w2, w3; two norms
+        return (
+            2 * self.dim * self.dim
+            + 2 * self.dim * kv  # wq, wo; wk, wv
+            + 3 * self.dim * self.ffn_dim
+            + 2 * self.dim
+        )  # w1, w2, w3; two norms
 
     @property
     def params(self) -> int:
@@ -65,19 +69,70 @@ class Preset:
 
 # The torchtitan Llama 3 configurations (saforem2/mmm train_configs; Meta's model cards).
 PRESETS = {
-    "debug": Preset(LlamaArgs(dim=256, n_layers=8, n_heads=16, n_kv_heads=16, vocab_size=2048,
-                              max_seq_len=2048), batch_size=8, seq_len=2048, lr=8e-4, ac="none"),
-    "8b": Preset(LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
-                           max_seq_len=8192, multiple_of=1024, ffn_dim_multiplier=1.3),
-                 batch_size=1, seq_len=8192, lr=3e-4, ac="every_other"),
-    "70b": Preset(LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
-                            max_seq_len=8192, multiple_of=4096, ffn_dim_multiplier=1.3),
-                  batch_size=1, seq_len=8192, lr=1.5e-4, ac="full"),
-    "405b": Preset(LlamaArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
-                             vocab_size=128256, max_seq_len=8192, multiple_of=4096,
-                             ffn_dim_multiplier=1.2),
-                   batch_size=2, seq_len=8192, lr=8e-5, ac="full"),
+    "debug": Preset(
+        LlamaArgs(
+            dim=256, n_layers=8, n_heads=16, n_kv_heads=16, vocab_size=2048, max_seq_len=2048
+        ),
+        batch_size=8,
+        seq_len=2048,
+        lr=8e-4,
+        ac="none",
+    ),
+    "8b": Preset(
+        LlamaArgs(
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            vocab_size=128256,
+            max_seq_len=8192,
+            multiple_of=1024,
+            ffn_dim_multiplier=1.3,
+        ),
+        batch_size=1,
+        seq_len=8192,
+        lr=3e-4,
+        ac="every_other",
+    ),
+    "70b": Preset(
+        LlamaArgs(
+            dim=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            vocab_size=128256,
+            max_seq_len=8192,
+            multiple_of=4096,
+            ffn_dim_multiplier=1.3,
+        ),
+        batch_size=1,
+        seq_len=8192,
+        lr=1.5e-4,
+        ac="full",
+    ),
+    "405b": Preset(
+        LlamaArgs(
+            dim=16384,
+            n_layers=126,
+            n_heads=128,
+            n_kv_heads=8,
+            vocab_size=128256,
+            max_seq_len=8192,
+            multiple_of=4096,
+            ffn_dim_multiplier=1.2,
+        ),
+        batch_size=2,
+        seq_len=8192,
+        lr=8e-5,
+        ac="full",
+    ),
 }
-TINY = Preset(LlamaArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
-                        max_seq_len=64, multiple_of=32), batch_size=4, seq_len=64, lr=3e-3,
-              ac="none")
+TINY = Preset(
+    LlamaArgs(
+        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq_len=64, multiple_of=32
+    ),
+    batch_size=4,
+    seq_len=64,
+    lr=3e-3,
+    ac="none",
+)

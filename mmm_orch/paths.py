@@ -48,6 +48,12 @@ def search_dirs(kind: str) -> list[Path]:
     return list(found.values())
 
 
+def cache_home() -> Path:
+    """mmm-orch's cache directory: $XDG_CACHE_HOME/mmm-orch, else ~/.cache/mmm-orch."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "mmm-orch"
+
+
 def default_db_path() -> Path:
     """The job database: $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
     if os.environ.get("MMM_ORCH_DB"):
@@ -60,9 +66,13 @@ class NotReadable(ValueError):
     """A user's file that is not a regular file, or too large to be what it claims."""
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
-          stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device"}
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def open_regular(path: str | os.PathLike) -> int:
@@ -84,8 +94,9 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if info.st_size > limit:
-            raise NotReadable(f"{os.fspath(path)} is {info.st_size} bytes, above the {limit} "
-                              "this file may have")
+            raise NotReadable(
+                f"{os.fspath(path)} is {info.st_size} bytes, above the {limit} this file may have"
+            )
         with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(limit + 1)
     finally:

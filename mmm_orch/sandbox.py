@@ -112,6 +112,7 @@ def _unchanged(path: str, mtime_ns: int):
             return os.stat(path).st_mtime_ns == mtime_ns
         except OSError:
             return False
+
     return uptodate
 
 
@@ -127,8 +128,12 @@ class Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
 
     def __init__(self, directories: tuple[str, ...], **options: Any) -> None:
-        super().__init__(loader=SandboxLoader(directories), undefined=jinja2.StrictUndefined,
-                         autoescape=False, **options)
+        super().__init__(
+            loader=SandboxLoader(directories),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            **options,
+        )
         self.deadline = _Deadline()
         self._safe: dict[tuple[type, str], bool] = {}
         self.globals.pop("namespace", None)
@@ -175,19 +180,24 @@ class Sandbox(ImmutableSandboxedEnvironment):
         def guarded(*args: Any, **kwargs: Any) -> Any:
             self.deadline.check()
             if name == "format" and len(args) > passed:
-                _check_format(args[passed], [*args[passed + 1:], *kwargs.values()], "filter format")
+                _check_format(
+                    args[passed], [*args[passed + 1 :], *kwargs.values()], "filter format"
+                )
             else:
-                _check_arguments([*args[passed + 1:], *kwargs.values()], f"filter {name}")
+                _check_arguments([*args[passed + 1 :], *kwargs.values()], f"filter {name}")
             if name == "replace" and len(args) >= passed + 3:
-                _check_replace(*args[passed:passed + 3])
+                _check_replace(*args[passed : passed + 3])
             return _check_value(function(*args, **kwargs), f"filter {name}")
+
         if passed:
             guarded.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
         return guarded
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         __self.deadline.check()
-        name = "range" if __obj == __self._range else getattr(__obj, "__name__", type(__obj).__name__)
+        name = (
+            "range" if __obj == __self._range else getattr(__obj, "__name__", type(__obj).__name__)
+        )
         what = f"call of {name}"
         # A bound method's own object: the format string of str.format (which the sandbox wraps).
         owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
@@ -205,8 +215,12 @@ class Sandbox(ImmutableSandboxedEnvironment):
         if operator == "**":
             if isinstance(right, int) and abs(right) > MAX_COUNT:
                 raise TemplateLimit(f"{what}: exponent {right} is above {MAX_COUNT}")
-            if isinstance(left, int) and isinstance(right, int) and right > 0 and \
-                    left.bit_length() * right > 8 * MAX_VALUE:
+            if (
+                isinstance(left, int)
+                and isinstance(right, int)
+                and right > 0
+                and left.bit_length() * right > 8 * MAX_VALUE
+            ):
                 raise TemplateLimit(f"{what}: a number of more than {8 * MAX_VALUE} bits")
         if operator == "*":
             for count, other in ((left, right), (right, left)):
@@ -241,14 +255,16 @@ class _Bounded(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         self.generic_visit(node)
-        node.iter = nodes.Call(nodes.Name("_mmm_bounded_iter", "load"), [node.iter], [], None,
-                               None, lineno=node.lineno)
+        node.iter = nodes.Call(
+            nodes.Name("_mmm_bounded_iter", "load"), [node.iter], [], None, None, lineno=node.lineno
+        )
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Call:
         self.generic_visit(node)
-        return nodes.Call(nodes.Name("_mmm_concat", "load"), node.nodes, [], None, None,
-                          lineno=node.lineno)
+        return nodes.Call(
+            nodes.Name("_mmm_concat", "load"), node.nodes, [], None, None, lineno=node.lineno
+        )
 
 
 def _check_replace(text: Any, old: Any, new: Any) -> None:

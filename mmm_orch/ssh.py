@@ -10,6 +10,7 @@ added.
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import hashlib
 import os
@@ -20,15 +21,14 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import paramiko
 
 from mmm_orch.config.common import ENV_NAME
-from mmm_orch.errors import MmmError
-from mmm_orch.errors import SchedulerUnavailable
+from mmm_orch.errors import MmmError, SchedulerUnavailable
 from mmm_orch.transport import CommandResult
 
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -65,10 +65,15 @@ def check_target(target: str) -> str:
     """`[user@]host[:port]` of plain names, or SshError naming it and what is allowed."""
     user, at, rest = target.rpartition("@")
     host, colon, port = rest.partition(":")
-    if not (_NAME.fullmatch(host) and (not at or _NAME.fullmatch(user))
-            and (not colon or port.isdigit())):
-        raise SshError(f"login host {target!r} is invalid: [user@]host[:port], user and host of "
-                       "letters, digits, '_', '.', '-' (not starting with '-')")
+    if not (
+        _NAME.fullmatch(host)
+        and (not at or _NAME.fullmatch(user))
+        and (not colon or port.isdigit())
+    ):
+        raise SshError(
+            f"login host {target!r} is invalid: [user@]host[:port], user and host of "
+            "letters, digits, '_', '.', '-' (not starting with '-')"
+        )
     return target
 
 
@@ -123,12 +128,14 @@ def check_host_key(endpoint: Endpoint, key: paramiko.PKey, known: dict[str, para
         raise SshError(
             f"host key of {name} is not known ({offered}); refusing to connect. Check that "
             f"fingerprint against the one the facility publishes, then trust it with "
-            f"`ssh {port}{host}` (answer yes) or `ssh-keyscan {port}{host} >> ~/.ssh/known_hosts`")
+            f"`ssh {port}{host}` (answer yes) or `ssh-keyscan {port}{host} >> ~/.ssh/known_hosts`"
+        )
     if known.get(key.get_name()) != key:
         raise SshError(
             f"host key of {name} has CHANGED ({offered} is not the key in {files}); refusing to "
             f"connect. This may be an attack, or the host was reinstalled: ask the facility, "
-            f"then remove the old entry with `ssh-keygen -R {shlex.quote(name)}` and connect again")
+            f"then remove the old entry with `ssh-keygen -R {shlex.quote(name)}` and connect again"
+        )
 
 
 def _prompt_handler(title: str, instructions: str, prompts: list[tuple[str, bool]]) -> list[str]:
@@ -136,8 +143,10 @@ def _prompt_handler(title: str, instructions: str, prompts: list[tuple[str, bool
     if not prompts:
         return []
     if not sys.stdin.isatty():
-        raise SshError("the login host asks for keyboard-interactive input (a one-time password?) "
-                       "but there is no terminal to ask on; run mmm-orch from a terminal")
+        raise SshError(
+            "the login host asks for keyboard-interactive input (a one-time password?) "
+            "but there is no terminal to ask on; run mmm-orch from a terminal"
+        )
     for text in (title, instructions):
         if text.strip():
             print(text.strip(), file=sys.stderr)
@@ -149,7 +158,8 @@ def _load_keys(endpoint: Endpoint) -> list[tuple[str, paramiko.PKey]]:
     if os.environ.get("SSH_AUTH_SOCK"):
         keys += [("agent key", k) for k in paramiko.Agent().get_keys()]
     paths = endpoint.identity_files or tuple(
-        str(Path.home() / ".ssh" / name) for name in DEFAULT_IDENTITIES)
+        str(Path.home() / ".ssh" / name) for name in DEFAULT_IDENTITIES
+    )
     for path in paths:
         if not os.path.isfile(path):
             continue
@@ -157,8 +167,12 @@ def _load_keys(endpoint: Endpoint) -> list[tuple[str, paramiko.PKey]]:
             keys.append((path, paramiko.PKey.from_path(path)))
         except paramiko.PasswordRequiredException:
             if sys.stdin.isatty():
-                keys.append((path, paramiko.PKey.from_path(
-                    path, getpass.getpass(f"Passphrase for {path}: "))))
+                keys.append(
+                    (
+                        path,
+                        paramiko.PKey.from_path(path, getpass.getpass(f"Passphrase for {path}: ")),
+                    )
+                )
         except (paramiko.SSHException, ValueError, OSError) as exc:
             print(f"[mmm-orch] ssh: cannot read key {path}: {exc}", file=sys.stderr)
     return keys
@@ -184,15 +198,15 @@ def _authenticate(transport: paramiko.Transport, endpoint: Endpoint) -> None:
             allowed = list(remaining)  # partial success: a second factor follows
             break
     if "keyboard-interactive" in allowed:
-        try:
+        with contextlib.suppress(paramiko.AuthenticationException):
             transport.auth_interactive(user, _prompt_handler)
-        except paramiko.AuthenticationException:
-            pass
         if transport.is_authenticated():
             return
-    raise SshError(f"ssh {endpoint.target}: authentication as {user}@{endpoint.hostname} failed "
-                   f"(server allows {', '.join(allowed) or 'nothing'}; keys tried: "
-                   f"{', '.join(tried) or 'none'})")
+    raise SshError(
+        f"ssh {endpoint.target}: authentication as {user}@{endpoint.hostname} failed "
+        f"(server allows {', '.join(allowed) or 'nothing'}; keys tried: "
+        f"{', '.join(tried) or 'none'})"
+    )
 
 
 def _open_socket(endpoint: Endpoint, timeout: float, hops: list[paramiko.Transport]):
@@ -203,14 +217,16 @@ def _open_socket(endpoint: Endpoint, timeout: float, hops: list[paramiko.Transpo
             return socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
         except OSError as exc:
             raise SchedulerUnavailable(
-                f"ssh {endpoint.target}: cannot reach {endpoint.hostname}:{endpoint.port}: {exc}")
+                f"ssh {endpoint.target}: cannot reach {endpoint.hostname}:{endpoint.port}: {exc}"
+            ) from exc
     jumps = [resolve(jump.strip()) for jump in endpoint.proxy_jump.split(",")]
     sock = _open_socket(jumps[0], timeout, hops)
     for i, jump in enumerate(jumps):
         hops.append(_start(jump, sock, timeout))
         following = jumps[i + 1] if i + 1 < len(jumps) else endpoint
-        sock = hops[-1].open_channel("direct-tcpip", (following.hostname, following.port),
-                                     ("127.0.0.1", 0), timeout=timeout)
+        sock = hops[-1].open_channel(
+            "direct-tcpip", (following.hostname, following.port), ("127.0.0.1", 0), timeout=timeout
+        )
     return sock
 
 
@@ -221,15 +237,16 @@ def _start(endpoint: Endpoint, sock, timeout: float) -> paramiko.Transport:
         # Ask for a key type we know for this host, as OpenSSH does, so that a known host is
         # not refused only because the server prefers another type.
         supported = transport.get_security_options().key_types
-        transport.get_security_options().key_types = (
-            [t for t in supported if t in known] + [t for t in supported if t not in known])
+        transport.get_security_options().key_types = [t for t in supported if t in known] + [
+            t for t in supported if t not in known
+        ]
     try:
         transport.start_client(timeout=timeout)
         check_host_key(endpoint, transport.get_remote_server_key(), known)
         _authenticate(transport, endpoint)
     except paramiko.SSHException as exc:
         transport.close()
-        raise SchedulerUnavailable(f"ssh {endpoint.target}: {exc}")
+        raise SchedulerUnavailable(f"ssh {endpoint.target}: {exc}") from exc
     except BaseException:
         transport.close()
         raise
@@ -257,7 +274,10 @@ class SshHost:
         if self._transport is None or not self._transport.is_active():
             # Said whichever call notices first: a read here, or a command that closed it.
             if self._transport is not None or self._dropped:
-                print(f"[mmm-orch] ssh {self.target}: connection closed; reconnecting", file=sys.stderr)
+                print(
+                    f"[mmm-orch] ssh {self.target}: connection closed; reconnecting",
+                    file=sys.stderr,
+                )
             self.close()
             self._dropped = False
             sock = _open_socket(self.endpoint, self.connect_timeout, self._hops)
@@ -267,10 +287,15 @@ class SshHost:
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None or self._transport is None or not self._transport.is_active():
             try:
-                self._sftp = paramiko.SFTPClient.from_transport(self._connected())
+                sftp = paramiko.SFTPClient.from_transport(self._connected())
+                if sftp is None:  # paramiko's answer when the server opens no channel for it
+                    raise paramiko.SSHException("no channel opened")
             except paramiko.SSHException as exc:
-                raise SchedulerUnavailable(f"ssh {self.target}: no SFTP service ({exc}); mmm-orch "
-                                           "writes job scripts and reads logs over SFTP")
+                raise SchedulerUnavailable(
+                    f"ssh {self.target}: no SFTP service ({exc}); mmm-orch "
+                    "writes job scripts and reads logs over SFTP"
+                ) from exc
+            self._sftp = sftp
         return self._sftp
 
     def close(self) -> None:
@@ -279,8 +304,14 @@ class SshHost:
                 transport.close()
         self._transport, self._hops, self._sftp = None, [], None
 
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        timeout: float = 30,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         """Run argv in a login shell (so the site's profile puts the scheduler on PATH); every
         word is quoted, so nothing in it is interpreted by the remote shell."""
         command = shlex.join(argv)
@@ -297,7 +328,9 @@ class SshHost:
         except (EOFError, paramiko.SSHException, ConnectionError) as exc:
             self.close()
             self._dropped = True
-            raise SchedulerUnavailable(f"ssh {self.target}: connection lost running {argv[0]}: {exc}")
+            raise SchedulerUnavailable(
+                f"ssh {self.target}: connection lost running {argv[0]}: {exc}"
+            ) from exc
 
     def _exec(self, argv: Sequence[str], command: str, timeout: float) -> CommandResult:
         channel = self._connected().open_session(timeout=self.connect_timeout)
@@ -311,7 +344,11 @@ class SshHost:
                 out += channel.recv(65536)
             elif channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
-            elif channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            elif (
+                channel.exit_status_ready()
+                and not channel.recv_ready()
+                and not channel.recv_stderr_ready()
+            ):
                 break
             elif time.monotonic() > deadline:
                 channel.close()
@@ -320,7 +357,9 @@ class SshHost:
                 time.sleep(0.005)
         code = channel.recv_exit_status()
         channel.close()
-        return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+        return CommandResult(
+            tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace")
+        )
 
     def home(self) -> str:
         return self._sftp_client().normalize(".")
@@ -349,6 +388,7 @@ class SshHost:
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes | None:
         """Up to `limit` bytes from `offset`; None while the file does not exist, and where
         no regular file is (the server would block on a FIFO)."""
+
         def read() -> bytes | None:
             try:
                 if not stat.S_ISREG(self._sftp_client().stat(path).st_mode or 0):
@@ -358,6 +398,7 @@ class SshHost:
                     return handle.read(limit)
             except FileNotFoundError:
                 return None
+
         return self._reconnecting(read)
 
     def size(self, path: str) -> int | None:
@@ -366,6 +407,7 @@ class SshHost:
                 return self._sftp_client().stat(path).st_size
             except FileNotFoundError:
                 return None
+
         return self._reconnecting(size)
 
     def _reconnecting(self, read, budget: float = 120.0):
@@ -377,10 +419,15 @@ class SshHost:
                 return read()
             except (OSError, EOFError, paramiko.SSHException, SchedulerUnavailable) as exc:
                 if time.monotonic() - start > budget:
-                    raise SchedulerUnavailable(f"ssh {self.target}: connection lost and not "
-                                               f"restored within {budget:.0f}s: {exc}")
-                print(f"[mmm-orch] ssh {self.target}: connection lost ({exc or type(exc).__name__});"
-                      " reconnecting", file=sys.stderr)
+                    raise SchedulerUnavailable(
+                        f"ssh {self.target}: connection lost and not "
+                        f"restored within {budget:.0f}s: {exc}"
+                    ) from exc
+                print(
+                    f"[mmm-orch] ssh {self.target}: connection lost ({exc or type(exc).__name__});"
+                    " reconnecting",
+                    file=sys.stderr,
+                )
                 self.close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -394,4 +441,3 @@ class SshHost:
                     self._sftp_client().rmdir(directory)
                 except OSError:
                     break
-

@@ -12,8 +12,9 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, Sequence
+from typing import IO, Protocol
 
 from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
 
@@ -36,20 +37,36 @@ class Runner(Protocol):
     """Runs a scheduler command here or on a login node (the SSH runner has the same shape);
     `env` adds variables for that command only."""
 
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
-            env: dict[str, str] | None = None) -> CommandResult:
-        ...
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        timeout: float = 30,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult: ...
 
 
 class LocalRunner:
-    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout: float = 30,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        timeout: float = 30,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         # Its own process group: a command given up on goes with everything it started (a
         # balance tool's helper, a shell's pipeline), not only its first process.
-        with subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, **env} if env else None,
-                              start_new_session=True) as proc:
+        with subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **env} if env else None,
+            start_new_session=True,
+        ) as proc:
             try:
                 stdout, stderr = _output_and_exit(proc, timeout)
             except subprocess.TimeoutExpired:
@@ -69,15 +86,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _output_and_exit(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes]:
+def _output_and_exit(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
     """Both pipes read to their end, then the exit waited for, all within `timeout` seconds
     (subprocess.run's bounded wait would poll with sleeps of 1 ms and up: a command closes its
     pipes an instant before it exits, so a short qsub or sbatch paid a millisecond or more)."""
     deadline = time.monotonic() + timeout
-    chunks: dict[object, list[bytes]] = {proc.stdout: [], proc.stderr: []}
+    # LocalRunner opens both with PIPE, so neither is None.
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+    chunks: dict[IO[bytes], list[bytes]] = {stdout: [], stderr: []}
     with selectors.PollSelector() as selector:
         for pipe in chunks:
-            selector.register(pipe, selectors.EVENT_READ)
+            selector.register(pipe, selectors.EVENT_READ, pipe)
         while selector.get_map():
             ready = selector.select(_left(deadline))
             if _left(deadline) == 0:  # ready or not: a command that never stops writing ends here
@@ -85,7 +105,7 @@ def _output_and_exit(proc: subprocess.Popen, timeout: float) -> tuple[bytes, byt
             for key, _ in ready:
                 chunk = os.read(key.fd, 1 << 16)
                 if chunk:
-                    chunks[key.fileobj].append(chunk)
+                    chunks[key.data].append(chunk)
                 else:
                     selector.unregister(key.fileobj)
     if proc.poll() is None:
@@ -94,14 +114,14 @@ def _output_and_exit(proc: subprocess.Popen, timeout: float) -> tuple[bytes, byt
         proc.wait(timeout=_left(deadline))  # at once if it has exited; without a pidfd it polls
     except subprocess.TimeoutExpired:
         raise subprocess.TimeoutExpired(proc.args, timeout) from None
-    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
+    return b"".join(chunks[stdout]), b"".join(chunks[stderr])
 
 
 def _sleep_until_exit(pid: int, deadline: float) -> None:
     """Linux 5.3 and later: a process's pidfd is readable once it has exited. Elsewhere nothing:
     the wait after it polls."""
     try:
-        pidfd = os.pidfd_open(pid)  # type: ignore[attr-defined]
+        pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         return
     try:
@@ -143,16 +163,25 @@ class Retry:
             except ValueError:
                 deadline = math.nan
             if not (math.isfinite(deadline) and deadline > 0):
-                raise MmmError(f"MMM_ORCH_RETRY_DEADLINE {text!r} is invalid: seconds, a number "
-                               "greater than 0 (e.g. 60)")
+                raise MmmError(
+                    f"MMM_ORCH_RETRY_DEADLINE {text!r} is invalid: seconds, a number "
+                    "greater than 0 (e.g. 60)"
+                )
             # Leave room for a second attempt within the budget.
             base = replace(base, deadline=deadline, timeout=min(base.timeout, deadline / 2))
         return base
 
 
-def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str], retry: Retry,
-                *, cwd: str | None = None, transient_codes: frozenset[int] = frozenset(),
-                env: dict[str, str] | None = None) -> CommandResult:
+def run_command(
+    runner: Runner,
+    argv: Sequence[str],
+    transient: re.Pattern[str],
+    retry: Retry,
+    *,
+    cwd: str | None = None,
+    transient_codes: frozenset[int] = frozenset(),
+    env: dict[str, str] | None = None,
+) -> CommandResult:
     """Run until the command answers with something other than a transient failure.
 
     For commands that are safe to repeat (queries, cancels). Returns the result whatever its exit
@@ -165,16 +194,21 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
     for attempt in range(1, retry.attempts + 1):
         remaining = retry.deadline - (time.monotonic() - start)
         try:
-            result = runner.run(argv, cwd=cwd, timeout=max(1.0, min(retry.timeout, remaining)),
-                                env=env)
+            result = runner.run(
+                argv, cwd=cwd, timeout=max(1.0, min(retry.timeout, remaining)), env=env
+            )
         except subprocess.TimeoutExpired:
             last = f"no answer within {retry.timeout:g}s"
-        except FileNotFoundError:
-            raise SchedulerError(f"{argv[0]}: command not found (is this the machine's login node?)")
+        except FileNotFoundError as err:
+            raise SchedulerError(
+                f"{argv[0]}: command not found (is this the machine's login node?)"
+            ) from err
         else:
             if result.returncode == 0 or not (
-                    transient.search(result.stderr) or transient.search(result.stdout)
-                    or result.returncode in transient_codes):
+                transient.search(result.stderr)
+                or transient.search(result.stdout)
+                or result.returncode in transient_codes
+            ):
                 return result
             last = result.message
         if attempt == retry.attempts or time.monotonic() - start + delay > retry.deadline:
@@ -182,4 +216,5 @@ def run_command(runner: Runner, argv: Sequence[str], transient: re.Pattern[str],
         time.sleep(delay)
         delay = min(delay * 2, retry.max_delay)
     raise SchedulerUnavailable(
-        f"{argv[0]} failed {attempt} time(s) in {time.monotonic() - start:.0f}s: {last}")
+        f"{argv[0]} failed {attempt} time(s) in {time.monotonic() - start:.0f}s: {last}"
+    )

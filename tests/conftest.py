@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import signal
@@ -20,9 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # What a test needs that the fast tier (`scripts/test.sh --fast`) leaves out: a live server, a
-# real sshd or root, asked for as a fixture or, where a test picks its server itself, a marker.
-LIVE_FIXTURES = {"slurm_cluster", "pbs_server", "sshd", "leftovers_cancelled"}
+# real sshd or root (a tmpfs mount), asked for as a fixture, statically or by name at run time
+# (request.getfixturevalue, in the test or in any fixture it reaches: see live_fixtures), or a
+# marker: `slow` for a test that runs trainings, real jobs or processes for seconds, or sleeps.
+LIVE_FIXTURES = {"slurm_cluster", "pbs_server", "sshd", "leftovers_cancelled", "tmpfs"}
 SLOW_MARKERS = ("live", "slow", "serial", "starts_first")
+# The cases of an otherwise quick parametrized test that wait out a bound of seconds, marked
+# `slow` here (their parameters are data the test shares): (test name, a fragment of the case id).
+SLOW_CASES = {("test_a_template_is_bounded_in_time_and_size", "{% for j in range(")}
 
 
 def pytest_addoption(parser):
@@ -55,12 +62,64 @@ def pytest_terminal_summary(terminalreporter):
                                 f"{', '.join(functions) or 'none'}")
 
 
+@functools.cache
+def _names_asked_for(function) -> frozenset[str]:
+    """The strings in the code of `function` (its nested code too) if it calls getfixturevalue:
+    the fixtures it may ask for by name at run time, e.g. `request.getfixturevalue("slurm_cluster"
+    if kind == "slurm" else "pbs_server")` in a test or a fixture parametrized by scheduler."""
+    function = inspect.unwrap(function)
+    function = getattr(getattr(function, "hypothesis", None), "inner_test", function)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return frozenset()
+    names, codes, seen = set(), [code], False
+    while codes:
+        code = codes.pop()
+        seen |= "getfixturevalue" in code.co_names
+        consts = list(code.co_consts)
+        while consts:
+            const = consts.pop()
+            if isinstance(const, str):
+                names.add(const)
+            elif isinstance(const, (tuple, frozenset)):
+                consts.extend(const)
+            elif inspect.iscode(const):
+                codes.append(const)
+    return frozenset(names) if seen else frozenset()
+
+
+def live_fixtures(item) -> set[str]:
+    """The LIVE_FIXTURES that `item` asks for or may ask for: its fixture closure, and every
+    fixture that it or a fixture it reaches asks for by name (followed to their own requests)."""
+    manager = item.session._fixturemanager
+    reached, todo = set(), set(item.fixturenames)
+    functions = [getattr(item, "function", None)]
+    while todo or functions:
+        for name in todo - reached:
+            reached.add(name)
+            try:
+                defs = manager.getfixturedefs(name, item) or ()
+            except Exception:  # not a fixture here: a string that only looks like one
+                defs = ()
+            functions += [fixturedef.func for fixturedef in defs]
+        todo = set()
+        while functions:
+            if (function := functions.pop()) is not None:
+                todo |= _names_asked_for(function) - reached
+    return LIVE_FIXTURES & reached
+
+
 def pytest_collection_modifyitems(config, items):
     """With --fast, only the fast tier. The tests marked starts_first go to the front
     (pytest-xdist hands tests out in this order); the rest keep theirs."""
+    for item in items:
+        if any(getattr(item, "originalname", None) == name and fragment in item.name
+               for name, fragment in SLOW_CASES):
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--fast"):
-        slow = {item for item in items if LIVE_FIXTURES & set(item.fixturenames)
-                or any(item.get_closest_marker(name) for name in SLOW_MARKERS)}
+        slow = {item for item in items
+                if any(item.get_closest_marker(name) for name in SLOW_MARKERS)
+                or live_fixtures(item)}
         config.hook.pytest_deselected(items=[item for item in items if item in slow])
         items[:] = [item for item in items if item not in slow]
     items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)

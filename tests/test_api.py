@@ -123,6 +123,7 @@ def test_a_wrong_type_or_value_is_an_invalid_value_naming_its_field(tmp_path, ca
     assert _tree(tmp_path, tmp_path / "cache") == before
 
 
+@pytest.mark.slow
 def test_import_is_instant_and_the_plan_is_the_clis():
     code = ("import sys, mmm_orch; print(sorted(m for m in ('torch', 'mmm_orch.api', "
             "'mmm_orch.planning', 'jinja2') if m in sys.modules))")
@@ -139,6 +140,7 @@ def test_import_is_instant_and_the_plan_is_the_clis():
     assert plan.layout.mesh == {"dp": 4, "tp": 2, "pp": 1} and plan.queue.account == "m1234"
 
 
+@pytest.mark.slow
 def test_a_plan_made_once_is_submitted_as_reviewed_each_time_a_new_job(isolated):
     plan = mmm_orch.plan("local", command=[sys.executable, "-c", "print('planned once')"])
     jobs = [mmm_orch.submit(plan) for _ in range(2)]

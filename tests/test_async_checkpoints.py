@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_trainers import launch, sigterm_llama3_after, steps
+
+pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
 
 
 def _saves(out) -> list[dict]:

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 PROBE = (
@@ -24,6 +26,7 @@ def probe(cwd) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.slow
 def test_second_render_skips_validation_libraries(isolated):
     assert probe(isolated) == "0 True True"  # first run validates and fills the cache
     assert probe(isolated) == "0 False False"  # then neither pydantic nor yaml is imported

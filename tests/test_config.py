@@ -185,6 +185,7 @@ def test_every_environment_value_carries_a_source_comment(machine):
     assert checked >= 3
 
 
+@pytest.mark.slow
 def test_no_cli_path_imports_torch(isolated):
     code = (
         "import sys\n"
@@ -221,6 +222,7 @@ def test_profiles_name_their_scheduler_commands(name):
     assert (commands.submit, commands.query, commands.cancel) == expected[machine.scheduler.kind]
 
 
+@pytest.mark.slow
 def test_non_editable_install_ships_profiles_specs_and_templates(tmp_path):
     """`pip install .` (no symlinks followed at run time) renders from an unrelated directory."""
     target = tmp_path / "site"

@@ -324,6 +324,7 @@ def test_a_balance_tool_answers_here(cli, isolated):
     assert bad.code == 2 and "--account 'x;rm'" in bad.err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "slow", "failing"])
 def test_a_balance_tool_that_is_missing_slow_or_failing_is_a_note(cli, isolated, case):
     """The tool's own timeout (1 s here) bounds `balance`; a review of the machine never waits
@@ -383,6 +384,7 @@ def test_a_charge_factor_that_is_not_a_number_is_refused(cli, isolated):
     assert result.code == 2 and "charging.factor nan: a number, 0 or more" in result.err, result.err
 
 
+@pytest.mark.slow
 def test_jobs_recorded_before_charges_get_their_account_and_node_hours(cli, isolated):
     """A database of schema 4 (no account, no charge) upgraded by the next command."""
     import sqlite3

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_probe
-from mmm_orch.jobs.db import JobDB
-from mmm_orch.jobs.dbfile import SCHEMA_VERSION, backup_path
+from mmm_orch.records.db import JobDB
+from mmm_orch.records.dbfile import SCHEMA_VERSION, backup_path
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="tmpfs mounts need root (CI runs as root)")
 
@@ -106,6 +106,7 @@ def db_file() -> Path:
     return Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
 
 
+@pytest.mark.slow
 def test_truncated_database_is_refused_then_recovered(cli, isolated, noop):
     ids = _submit_some(cli, noop, 3)
     before = {r["id"]: r["job_dir"] for r in json.loads(cli("status", "--all", "--json").out)}
@@ -128,6 +129,7 @@ def test_truncated_database_is_refused_then_recovered(cli, isolated, noop):
     assert "healthy" in cli("db", "check").out
 
 
+@pytest.mark.slow
 def test_damaged_database_is_refused_then_recovered(cli, isolated, noop):
     _submit_some(cli, noop, 4)
     before = {r["id"]: r["job_dir"] for r in json.loads(cli("status", "--all", "--json").out)}

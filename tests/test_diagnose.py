@@ -75,6 +75,7 @@ def test_a_plain_exception_is_reported_only_when_nothing_specific_matched():
     assert result.first.signature.name == "python-exception" and result.first.line_number == 3
 
 
+@pytest.mark.slow
 def test_a_real_failing_local_job(cli, isolated, monkeypatch):
     probe = isolated / "oom_probe.py"
     probe.write_text("import os, sys\nif os.environ.get('RANK', '0') == '1':\n"
@@ -113,6 +114,7 @@ dist.all_reduce(value)  # rank 0 waits here for rank 1, then sees its peer gone
 """
 
 
+@pytest.mark.slow
 def test_the_first_failure_is_the_exception_not_the_peers_that_lost_it(cli, isolated, monkeypatch):
     """A Python exception on one rank, then gloo "Connection closed by peer" on the others (the
     numpy case): the exception is the first failure, whatever order the lines arrive in."""

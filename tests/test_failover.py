@@ -257,6 +257,7 @@ def test_a_cancelled_job_is_not_retried(cli, isolated, slurm_cluster, leftovers_
     assert "attempt=2/2" not in log and json.loads(cli("nodes", "--json").out) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["too few nodes", "unreadable signatures"])
 def test_a_failure_of_the_loop_itself_ends_the_job_with_its_own_message(tmp_path, damage):
     (tmp_path / "nodes.txt").write_text("n1\n" if damage == "too few nodes" else "n1\nn2\n")
@@ -271,6 +272,7 @@ def test_a_failure_of_the_loop_itself_ends_the_job_with_its_own_message(tmp_path
     assert proc.stdout.startswith("[mmm-orch] failover: internal error, the job ends: "), proc.stdout
 
 
+@pytest.mark.slow
 def test_the_node_words_reach_the_launcher_as_single_words(tmp_path):
     """The host file lies in the job's directory, which may hold a space or shell syntax: the
     launcher gets it, and the node list, as one word each, and nothing in them runs."""

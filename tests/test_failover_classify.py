@@ -69,6 +69,7 @@ def test_ranks_killed_without_a_node_named_rotate_one_out_blind():
     assert (verdict.kind, verdict.nodes, verdict.retry) == ("node", (), True)
 
 
+@pytest.mark.slow
 def test_a_hang_ignores_the_kills_its_own_stop_caused():
     """The watchdog's stop of a hang makes the launcher report killed ranks on a node: that is
     the consequence of the stop, not evidence against the node."""

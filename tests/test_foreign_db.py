@@ -21,8 +21,8 @@ import pytest
 from conftest import wait_state, write_probe
 from mmm_orch.cli import build_parser
 from mmm_orch.injob.protocol import RECORD_FILE
-from mmm_orch.jobs.db import JobDB, close_all, open_db
-from mmm_orch.jobs.dbfile import (APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
+from mmm_orch.records.db import JobDB, close_all, open_db
+from mmm_orch.records.dbfile import (APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
                                   jobs_root_for, mark_path)
 
 # Commands that never open the job database (`db` alone only names its actions).
@@ -256,6 +256,7 @@ REPLACEMENTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", sorted(REPLACEMENTS))
 def test_a_replaced_database_is_noticed_then_recovered(cli, isolated, noop, how):
     replace, lost, says = REPLACEMENTS[how]
@@ -284,6 +285,7 @@ def test_a_replaced_database_is_noticed_then_recovered(cli, isolated, noop, how)
     assert json.loads(cli("submit", "local", noop, "--json").out)["id"] == 4  # ids go on
 
 
+@pytest.mark.slow
 def test_a_refused_submission_id_is_not_reused_after_recovery(cli, isolated, noop):
     _submitted(cli, noop, 2)
     db = open_db(None)
@@ -318,7 +320,7 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
     """1000 job directories: opening a whole database reads the mark and one row, nothing more;
     only a database below its mark costs a listing of the directories. Counted, not timed
     (benchmarks time things): every listing goes through job_records."""
-    from mmm_orch.jobs import dbfile as db_module
+    from mmm_orch.records import dbfile as db_module
 
     listings = []
     real = db_module.job_records
@@ -340,7 +342,7 @@ def test_the_check_lists_no_directories_while_the_database_is_whole(tmp_path, mo
 def test_the_mark_is_overwritten_whole_in_place(tmp_path):
     """The mark is rewritten where it lies (no rename: see write_mark): an earlier version's
     short mark, and a longer text, leave nothing of theirs behind."""
-    from mmm_orch.jobs.dbfile import read_mark, write_mark
+    from mmm_orch.records.dbfile import read_mark, write_mark
 
     path = tmp_path / "jobs.db"
     mark_path(path).write_text("7\n")  # as mmm-orch wrote it before

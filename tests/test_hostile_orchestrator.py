@@ -106,6 +106,7 @@ def test_the_plan_refuses_exactly_what_the_trainer_refuses(cli):
 
 # -- tampered job records -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_tampered_record_is_refused_by_usage_and_budgets_in_one_line(cli, isolated):
     job = ended_job(cli, "-A", "p")
     assert json.loads(cli("usage", "--json").out)[0]["jobs"] == 1
@@ -170,6 +171,7 @@ def log_is_a_directory(cli):
     return job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["diagnose"], ["timeline"], ["logs", "--tail", "5"]])
 def test_a_log_that_is_a_directory_is_no_log(cli, log_is_a_directory, argv):
     result = cli(argv[0], str(log_is_a_directory), *argv[1:])
@@ -183,6 +185,7 @@ def test_a_log_that_is_a_directory_is_no_log(cli, log_is_a_directory, argv):
     assert cli("startup").code == 0
 
 
+@pytest.mark.slow
 def test_logs_of_a_log_that_is_a_directory(cli, log_is_a_directory):
     assert "internal error" not in cli("logs", str(log_is_a_directory)).err
 
@@ -213,6 +216,7 @@ def _render(isolated: Path, cache: Path) -> subprocess.CompletedProcess:
     return run_cli("render", "local", "dist_check", cwd=isolated, env={"XDG_CACHE_HOME": str(cache)})
 
 
+@pytest.mark.slow
 def test_a_cache_home_that_is_a_file_is_skipped(isolated, tmp_path):
     expected = _render(isolated, tmp_path / "cache")
     assert expected.returncode == 0, expected.stderr
@@ -239,6 +243,7 @@ def test_a_full_cache_disk_is_skipped(isolated, tmpfs):
 
 # -- the job database ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_backup_that_cannot_be_written_is_not_claimed(cli):
     ended_job(cli)
     backup = state_dir() / "jobs.db.backup"
@@ -254,6 +259,7 @@ def test_a_backup_that_cannot_be_written_is_not_claimed(cli):
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 1
 
 
+@pytest.mark.slow
 def test_db_check_of_a_damaged_database_is_a_finding_not_a_bug(cli):
     ended_job(cli)
     (state_dir() / "jobs.db").write_bytes(b"")

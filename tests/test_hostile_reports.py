@@ -16,7 +16,7 @@ import pytest
 
 from conftest import finished_local_sweep, run_cli
 
-pytestmark = pytest.mark.xdist_group("hostile-reports")
+pytestmark = [pytest.mark.xdist_group("hostile-reports"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

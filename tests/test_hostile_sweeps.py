@@ -201,6 +201,7 @@ def _plot_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
             "under a file": (tmp_path / "file" / "c.png", "no directory")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["a directory", "a FIFO", "no .png", "no name",
                                   "a missing directory", "under a file"])
 def test_plot_writes_one_png_file(db_cli, tmp_path, kind):
@@ -220,6 +221,7 @@ def _report_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
             "under a read-only place": (Path("/proc/mmm-orch/r"), "cannot make the directory")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["a file", "a FIFO", "under a file", "a read-only place",
                                   "under a read-only place"])
 def test_report_writes_a_directory(db_cli, tmp_path, kind):
@@ -271,6 +273,7 @@ def _note(result) -> str:
     return notes[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", BAD_ROWS)
 def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, kind):
     row, whole_line = BAD_ROWS[kind]
@@ -296,6 +299,7 @@ def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, k
     assert "1 line" in _note(plot) or "1 value" in _note(plot)
 
 
+@pytest.mark.slow
 def test_a_file_past_the_read_bound_is_read_to_the_bound(db_cli, metrics, tmp_path):
     from mmm_orch.reporting.data import MAX_METRICS_LINES
 
@@ -308,6 +312,7 @@ def test_a_file_past_the_read_bound_is_read_to_the_bound(db_cli, metrics, tmp_pa
     assert "all past its first 64 MiB or 500,000 lines" in _note(plot)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "directory", "nothing but damage"])
 def test_metrics_with_no_step_record_cannot_be_plotted(db_cli, metrics, tmp_path, kind):
     metrics.unlink()
@@ -338,6 +343,7 @@ BAD_SPECS = ["[1, 2]", '"points"', "{not json", "{}", '{"points": 3}', '{"points
              '{"points": [' + ", ".join(['{"nodes": 1}'] * 1001) + "]}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", BAD_SPECS, ids=lambda s: s[:40])
 def test_a_sweep_whose_points_were_edited_is_refused(db_cli, sweep, tmp_path, spec):
     original = _sql(sweep, "SELECT spec FROM groups WHERE id = 1")[0][0]
@@ -352,6 +358,7 @@ def test_a_sweep_whose_points_were_edited_is_refused(db_cli, sweep, tmp_path, sp
         _sql(sweep, "UPDATE groups SET spec = ? WHERE id = 1", original)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, -1, 3, 10**12, None, "x"])
 def test_a_job_whose_point_was_edited_is_refused(db_cli, sweep, tmp_path, index):
     try:
@@ -396,6 +403,7 @@ PLAN_EDITS = list(_edits({section: {} for section in ("layout", "launch", "devic
 REPORT_READS = {"not JSON", "a list", "a string", "mesh a list", "mesh sizes as text"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", PLAN_EDITS)
 def test_a_record_whose_plan_was_edited(db_cli, sweep, tmp_path, kind):
     """rerun refuses every damaged plan; report and plot refuse what they read of it (a plan
@@ -421,6 +429,7 @@ def test_a_record_whose_plan_was_edited(db_cli, sweep, tmp_path, kind):
         _sql(sweep, "UPDATE jobs SET plan = ? WHERE id = 1", original)
 
 
+@pytest.mark.slow
 def test_the_reports_still_read_the_real_rows(db_cli, tmp_path):
     report = db_cli("report", "s1", "--out", str(tmp_path / "r"), "--json")
     assert report.code == 0, report.err
@@ -433,6 +442,7 @@ def test_the_reports_still_read_the_real_rows(db_cli, tmp_path):
     assert not list(tmp_path.glob(".c.tmp*"))  # written whole, then renamed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state", ["[1]", '"x"', "{" * 100_000, '{"progress": [1]}',
                                    '{"progress": {"1": 3}}', '{"progress": {"1": {"end_step": "x"}}}',
                                    '{"progress": {"1": {"end_step": true}}, "reason": 5}'])
@@ -440,8 +450,8 @@ def test_the_reports_still_read_the_real_rows(db_cli, tmp_path):
 def test_a_damaged_chain_state_reads_as_no_progress(sweep, tmp_path, state, spec):
     """chain.json is written by the jobs (and so by anything in them): `status` shows the chain
     without its progress, never a crash."""
-    from mmm_orch.jobs import chains
-    from mmm_orch.jobs.db import open_db
+    from mmm_orch.submission import chains
+    from mmm_orch.records.db import open_db
 
     (tmp_path / "chain.json").write_text(state)
     group = {"spec": {"remote": "", "dir": str(tmp_path), "links": 2} if spec == "whole" else {}}
@@ -450,6 +460,7 @@ def test_a_damaged_chain_state_reads_as_no_progress(sweep, tmp_path, state, spec
     assert "step" not in found["note"]
 
 
+@pytest.mark.slow
 def test_a_plan_recorded_flat_by_an_older_mmm_orch_is_read_into_its_sections(db_cli, sweep, tmp_path):
     """Records written before the plan had sections hold it flat: rerun reads them into the
     same Plan, and the report finds their mesh."""

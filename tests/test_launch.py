@@ -18,7 +18,7 @@ import pytest
 from conftest import (PBS_BIN, TERMINAL, assert_nothing_recorded, in_an_interactive_qsub,
                       qsub_own_script, wait_state, write_machine)
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.launch import nodes_for, which_machine
+from mmm_orch.planning.placement import nodes_for, which_machine
 from mmm_orch.planning import Request
 from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
 
@@ -243,6 +243,7 @@ def test_allocate_refuses_inside_an_allocation_and_on_a_machine_without_a_schedu
     assert_nothing_recorded()
 
 
+@pytest.mark.slow
 def test_launch_on_local_runs_here_in_the_foreground(isolated):
     code = "import sys; print('hello from', __import__('os').environ['RANK'], flush=True); sys.exit(3)"
     proc = subprocess.run([*MMM_ORCH, "launch", "local", "--", sys.executable, "-c", code],
@@ -331,7 +332,7 @@ def _steps(metrics: Path) -> list[int]:
 def test_ctrl_c_stops_every_rank_on_every_node_and_the_trainer_saves_first(isolated):
     import psutil
 
-    from mmm_orch.jobs.db import open_db
+    from mmm_orch.records.db import open_db
 
     salloc = subprocess.Popen(
         [*SALLOC, "-N", "2", *MMM_ORCH, "launch", "slurm-local",
@@ -496,6 +497,7 @@ def test_a_pbs_allocation_granting_fewer_cpus_is_refused(cli, isolated, monkeypa
     assert_nothing_recorded()
 
 
+@pytest.mark.slow
 def test_a_launch_killed_outright_takes_its_job_with_it(cli, isolated):
     """The launch holds its job: SIGKILLed (no handler runs), its supervisor still stops every
     process of the job as a cancel would, and the record ends; nothing runs on without it."""

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import assert_nothing_recorded, run_cli, write_probe
 from mmm_orch.hosts import LocalHost
-from mmm_orch.jobs.db import JobDB, open_db
+from mmm_orch.records.db import JobDB, open_db
 
 
 def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
@@ -48,6 +48,7 @@ def db_path() -> Path:
     return Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
 
 
+@pytest.mark.slow
 def test_dist_check_runs_detached_and_is_tracked(cli, isolated):
     # A separate process submits and exits; the job must outlive it.
     proc = run_cli("submit", "local", "dist_check", "--set", "sizes=4,65536")
@@ -79,6 +80,7 @@ def test_dist_check_runs_detached_and_is_tracked(cli, isolated):
     assert line.split()[:5] == ["1", "local", "dist_check", "1", "completed"]
 
 
+@pytest.mark.slow
 def test_failing_program_ends_failed_and_submit_follow_returns_its_code(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "exit3", "import sys\nsys.exit(3)\n")
@@ -92,6 +94,7 @@ def test_failing_program_ends_failed_and_submit_follow_returns_its_code(cli, iso
     assert (row["state"], row["exit_code"]) == ("failed", 3)
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_whole_process_tree(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "sleeper", "import os, pathlib, time\n"
@@ -111,6 +114,7 @@ def test_cancel_stops_the_whole_process_tree(cli, isolated, monkeypatch):
     assert "already cancelled" in cli("cancel", "1").out
 
 
+@pytest.mark.slow
 def test_walltime_is_enforced_locally(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "slow", "import time\ntime.sleep(600)\n")
@@ -141,10 +145,11 @@ def test_logs_strip_ansi_and_tolerate_bad_bytes(cli, isolated):
     assert followed.code == 0 and followed.out == "line 49\n"
 
 
+@pytest.mark.slow
 def test_logs_follow_waits_for_a_file_that_does_not_exist_yet(tmp_path):
     import threading
 
-    from mmm_orch.jobs import logs
+    from mmm_orch.tracking import logs
 
     path = tmp_path / "later.log"
     done = threading.Event()
@@ -204,6 +209,7 @@ def test_a_failing_scheduler_leaves_no_record_and_no_directory(cli, isolated, tm
     assert_nothing_recorded()
 
 
+@pytest.mark.slow
 def test_concurrent_writers_never_lose_a_record(tmp_path):
     import multiprocessing
 
@@ -254,6 +260,7 @@ def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated,
     assert not Path(os.environ["XDG_STATE_HOME"]).exists()
 
 
+@pytest.mark.slow
 def test_elapsed_is_the_jobs_own_not_when_status_looked(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "nap", "import time\ntime.sleep(4)\n")
@@ -282,6 +289,7 @@ def _wait_steps(path: Path, count: int, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["cancel", "walltime"])
 def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolated, how):
     """The supervisor stops the job as a scheduler does and waits for every process, so rank 0
@@ -308,6 +316,7 @@ def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolate
     assert _steps(metrics)[-3:] == [last + 1, last + 2, last + 3]
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_fails_and_says_so_unless_fresh_is_allowed(cli, isolated):
     result = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=3",
                  "--set", "run_name=nothing-here", "--set", "resume=true", "--follow")
@@ -322,6 +331,7 @@ def test_resume_without_a_checkpoint_fails_and_says_so_unless_fresh_is_allowed(c
     assert fresh.code == 0, fresh.err
 
 
+@pytest.mark.slow
 def test_concurrent_local_runs_never_share_a_run_directory(cli, isolated):
     ids = [json.loads(cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set",
                           "steps=10", "--json").out)["id"] for _ in range(2)]

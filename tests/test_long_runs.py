@@ -16,6 +16,8 @@ import pytest
 
 from conftest import wait_state, write_spec
 
+pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
+
 CHAIN_SPEC = """extends: llama3_debug
 name: llama_chain
 args: {config: debug, tiny: true, warmup_steps: 20}

@@ -41,6 +41,7 @@ def losses_and_grads(chunk: int, reduction: str, scale: float = 1.0, seed: int =
     return loss.detach(), model.embed.grad, model.output.weight.grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("chunk", [1, 4, 5, 12])
 def test_chunks_give_the_whole_sequence_loss_and_gradients(chunk, reduction):

@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 SMALL = dataclasses.replace(PRESETS["debug"].model, n_layers=4)  # 256 wide, vocabulary 2048
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks,tp,ac,chunk", [
     (2, 1, "none", 0), (2, 1, "every_other", 0), (2, 1, "full", 0), (2, 1, "none", 64),
     (2, 1, "full", 64), (2, 2, "none", 0), (4, 2, "none", 0), (4, 2, "full", 0)])
@@ -41,6 +42,7 @@ def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chu
     assert abs(estimated / measured - 1) <= 0.25, (measured, estimated)
 
 
+@pytest.mark.slow
 def test_the_loss_in_chunks_is_the_loss(tmp_path):
     """The sequence's logits a chunk at a time (remade in backward) train exactly as whole."""
     curves = {}

@@ -34,6 +34,7 @@ def test_render_shows_the_command_quoted_under_the_launcher(cli):
     assert not Path("CANARY").exists()
 
 
+@pytest.mark.slow
 def test_a_command_that_exits_3_is_recorded_failed_with_3(cli, isolated):
     code = "import sys; print('working', flush=True); sys.exit(3)"
     submitted = cli("submit", "local", "--", sys.executable, "-c", code)
@@ -46,6 +47,7 @@ def test_a_command_that_exits_3_is_recorded_failed_with_3(cli, isolated):
     assert "working" in cli("logs", "1").out
 
 
+@pytest.mark.slow
 def test_a_command_with_everything_it_needs_completes_on_every_rank(cli, isolated):
     assert cli("submit", "local", "--", sys.executable, "-c", RANKS).code == 0
     row = wait_state(cli, 1, TERMINAL, timeout=120)
@@ -59,6 +61,7 @@ def test_a_command_with_everything_it_needs_completes_on_every_rank(cli, isolate
     assert report.code == 0 and "job 1: its program reported no steps" in report.err, report.err
 
 
+@pytest.mark.slow
 def test_a_command_that_goes_silent_is_ended_as_hung(cli, isolated):
     """A workload of one's own without a trainer: the user's timeouts, progress by output."""
     write_spec(isolated, "quiet", """
@@ -73,6 +76,7 @@ watchdog: {progress: output, first_step_timeout: 20, step_timeout: 4}
     assert "no output in 4s" in row["reason"]
 
 
+@pytest.mark.slow
 def test_a_progress_pattern_ignores_other_output(cli, isolated):
     write_spec(isolated, "ticks", """
 name: ticks

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import (assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script,
                       wait_state, write_probe, write_spec)
-from mmm_orch.jobs import pack
+from mmm_orch.submission import pack
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
 # Each rank says its point's node count (Slurm's, or its ranks over the 2 a node) and its node;
@@ -98,7 +98,7 @@ def test_an_interrupted_run_stops_the_running_points(monkeypatch):
 
 
 def _job(job_id: int, index: int, state: str, nodes: int = 1):
-    from mmm_orch.jobs.record import JobRecord
+    from mmm_orch.records.record import JobRecord
     from mmm_orch.schedulers.states import JobState
 
     return JobRecord(job_id, "slurm-local", "h", "", "slurm" if index == 0 else "local", {}, "w",
@@ -107,7 +107,7 @@ def _job(job_id: int, index: int, state: str, nodes: int = 1):
 
 
 def test_a_pack_is_one_line_counting_its_points_waiting_and_never_started():
-    from mmm_orch.jobs.sweeps import summary
+    from mmm_orch.submission.sweeps import summary
 
     group = {"id": 1, "kind": "sweep", "spec": {"pack": {}, "points": [
         {"nodes": 1}, {"nodes": 2}, {"nodes": 3}]}}

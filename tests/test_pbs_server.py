@@ -16,7 +16,7 @@ import pytest
 from conftest import (PBS_BIN, assert_nothing_recorded, ssh_config, submit_over_walltime,
                       wait_in_db, wait_state, write_probe)
 from faults import HANG
-from mmm_orch.jobs.db import JobDB
+from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
 Q = PBS_BIN

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from mmm_orch.injob import protocol
-from mmm_orch.jobs.startup import parse_markers
+from mmm_orch.tracking.startup import parse_markers
 from test_local_jobs import wait_terminal
 
 PACKAGE = REPO / "mmm_orch"
@@ -25,8 +25,9 @@ INJOB = PACKAGE / "injob"
 LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
           "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.transport", "mmm_orch.config",
           "mmm_orch.schedulers", "mmm_orch.ssh", "mmm_orch.hosts", "mmm_orch.sandbox",
-          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.allocations", "mmm_orch.render", "mmm_orch.console",
-          "mmm_orch.jobs", "mmm_orch.reporting", "mmm_orch.usecases", "mmm_orch.inspection",
+          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.allocations", "mmm_orch.rendering",
+          "mmm_orch.records", "mmm_orch.submission", "mmm_orch.tracking", "mmm_orch.reporting",
+          "mmm_orch.usecases",
           "mmm_orch.api_job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
           "mmm_orch.cli", "mmm_orch.__main__", "mmm_orch"]
 
@@ -70,6 +71,21 @@ def test_nothing_imports_upward():
     upward = [f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
               if _layer(target) > _layer(module)]
     assert not upward, upward
+
+
+# What the command line and the Python API may import: the use cases (which say again, for them,
+# the words requests, plans and records are said in), the errors, the bounds every layer shares,
+# the version, and their own presentation (cli/ itself; api_job.py).
+DOOR = ("mmm_orch.usecases", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.version")
+FRONT = {module for module in MODULES if module.split(".")[:2] == ["mmm_orch", "cli"]
+         or module in ("mmm_orch.api", "mmm_orch.api_job")}
+
+
+def test_the_cli_and_the_api_import_only_the_use_cases():
+    assert "mmm_orch.cli.job_cmds" in FRONT and "mmm_orch.api" in FRONT
+    below = [f"{module} -> {target}" for module in sorted(FRONT) for target in sorted(GRAPH[module])
+             if target not in FRONT and not target.startswith(DOOR)]
+    assert not below, below
 
 
 def test_the_import_graph_has_no_circles():
@@ -172,6 +188,7 @@ def test_each_exit_code_is_defined_only_in_the_protocol():
 
 # -- what a real job prints is read back --------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
     """A job submitted here renders, runs and prints the script's and the trainers' markers; the
     readers (the startup timeline, status's id lookup, the checkpoint reader) read them back."""
@@ -197,3 +214,34 @@ def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
     assert metrics.is_file()
 
 
+
+
+def test_the_in_job_programs_take_their_options_from_the_protocol():
+    """One definition of the options the job script passes the watchdog, failover (the
+    watchdog's too, for each attempt) and the chain: their parsers and the templates
+    (`job.option`) both spell them from protocol.OPTIONS."""
+    import re
+
+    from mmm_orch.injob import chain, failover, watchdog
+
+    parsers = [watchdog.build_parser(), failover.build_parser(), chain.build_parser()]
+    flags = {flag for parser in parsers for action in parser._actions
+             for flag in action.option_strings if flag not in ("-h", "--help")}
+    assert flags == set(protocol.OPTIONS.values())
+    guard = {a.dest: (a.type, a.default, a.required) for a in watchdog.build_parser()._actions}
+    assert all(guard[a.dest] == (a.type, a.default, a.required)
+               for a in failover.build_parser()._actions if a.dest in guard)
+    for template in TEMPLATES:
+        text = template.read_text()
+        spelled = [flag for flag in protocol.OPTIONS.values()
+                   if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)]
+        assert not spelled, (template.name, spelled)
+
+
+def test_no_module_of_the_package_has_an_api_name():
+    """`import mmm_orch.X` binds X on the package: a module named as an API function (`render`)
+    would hide that function from `mmm_orch.X(...)`."""
+    import mmm_orch
+
+    clashes = sorted(f"mmm_orch.{name}" for name in mmm_orch._API if f"mmm_orch.{name}" in MODULES)
+    assert not clashes, clashes

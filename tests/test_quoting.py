@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from conftest import TERMINAL, poll_row
 from mmm_orch.cli import main
 
+pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
+
 CANARY = "/tmp/mmm-orch-quoting-canary"
 INJECTIONS = ["$(touch /tmp/mmm-orch-quoting-canary)", "`touch /tmp/mmm-orch-quoting-canary`",
               "'; touch /tmp/mmm-orch-quoting-canary; '", '"; touch /tmp/mmm-orch-quoting-canary; "',

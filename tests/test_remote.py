@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_nothing_recorded, command_wrappers, ssh_config, wait_state
-from mmm_orch.jobs.db import JobDB
+from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 

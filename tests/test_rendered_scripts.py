@@ -13,9 +13,9 @@ import pytest
 
 from conftest import REPO
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.chains import link_plans
+from mmm_orch.submission.chains import link_plans
 from mmm_orch.planning import Request, resolve
-from mmm_orch.render import render
+from mmm_orch.rendering import render
 
 KEPT = REPO / "tests" / "fixtures" / "scripts"
 MACHINES = ["aurora", "polaris", "perlmutter", "frontier"]

@@ -46,6 +46,7 @@ def test_a_free_port_is_one_this_host_can_bind():
     assert len(ports) > 1  # the kernel's choice, not one fixed number
 
 
+@pytest.mark.slow
 def test_a_port_in_use_before_the_first_step_is_relaunched_on_a_fresh_one(held_port, tmp_path):
     proc = watch(BIND_THEN_STEP, held_port, tmp_path)
     assert proc.returncode == 0, proc.stdout
@@ -67,6 +68,7 @@ def test_relaunches_are_bounded(tmp_path):
     assert proc.stdout.count("relaunching on port") == rendezvous.TRIES - 1
 
 
+@pytest.mark.slow
 def test_failover_relaunches_a_refused_rendezvous_without_retiring_a_node(held_port, tmp_path):
     (tmp_path / "nodes.txt").write_text("n1\nn2\n")
     proc = subprocess.run(

@@ -52,6 +52,7 @@ def test_importing_the_runtime_needs_no_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
+@pytest.mark.slow
 def test_the_contract_in_one_process_steps_stop_and_resume(project):
     run_dir = project / "outputs" / "run"
     done = train(project, run_dir, "--steps", "6", "--checkpoint-every", "3")
@@ -83,6 +84,7 @@ def test_the_contract_in_one_process_steps_stop_and_resume(project):
     assert f"[checkpoint] step={saved} " in out
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_to_resume_from_is_refused_unless_a_fresh_start_is_allowed(project):
     run_dir = project / "outputs" / "empty"
     refused = train(project, run_dir, "--steps", "2", MMM_ORCH_RESUME="1")

@@ -110,6 +110,7 @@ def test_a_bad_option_is_refused_in_one_line_before_anything_is_written(
     assert not any(Path.cwd().iterdir())  # nor the default output directory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_trainer_process_refuses_a_bad_option_with_exit_2(trainer, tmp_path):
     proc = launch(trainer, ["--lr", "nan"], 1, "none", tmp_path / "out", timeout=120)
@@ -119,6 +120,7 @@ def test_a_trainer_process_refuses_a_bad_option_with_exit_2(trainer, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_under_torchrun_every_rank_refuses_alike(tmp_path):
     proc = launch("llama3", ["--tiny", "--run-name", "../../x"], 2, "torchrun", tmp_path / "out",
                   timeout=120)
@@ -256,6 +258,7 @@ TRAINER_RUNS = {  # (damage to the run directory, resume, what the error line sa
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TRAINER_RUNS)
 def test_a_trainer_refuses_a_run_directory_with_files_not_its_own(case, tmp_path):
     damage, resume, said = TRAINER_RUNS[case]
@@ -272,6 +275,7 @@ def test_a_trainer_refuses_a_run_directory_with_files_not_its_own(case, tmp_path
     assert [e for e in _entries(tmp_path) if not e.endswith(".lock")] == before
 
 
+@pytest.mark.slow
 def test_a_run_directory_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "run").write_text("not a directory\n")
@@ -322,6 +326,7 @@ def test_a_step_that_is_no_count_is_refused(step, tmp_path):
 
 # -- the device ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["pigeon", "nccl\n[mmm-orch] job_end=1", "nccl gloo"])
 def test_an_unknown_backend_is_refused_in_one_line(backend):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}

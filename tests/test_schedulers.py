@@ -129,6 +129,7 @@ def test_permanent_errors_fail_at_once_with_the_schedulers_words(tmp_path):
     assert err.value.exit_code == 2
 
 
+@pytest.mark.slow
 def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
     slow = tmp_path / "squeue"
     slow.write_text("#!/bin/bash\nsleep 30\n")
@@ -141,6 +142,7 @@ def test_a_scheduler_that_never_answers_is_bounded(tmp_path):
     assert time.monotonic() - start < 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [
     "exec >&- 2>&-; sleep 30",  # closes its pipes, then lives on: the exit is what is waited for
     "sleep 30 & echo started",  # exits, but a child it left holds the pipes open
@@ -153,6 +155,7 @@ def test_a_local_command_is_bounded_however_it_hangs(script):
     assert (timed_out.value.cmd, timed_out.value.timeout) == (["bash", "-c", script], 1)
 
 
+@pytest.mark.slow
 def test_a_local_command_given_up_on_goes_with_everything_it_started(tmp_path):
     """A tool that hangs (a balance tool, a login node's wrapper) is ended with its children:
     nothing it started runs on after the timeout."""

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 HOSTILE = '$(touch /tmp/pwned); "quotes" and spaces'
 HOSTILE_ENV = "`touch {marker}` $HOME 'single' \\back"
 
@@ -18,6 +20,7 @@ with open(f"argv-{rank}.json", "w") as f:
 '''
 
 
+@pytest.mark.slow
 def test_hostile_values_reach_every_rank_intact_and_execute_nothing(cli, isolated, tmp_path):
     Path("/tmp/pwned").unlink(missing_ok=True)
     marker = tmp_path / "env-pwned"
@@ -42,6 +45,7 @@ def test_hostile_values_reach_every_rank_intact_and_execute_nothing(cli, isolate
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_launch_failure_exit_code_is_recorded_and_returned(cli, isolated):
     (isolated / "fail_probe.py").write_text("import sys\nsys.exit(3)\n")
     specs = isolated / ".mmm-orch" / "workloads"
@@ -94,6 +98,7 @@ SHELL_FIELDS = {("setup",), ("scheduler", "node_list"), ("rendezvous", "master_a
                 ("rendezvous", "master_port")}
 
 
+@pytest.mark.slow
 def test_a_line_break_in_any_text_of_a_profile_or_spec_is_refused(cli, isolated):
     """Each text of every packaged profile and spec, in turn given a line break and a command
     after it (a copy under another name): refused with one line naming the field, nothing

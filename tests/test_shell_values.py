@@ -106,6 +106,7 @@ def test_env_check_sources_a_remembered_environment_by_its_exact_path(cli, tmp_p
     check_env_dir(cli, tmp_path, login_side, value)
 
 
+@pytest.mark.slow
 @GENERATED
 @given(value=FRAGMENTS)
 def test_env_check_of_generated_environment_paths(cli, tmp_path, login_side, value):
@@ -130,6 +131,7 @@ def test_env_check_runs_the_profile_s_python_by_its_exact_path(cli, tmp_path, lo
     assert f"  python:   {python}\n" in result.out  # the program bash ran is that very file
 
 
+@pytest.mark.slow
 def test_env_create_makes_the_environment_at_the_exact_path(cli, tmp_path, login_side):
     """A real virtual environment with mmm-orch installed, at a --path holding every kind of shell
     syntax at once (any of it interpreted, and the path differs or the canary appears)."""
@@ -441,6 +443,7 @@ def launch_probe(cli, isolated: Path, python: str, cpu_bind: str) -> dict | None
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(value=st.one_of(st.sampled_from(HOSTILE), FRAGMENTS))

@@ -15,7 +15,7 @@ import pytest
 from conftest import (TERMINAL, assert_nothing_recorded, command_wrappers, run_cli,
                       submit_over_walltime, wait_in_db, wait_state, write_probe)
 from faults import HANG
-from mmm_orch.jobs.db import JobDB
+from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mmm_orch.jobs.startup import parse_markers
+import pytest
+
+from mmm_orch.tracking.startup import parse_markers
 from test_local_jobs import wait_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "startup"
@@ -50,6 +52,7 @@ def test_our_markers_win_over_the_study_style_lines():
     assert (m.nodes, m.ranks, m.host, m.startup_s) == (2, 8, "n1", 42.25)
 
 
+@pytest.mark.slow
 def test_timeline_and_startup_of_a_real_local_run(cli, isolated):
     submitted = cli("submit", "local", "fsdp", "--set", "tiny=true", "--set", "epochs=1",
                     "--set", "train_samples=512")

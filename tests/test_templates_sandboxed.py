@@ -144,6 +144,7 @@ def test_a_bounded_template_may_loop_and_join(cli, place):
     assert result.out == "0-1-2-1,fsdpxbxbxb00007 604800s 604800 1234567 id 1234567"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
 @pytest.mark.parametrize("where", ["--template", "./.mmm-orch"])
 def test_a_template_that_is_not_a_small_regular_file_is_refused_unread(isolated, tmp_path, kind,

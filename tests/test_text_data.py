@@ -97,6 +97,7 @@ def text_corpus(tmp_path):
     return tmp_path, texts, hf_tokenizer(tmp_path, texts)
 
 
+@pytest.mark.slow
 def test_tokenize_writes_a_dataset_whose_splits_do_not_depend_on_the_ranks(text_corpus):
     root, texts, tokenizer = text_corpus
     inputs = ",".join(str(root / f) for f in ("part-a.txt", "part-b.jsonl", "part-c.parquet"))
@@ -151,6 +152,7 @@ def _sentencepiece_model(directory: Path, texts: list[str]) -> Path:
     return directory / "sp.model"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece"])
 def test_tiktoken_and_sentencepiece_models_tokenize_with_their_own_markers(tmp_path, kind):
     texts = corpus(60)
@@ -180,6 +182,7 @@ def test_tiktoken_and_sentencepiece_models_tokenize_with_their_own_markers(tmp_p
         assert plain.decode(list(docs[0][1:-1])) == texts[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--tokenizer", "nope.json"], "tokenizer 'nope.json': no such file"),
     (["--input", "corpus.csv"], "input 'corpus.csv': no such file"),
@@ -214,6 +217,7 @@ def dataset(text_corpus):
     return root / "data"
 
 
+@pytest.mark.slow
 def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
     import torch
 
@@ -237,6 +241,7 @@ def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
         TokenDataset(flat, seq_len=4, vocab_size=256, dtype="uint16")
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_refused_naming_it(dataset, tmp_path):
     import shutil
 
@@ -261,6 +266,7 @@ def test_the_trainer_takes_a_vocabulary_and_the_old_name_of_every_other():
     assert (model.vocab_size, ac) == (300, "every_other")
 
 
+@pytest.mark.slow
 def test_sample_ids_are_logged_on_synthetic_data_too(tmp_path):
     records = _llama(["--steps", "2", "--log-sample-ids"], 1, tmp_path / "out")
     assert len(records) == 2
@@ -275,6 +281,7 @@ def _llama(args: list[str], ranks: int, out: Path) -> list[dict]:
     return steps(out)
 
 
+@pytest.mark.slow
 def test_the_same_global_batch_on_1_2_and_4_ranks_gives_the_same_loss_curve(dataset, tmp_path):
     common = ["--data-path", str(dataset), "--steps", "8", "--global-batch", "16",
               "--batch-size", "4", "--eval-every", "4"]
@@ -289,6 +296,7 @@ def test_the_same_global_batch_on_1_2_and_4_ranks_gives_the_same_loss_curve(data
     assert (config["config"]["global_batch"], config["config"]["accumulation"]) == (16, 2)
 
 
+@pytest.mark.slow
 def test_a_global_batch_the_ranks_cannot_split_evenly_is_refused(dataset, tmp_path):
     proc = launch("llama3", ["--tiny", "--steps", "2", "--global-batch", "12", "--batch-size",
                              "4", "--data-path", str(dataset)], 2, "torchrun", tmp_path / "out")
@@ -297,6 +305,7 @@ def test_a_global_batch_the_ranks_cannot_split_evenly_is_refused(dataset, tmp_pa
         in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_stopped_on_2_ranks_and_resumed_on_1_sees_every_window_once_per_epoch(dataset,
                                                                                      tmp_path):
     from mmm_orch.runtime.dataset import TokenDataset

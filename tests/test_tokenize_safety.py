@@ -123,6 +123,7 @@ def test_a_corrupt_tokenizer_is_refused_on_one_line_before_anything_is_written(
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)  # a FIFO read would hang
 @pytest.mark.parametrize("case,message", [
     ("unknown-option", "error: unrecognized arguments: --bogus 1 (see --help)"),
@@ -167,6 +168,7 @@ def _without_root_overrides() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
+@pytest.mark.slow
 def test_a_read_only_output_directory_is_refused_on_one_line(corpora, tmp_path):
     (tmp_path / "locked").mkdir()
     os.chmod(tmp_path / "locked", 0o555)
@@ -184,6 +186,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # writes past 4 KiB: EFBIG
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,message", [
     ("full-disk", "--out 'datasets/data': cannot write the dataset: File too large"),
     ("full-disk-new-directories", "--out 'datasets/a/b/data': cannot write the dataset: File "
@@ -273,6 +276,7 @@ KILLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_replacement_killed_at_any_step_leaves_one_whole_dataset(corpora, tmp_path):
     shutil.copytree(corpora / "old-dataset", tmp_path / "old-dataset")
     out = tmp_path / "datasets" / "data"
@@ -388,6 +392,7 @@ def test_a_damaged_dataset_is_refused_naming_the_file_and_field(tmp_path, change
     assert str(refused.value).startswith(str(root)), str(refused.value)
 
 
+@pytest.mark.slow
 def test_llama3_refuses_a_dataset_with_ids_past_its_vocabulary_in_one_line(tmp_path):
     """The QA report's case: ids past the vocabulary failed with IndexError in the first step
     (a manifest that lies: found by the first batch that reads them; one in every window)."""

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from mmm_orch.hosts import host_for
-from mmm_orch.jobs.track import _as_the_job_ended, _failover
+from mmm_orch.tracking.track import _as_the_job_ended, _failover
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 LAUNCHED = "[mmm-orch] launch_start=1.0 ranks=2 nodes=1\n"
@@ -31,7 +31,8 @@ SUCCEEDED = LAUNCHED + "[mmm-orch] launch_end=9.5 exit_code=0\n"
 ])
 def test_a_success_after_a_cancel_is_read_from_the_log(tmp_path, log, cancel_sent, state):
     (tmp_path / "job.log").write_text(log)
-    record = types.SimpleNamespace(log_path=str(tmp_path / "job.log"))
+    # (no outcome file in the job's directory: the log is read)
+    record = types.SimpleNamespace(log_path=str(tmp_path / "job.log"), job_dir=str(tmp_path))
     ended = JobStatus("1.vm", JobState.COMPLETED, "F", exit_code=0)
     read = _as_the_job_ended(ended, record, host_for(""), cancel_sent)
     assert read.state is state

@@ -50,6 +50,7 @@ def tensorboard_scalars(directory: Path, tag: str) -> dict[int, float]:
     return {event.step: event.value for event in events.Scalars(tag)}
 
 
+@pytest.mark.slow
 def test_tensorboard_and_wandb_hold_the_losses_of_metrics_jsonl(tmp_path):
     out = tmp_path / "out"
     common = ["--tiny", "--dtype", "fp32", "--warmup-steps", "2", "--eval-every", "3",

@@ -19,6 +19,7 @@ def _select(env: dict[str, str], path: str) -> subprocess.CompletedProcess:
                           timeout=120, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_backend_ccl_imports_oneccls_bindings_which_register_it(tmp_path):
     # A stand-in for the package (it is not on PyPI): importing it is what registers 'ccl'.
     (tmp_path / "oneccl_bindings_for_pytorch.py").write_text("")
@@ -52,6 +53,7 @@ def test_an_xpus_random_state_is_saved_and_restored(monkeypatch):
     assert [s.tolist() for s in restored] == [[7]]
 
 
+@pytest.mark.slow
 def test_fsdp_logs_the_mean_loss_of_ranks_that_draw_their_own_dropout_masks(tmp_path):
     """Step 1 on 2 ranks, against each rank's step 1 recomputed here: rank r's batch through the
     shared initial weights, with rank r's own dropout stream. The logged loss is their mean."""

@@ -65,6 +65,7 @@ def mpich(request):
     assert "HYDRA" in version, version
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
@@ -82,6 +83,7 @@ def test_every_trainer_runs_under_every_launcher(trainer, ranks, launcher, tmp_p
     assert proc.stdout.count("[mmm-orch] first_step=") == 1  # rank 0 only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
 def test_loss_falls_on_learnable_data(trainer, tmp_path):
     args = TRAINERS[trainer][1] + (["--tp", "2"] if trainer == "fsdp_tp" else [])
@@ -98,6 +100,7 @@ def test_loss_falls_on_learnable_data(trainer, tmp_path):
         assert "[epoch] epoch=2 train_loss=" in proc.stdout and "test_acc=" in proc.stdout
 
 
+@pytest.mark.slow
 def test_fsdp_tp_2x2_mesh_matches_one_process(tmp_path):
     """dp=2 x tp=2 (4 ranks, batch 4 per dp rank) against 1 process with the global batch of 8,
     same seed and data, fp32: the parallel layout changes nothing but summation order."""
@@ -115,6 +118,7 @@ def test_fsdp_tp_2x2_mesh_matches_one_process(tmp_path):
     assert a[0] != a[-1]
 
 
+@pytest.mark.slow
 def test_llama3_resume_continues_the_loss_curve(tmp_path):
     out = tmp_path / "out"
     args = ["--tiny", "--steps", "16", "--checkpoint-every", "8"]
@@ -152,6 +156,7 @@ def sigterm_llama3_after(out: Path, event: str, count: int, args: list[str] = ()
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resumes(tmp_path):
     out = tmp_path / "out"
     proc = sigterm_llama3_after(out, "step", 3)
@@ -174,6 +179,7 @@ def caught(pid: int, signum: int) -> bool:
     return bool(mask >> (signum - 1) & 1)
 
 
+@pytest.mark.slow
 def test_a_stop_signal_during_startup_is_kept_until_the_first_step(tmp_path):
     """A walltime warning that comes before torch has even loaded (a slow start: a loaded node,
     or minutes of imports at scale) does not kill the rank: the run does step 1, saves, exits 75,
@@ -198,6 +204,7 @@ def test_a_stop_signal_during_startup_is_kept_until_the_first_step(tmp_path):
     assert [r["step"] for r in steps(out)] == [1]
 
 
+@pytest.mark.slow
 def test_llama3_learns_from_a_pretokenized_token_file(tmp_path):
     import array
 
@@ -226,6 +233,7 @@ def test_token_file_windows_and_dp_slices():
     assert torch.equal(inputs[:, 1:], labels[:, :-1])
 
 
+@pytest.mark.slow
 def test_fsdp_reads_real_idx_files(tmp_path):
     import random
 
@@ -250,6 +258,7 @@ def test_fsdp_reads_real_idx_files(tmp_path):
     assert len(steps(tmp_path / "out")) == 2 * (96 // 16)
 
 
+@pytest.mark.slow
 def test_unknown_and_mistyped_options_are_errors(tmp_path):
     for args in (["--no-such-option", "1"], ["--steps", "many"]):
         proc = launch("llama3", ["--tiny", *args], 1, "none", tmp_path / "out")
@@ -260,12 +269,15 @@ def test_tiny_changes_defaults_and_given_options_win():
     from mmm_orch.runtime.options import parse
     from mmm_orch.trainers import fsdp, fsdp_tp
 
-    assert parse(fsdp.Config, [], tiny=fsdp.TINY).train_samples == 60000
-    assert parse(fsdp.Config, ["--tiny"], tiny=fsdp.TINY).train_samples == 512
-    given = parse(fsdp.Config, ["--tiny", "--train-samples", "64"], tiny=fsdp.TINY)
+    assert parse(fsdp.Config, []).train_samples == 60000
+    assert parse(fsdp.Config, ["--tiny"]).train_samples == 512
+    given = parse(fsdp.Config, ["--tiny", "--train-samples", "64"])
     assert (given.train_samples, given.test_batch_size) == (64, 128)
-    shaped = parse(fsdp_tp.Config, ["--tiny", "--dim", "96", "--batch-size", "2"], tiny=fsdp_tp.TINY)
+    shaped = parse(fsdp_tp.Config, ["--tiny", "--dim", "96", "--batch-size", "2"])
     assert (shaped.dim, shaped.n_layers, shaped.batch_size) == (96, 2, 2)
+    # A tiny dict given to parse adds to (and wins over) the options' own tiny values.
+    extra = parse(fsdp.Config, ["--tiny"], tiny={"test_batch_size": 64})
+    assert (extra.train_samples, extra.test_batch_size) == (512, 64)
 
 
 def test_peak_flops_table_and_the_flops_count():
@@ -294,6 +306,7 @@ def test_peak_flops_table_and_the_flops_count():
     assert per_token == 57_914_449_920
 
 
+@pytest.mark.slow
 def test_llama3_compile_with_tp_and_activation_checkpointing(tmp_path):
     """torch.compile around a checkpointed TP block fails in AOT autograd (a DeviceMesh among
     the saved tensors), so blocks are compiled first and checkpointed around; the result must
@@ -318,6 +331,7 @@ STOP_AND_RESUME = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", sorted(STOP_AND_RESUME))
 def test_stop_signal_saves_exits_75_and_the_resumed_run_matches_an_uninterrupted_one(trainer, tmp_path):
     """What a walltime stop does to every trainer: the stop signal (SIGTERM through torchrun, as

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 WATCHDOG = [sys.executable, "-m", "mmm_orch.injob.watchdog"]
 
 
@@ -22,6 +24,7 @@ def test_output_and_exit_code_pass_through():
     assert proc.stdout == "step=1 loss=2\nto-stderr\nno newline"
 
 
+@pytest.mark.slow
 def test_no_first_step_in_time_is_a_hang():
     start = time.monotonic()
     proc = run("echo importing; sleep 300", first=1)
@@ -29,6 +32,7 @@ def test_no_first_step_in_time_is_a_hang():
     assert "[mmm-orch] hung: no first step within 1s of launch; last_step=none" in proc.stdout
 
 
+@pytest.mark.slow
 def test_steps_keep_it_alive_until_they_stop():
     proc = run("for i in 1 2 3 4 5 6; do echo \"step=$i\"; sleep 0.5; done; "
                "trap 'echo checkpoint on TERM; exit 143' TERM; sleep 300 & wait", first=2, step=1.5)
@@ -48,6 +52,7 @@ def test_scheduler_signals_reach_the_launch(tmp_path):
     assert marker.read_text() == "USR1\n"
 
 
+@pytest.mark.slow
 def test_leftovers_of_an_ended_launch_do_not_hold_it():
     # The launch exits, but a child it left behind keeps the output pipe open.
     start = time.monotonic()

@@ -1,19 +1,39 @@
 """The mmm-orch command line: one module per command group, each adding its commands to the
-parser. Heavy modules (pydantic, jinja2, rich, paramiko, torch) load only where a command needs
-them, so that every command starts at once."""
+parser, and the use cases it runs (mmm_orch.usecases: nothing below them) imported inside each
+command: the parser loads every command module, and the use cases it does not run would cost
+tens of milliseconds at start-up. Heavy modules (pydantic, jinja2, rich, paramiko, torch) load
+only where a command needs them, so that every command starts at once."""
 
 from __future__ import annotations
 
 import sys
 
-from mmm_orch.version import __version__
-from mmm_orch.cli import (config_cmds, db_cmds, env_cmds, inspect_cmds, job_cmds, launch_cmds,
-                          nodes_cmds, sweep_cmds, usage_cmds)
+from mmm_orch.cli import (
+    config_cmds,
+    db_cmds,
+    env_cmds,
+    inspect_cmds,
+    job_cmds,
+    launch_cmds,
+    nodes_cmds,
+    sweep_cmds,
+    usage_cmds,
+)
 from mmm_orch.cli.common import ArgParser
 from mmm_orch.errors import MmmError, one_line
+from mmm_orch.version import __version__
 
-GROUPS = (config_cmds, job_cmds, launch_cmds, sweep_cmds, usage_cmds, inspect_cmds, env_cmds,
-          nodes_cmds, db_cmds)
+GROUPS = (
+    config_cmds,
+    job_cmds,
+    launch_cmds,
+    sweep_cmds,
+    usage_cmds,
+    inspect_cmds,
+    env_cmds,
+    nodes_cmds,
+    db_cmds,
+)
 
 
 def build_parser() -> ArgParser:
@@ -23,8 +43,11 @@ def build_parser() -> ArgParser:
     )
     parser.add_argument("--version", action="version", version=f"mmm-orch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--db", metavar="PATH",
-                        help="job database (default: $MMM_ORCH_DB or $XDG_STATE_HOME/mmm-orch/jobs.db)")
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        help="job database (default: $MMM_ORCH_DB or $XDG_STATE_HOME/mmm-orch/jobs.db)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
@@ -36,22 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     # word for word: argparse would read its options as mmm-orch's.
     argv = sys.argv[1:] if argv is None else list(argv)
     at = argv.index("--") if "--" in argv else len(argv)
-    program = argv[at + 1:] if at < len(argv) else None
+    program = argv[at + 1 :] if at < len(argv) else None
     args = build_parser().parse_args(argv[:at])
     args.program = tuple(program or ())
     args.words = argv[:at]  # as typed (launch --allocate runs them again inside the allocation)
     if program is not None and not getattr(args, "takes_program", False):
-        print(f"mmm-orch: error: `mmm-orch {args.command}` runs no command of yours: nothing may "
-              "follow --", file=sys.stderr)
+        print(
+            f"mmm-orch: error: `mmm-orch {args.command}` runs no command of yours: nothing may "
+            "follow --",
+            file=sys.stderr,
+        )
         return 2
     if program == []:
-        print("mmm-orch: error: command after -- is missing: name the program to run, e.g. "
-              "`-- python3 -m mypkg.train`", file=sys.stderr)
+        print(
+            "mmm-orch: error: command after -- is missing: name the program to run, e.g. "
+            "`-- python3 -m mypkg.train`",
+            file=sys.stderr,
+        )
         return 2
     try:
-        from mmm_orch.transport import Retry
+        from mmm_orch.usecases import check_settings
 
-        Retry.from_env("submit")  # a bad MMM_ORCH_RETRY_DEADLINE is refused before anything runs
+        check_settings()  # a bad MMM_ORCH_RETRY_DEADLINE is refused before anything runs
         return args.func(args)
     except MmmError as exc:
         if args.debug:
@@ -67,11 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for users, the traceback with --debug
         if args.debug:
             raise
-        print(f"mmm-orch: internal error: {type(exc).__name__}: {one_line(str(exc))} (rerun "
-              "with --debug)", file=sys.stderr)
+        print(
+            f"mmm-orch: internal error: {type(exc).__name__}: {one_line(str(exc))} (rerun "
+            "with --debug)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         # One SSH connection and one database connection per command, closed at its end.
-        for module in ("mmm_orch.hosts", "mmm_orch.jobs.db"):
+        for module in ("mmm_orch.hosts", "mmm_orch.records.db"):
             if module in sys.modules:
                 sys.modules[module].close_all()

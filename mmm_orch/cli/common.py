@@ -7,10 +7,12 @@ import argparse
 import math
 import re
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
+from mmm_orch.cli import console
 from mmm_orch.errors import MmmError
-from mmm_orch.limits import MAX_LINKS
+from mmm_orch.limits import MAX_LINKS  # a constant: the use cases' import would cost start-up
 
 MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer
 
@@ -23,8 +25,11 @@ class ArgParser(argparse.ArgumentParser):
         if match := re.match(r"argument (?:\S+/)?(\S+): (.*)", message, re.S):
             message = f"{match[1]} {match[2]}"
         command = self.prog.removeprefix("mmm-orch").strip()
-        print(f"mmm-orch: error: {command + ': ' if command else ''}{' '.join(message.split())} "
-              f"(see `{self.prog} --help`)", file=sys.stderr)
+        print(
+            f"mmm-orch: error: {command + ': ' if command else ''}{' '.join(message.split())} "
+            f"(see `{self.prog} --help`)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
 
 
@@ -38,12 +43,13 @@ def _bounded_int(low: int, high: int | None, what: str) -> Callable[[str], int]:
             limit = f"{low}-{high}" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"{text!r} is invalid: {what} {limit}")
         return value
+
     parse.__name__ = what
     return parse
 
 
-count = _bounded_int(1, None, "a whole number")          # nodes, links, ...
-lines = _bounded_int(0, None, "a whole number")          # --tail
+count = _bounded_int(1, None, "a whole number")  # nodes, links, ...
+lines = _bounded_int(0, None, "a whole number")  # --tail
 job_id = _bounded_int(1, MAX_JOB_ID, "a job id,")
 links = _bounded_int(1, MAX_LINKS, "a number of links,")
 
@@ -58,74 +64,134 @@ def seconds(text: str) -> float:
     return value
 
 
-def plan_options(parser: argparse.ArgumentParser, sweep: bool = False,
-                 machine_found: bool = False) -> None:
+def plan_options(
+    parser: argparse.ArgumentParser, sweep: bool = False, machine_found: bool = False
+) -> None:
     """The options that make a plan (render, submit); a sweep takes lists of nodes and values;
     `machine_found`: MACHINE may be left out (launch finds it from the host names)."""
     if machine_found:
-        parser.add_argument("machine", nargs="?", default="",
-                            help="machine profile (default: the one whose hostnames match the "
-                                 "allocation's nodes, or this host; see `mmm-orch machines`)")
+        parser.add_argument(
+            "machine",
+            nargs="?",
+            default="",
+            help="machine profile (default: the one whose hostnames match the "
+            "allocation's nodes, or this host; see `mmm-orch machines`)",
+        )
     else:
         parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
-    parser.add_argument("workload", nargs="?",
-                        help="workload spec (see `mmm-orch workloads`); leave it out to run "
-                             "your own command, given after --")
+    parser.add_argument(
+        "workload",
+        nargs="?",
+        help="workload spec (see `mmm-orch workloads`); leave it out to run "
+        "your own command, given after --",
+    )
     parser.set_defaults(takes_program=True)
     if sweep:
-        parser.add_argument("-N", "--nodes", metavar="N1,N2,...",
-                            help="node counts to sweep (default: the workload's)")
+        parser.add_argument(
+            "-N",
+            "--nodes",
+            metavar="N1,N2,...",
+            help="node counts to sweep (default: the workload's)",
+        )
     else:
-        parser.add_argument("-N", "--nodes", type=count, help="number of nodes (default: the workload's)")
+        parser.add_argument(
+            "-N", "--nodes", type=count, help="number of nodes (default: the workload's)"
+        )
     parser.add_argument("-q", "--queue", help="queue/partition/QOS (default: the first that fits)")
     parser.add_argument("-t", "--walltime", help="HH:MM:SS (default: the workload's)")
     parser.add_argument("-A", "--account", help="project to charge (or $MMM_ORCH_ACCOUNT)")
     parser.add_argument("--name", help="job name (default: the workload name)")
-    parser.add_argument("--set", dest="sets", action="append", default=[],
-                        metavar="KEY=V1,V2,..." if sweep else "KEY=VALUE",
-                        help="trainer option values to sweep (a comma in a value: \\,; repeatable)"
-                        if sweep else "trainer option (repeatable)")
-    parser.add_argument("--env", dest="envs", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra environment variable for the job (repeatable)")
-    parser.add_argument("--preset", dest="presets", action="append", default=[], metavar="NAME",
-                        help="enable an environment preset of the machine (repeatable)")
-    parser.add_argument("--no-preset", dest="no_presets", action="append", default=[],
-                        metavar="NAME", help="disable an environment preset (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,..." if sweep else "KEY=VALUE",
+        help="trainer option values to sweep (a comma in a value: \\,; repeatable)"
+        if sweep
+        else "trainer option (repeatable)",
+    )
+    parser.add_argument(
+        "--env",
+        dest="envs",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment variable for the job (repeatable)",
+    )
+    parser.add_argument(
+        "--preset",
+        dest="presets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="enable an environment preset of the machine (repeatable)",
+    )
+    parser.add_argument(
+        "--no-preset",
+        dest="no_presets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="disable an environment preset (repeatable)",
+    )
     parser.add_argument("--template", help="job script template file to use instead of the default")
-    parser.add_argument("--spare-nodes", type=lines, default=0, metavar="K",
-                        help="ask for K nodes more than --nodes: when a node fails, the job swaps "
-                             "in a spare and relaunches from the last checkpoint")
-    parser.add_argument("--max-node-hours", metavar="H",
-                        help="refuse a plan that can be charged more than H node-hours (a sweep: "
-                             "all its points; a chain: it stops linking before it would pass H)")
-    parser.add_argument("--stage-env", action="store_true",
-                        help="copy the job environment to node-local storage on every node "
-                             "before the launch (imports then stay off the shared filesystem)")
+    parser.add_argument(
+        "--spare-nodes",
+        type=lines,
+        default=0,
+        metavar="K",
+        help="ask for K nodes more than --nodes: when a node fails, the job swaps "
+        "in a spare and relaunches from the last checkpoint",
+    )
+    parser.add_argument(
+        "--max-node-hours",
+        metavar="H",
+        help="refuse a plan that can be charged more than H node-hours (a sweep: "
+        "all its points; a chain: it stops linking before it would pass H)",
+    )
+    parser.add_argument(
+        "--stage-env",
+        action="store_true",
+        help="copy the job environment to node-local storage on every node "
+        "before the launch (imports then stay off the shared filesystem)",
+    )
 
 
 def request(args: argparse.Namespace, **overrides: Any):
-    from mmm_orch.planning import Request
+    from mmm_orch.usecases import Request
 
     program = tuple(getattr(args, "program", ()))
     if args.workload is None and not program:
-        raise MmmError("workload is missing: name one (`mmm-orch workloads`), or give your own "
-                       "command after --, e.g. `-- python3 -m mypkg.train`")
+        raise MmmError(
+            "workload is missing: name one (`mmm-orch workloads`), or give your own "
+            "command after --, e.g. `-- python3 -m mypkg.train`"
+        )
     fields = dict(
-        machine=args.machine, workload=args.workload or "command", command=program,
-        nodes=args.nodes, queue=args.queue,
-        walltime=args.walltime, account=args.account, name=args.name, sets=tuple(args.sets),
-        envs=tuple(args.envs), presets=tuple(args.presets), no_presets=tuple(args.no_presets),
-        workdir=getattr(args, "workdir", None), stage_env=args.stage_env,
-        spare_nodes=args.spare_nodes, max_node_hours=args.max_node_hours,
-        jobs=max(getattr(args, "chain", None) or 1, 1))  # a chain puts its links in the queue
+        machine=args.machine,
+        workload=args.workload or "command",
+        command=program,
+        nodes=args.nodes,
+        queue=args.queue,
+        walltime=args.walltime,
+        account=args.account,
+        name=args.name,
+        sets=tuple(args.sets),
+        envs=tuple(args.envs),
+        presets=tuple(args.presets),
+        no_presets=tuple(args.no_presets),
+        workdir=getattr(args, "workdir", None),
+        stage_env=args.stage_env,
+        spare_nodes=args.spare_nodes,
+        max_node_hours=args.max_node_hours,
+        jobs=max(getattr(args, "chain", None) or 1, 1),
+    )  # a chain puts its links in the queue
     fields.update(overrides)
     return Request(**fields)
 
 
 def print_script(script: str) -> None:
     if sys.stdout.isatty():
-        from mmm_orch import console
-
         console.print_script(script)
     else:
         sys.stdout.write(script)
@@ -133,38 +199,20 @@ def print_script(script: str) -> None:
 
 def jobs_db(args: argparse.Namespace, create: bool = False):
     """The checked job database, or None when there is none yet (and `create` is False)."""
-    from mmm_orch.jobs.db import open_db
+    from mmm_orch.usecases import tracking
 
-    return open_db(args.db, create=create)
+    return tracking.open_jobs(args.db, create=create)
 
 
 def job(db, job_id: int):
     """The record of `job_id`, or an error that says which ids exist."""
-    record = db.get(job_id) if db is not None else None
-    if record is None:
-        known = db.id_range() if db is not None else None
-        where = f" in {db.path}" if db is not None else ""
-        raise MmmError(f"job {job_id} not found{where}"
-                       + (f"; known ids are {known[0]}-{known[1]}" if known
-                          else "; no jobs recorded yet"))
-    return record
+    from mmm_orch.usecases import tracking
+
+    return tracking.job(db, job_id)
 
 
 def check_machine(name: str | None, db) -> None:
     """A --machine filter must name a profile or a machine jobs were recorded on."""
-    _check_known("machines", name, db.machines() if db is not None else set())
+    from mmm_orch.usecases import tracking
 
-
-def check_workload(name: str | None, db) -> None:
-    """A --workload filter must name a spec or a workload jobs were recorded with."""
-    _check_known("workloads", name, {r.workload for r in db.list()} if db is not None else set())
-
-
-def _check_known(kind: str, name: str | None, recorded: set[str]) -> None:
-    if name is None:
-        return
-    from mmm_orch.config.registry import names, unknown_name
-
-    known = set(names(kind)) | recorded
-    if name not in known:
-        raise unknown_name(kind.removesuffix("s"), name, sorted(known))
+    tracking.check_known("machines", name, db)

@@ -6,27 +6,34 @@ import argparse
 import json
 import sys
 
-from mmm_orch.cli import common
+from mmm_orch.cli import common, console
 from mmm_orch.errors import MmmError
-from mmm_orch.paths import write_whole
 
 
 def register(sub) -> None:
-    p = sub.add_parser("machines", help="list machine profiles; `machines check MACHINE`: where "
-                       "its queues differ from the live scheduler's (exit 1 when they do)",
-                       usage="mmm-orch machines [--json] | machines check MACHINE [--host HOST] "
-                             "[--json]")
+    p = sub.add_parser(
+        "machines",
+        help="list machine profiles; `machines check MACHINE`: where "
+        "its queues differ from the live scheduler's (exit 1 when they do)",
+        usage="mmm-orch machines [--json] | machines check MACHINE [--host HOST] [--json]",
+    )
     p.add_argument("action", nargs="?", choices=["check"], help=argparse.SUPPRESS)
     p.add_argument("name", nargs="?", metavar="MACHINE", help=argparse.SUPPRESS)
-    p.add_argument("--host", metavar="HOST",
-                   help="ask the scheduler on this login host over SSH (default: as submit does)")
+    p.add_argument(
+        "--host",
+        metavar="HOST",
+        help="ask the scheduler on this login host over SSH (default: as submit does)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_machines)
     p = sub.add_parser("workloads", help="list workload specs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
-    p = sub.add_parser("show", help="show a job (script, plan, history), a machine profile or a "
-                       "workload spec", usage="mmm-orch show JOB | machine NAME | workload NAME")
+    p = sub.add_parser(
+        "show",
+        help="show a job (script, plan, history), a machine profile or a workload spec",
+        usage="mmm-orch show JOB | machine NAME | workload NAME",
+    )
     p.add_argument("what", metavar="JOB|machine|workload")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", action="store_true")
@@ -47,9 +54,11 @@ def script(args: argparse.Namespace) -> str:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from mmm_orch import usecases
+
     text = script(args)
     if args.out:
-        write_whole(args.out, text)
+        usecases.save(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         common.print_script(text)
@@ -59,8 +68,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_machines(args: argparse.Namespace) -> int:
     if args.action is None:
         if args.name is not None or args.host is not None:
-            raise MmmError("machines: list them with `mmm-orch machines`, check one with "
-                           "`mmm-orch machines check MACHINE [--host HOST]`")
+            raise MmmError(
+                "machines: list them with `mmm-orch machines`, check one with "
+                "`mmm-orch machines check MACHINE [--host HOST]`"
+            )
         return cmd_list(args)
     if args.name is None:
         raise MmmError("machines check: name the MACHINE whose profile to check")
@@ -70,8 +81,10 @@ def cmd_machines(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"machine": args.name, "differences": differences}, indent=2))
     elif differences:
-        print(f"{args.name}: {len(differences)} difference{'s' if len(differences) > 1 else ''} "
-              "between the profile and the live scheduler:")
+        print(
+            f"{args.name}: {len(differences)} difference{'s' if len(differences) > 1 else ''} "
+            "between the profile and the live scheduler:"
+        )
         for line in differences:
             print(f"  {line}")
     else:
@@ -80,9 +93,9 @@ def cmd_machines(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from mmm_orch import console
+    from mmm_orch.usecases import machines
 
-    rows = console.machine_rows() if args.command == "machines" else console.workload_rows()
+    rows = machines.machine_rows() if args.command == "machines" else machines.workload_rows()
     console.print_rows(rows, as_json=args.json, title=args.command)
     return 0
 
@@ -100,20 +113,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     if args.what not in ("machine", "workload") or not args.name:
         raise MmmError(f"show {args.what!r}: expected a job id, 'machine NAME' or 'workload NAME'")
-    from mmm_orch import console
-    from mmm_orch.config.registry import load_machine, load_workload
+    from mmm_orch.usecases import machines
 
-    obj = load_machine(args.name) if args.what == "machine" else load_workload(args.name)
-    console.print_model(obj, as_json=args.json)
+    console.print_model(machines.show(args.what, args.name, whole=args.json), as_json=args.json)
     return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from mmm_orch.config.yamlio import adapter
+    from mmm_orch.usecases import machines
 
-    if args.kind == "machine":
-        from mmm_orch.config.machine import Machine as cls
-    else:
-        from mmm_orch.config.workload import Workload as cls
-    print(json.dumps(adapter(cls).json_schema(), indent=2))
+    print(json.dumps(machines.schema(args.kind), indent=2))
     return 0

@@ -4,54 +4,84 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from pathlib import Path
 
 from mmm_orch.cli import common
 from mmm_orch.errors import MmmError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("diagnose", help="why a job failed: the first real failure in its log, "
-                       "the node, and the documented fix")
+    p = sub.add_parser(
+        "diagnose",
+        help="why a job failed: the first real failure in its log, "
+        "the node, and the documented fix",
+    )
     p.add_argument("job", type=common.job_id, nargs="?", metavar="JOB")
     p.add_argument("--log", metavar="FILE", help="diagnose this log file instead of a recorded job")
-    p.add_argument("-m", "--machine", help="with --log: the machine, for its own failure signatures")
+    p.add_argument(
+        "-m", "--machine", help="with --log: the machine, for its own failure signatures"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_diagnose)
-    p = sub.add_parser("timeline", help="a job's submit, queue wait, start, launch, first step "
-                       "and end, each with the gap to the one before")
+    p = sub.add_parser(
+        "timeline",
+        help="a job's submit, queue wait, start, launch, first step "
+        "and end, each with the gap to the one before",
+    )
     p.add_argument("job", type=common.job_id, metavar="JOB")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_timeline)
-    p = sub.add_parser("startup", help="start-to-first-step times across recorded runs (or log "
-                       "files), with median and worst per group")
+    p = sub.add_parser(
+        "startup",
+        help="start-to-first-step times across recorded runs (or log "
+        "files), with median and worst per group",
+    )
     p.add_argument("-m", "--machine", help="only jobs on this machine")
     p.add_argument("-w", "--workload", help="only jobs of this workload")
-    p.add_argument("--log", dest="logs", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="read these log files (any job's, with `Job started at:` and step lines) "
-                        "instead of recorded jobs")
+    p.add_argument(
+        "--log",
+        dest="logs",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FILE",
+        help="read these log files (any job's, with `Job started at:` and step lines) "
+        "instead of recorded jobs",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_startup)
 
 
 def _stamp(at: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from mmm_orch import inspection
-    from mmm_orch.jobs import startup
+    from mmm_orch.usecases import inspection, tracking
 
-    db = common.jobs_db(args)
-    found = inspection.timeline(db, common.job(db, args.job))
+    db = tracking.open_jobs(args.db)
+    record = tracking.job(db, args.job)
+    assert db is not None  # tracking.job found the record in it
+    found = inspection.timeline(db, record)
     record = found.record
     if args.json:
-        print(json.dumps({"job": record.id, "state": record.state.value, "events": found.events,
-                          "startup_s": found.startup_s}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "job": record.id,
+                    "state": record.state.value,
+                    "events": found.events,
+                    "startup_s": found.startup_s,
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"job {record.id}: {record.workload} on {record.machine}, {record.nodes} node(s), "
-          f"{record.ranks} ranks, {record.state.value}")
+    print(
+        f"job {record.id}: {record.workload} on {record.machine}, {record.nodes} node(s), "
+        f"{record.ranks} ranks, {record.state.value}"
+    )
     width = max((len(row["event"]) for row in found.events), default=0)
     for row in found.events:
         gap = "" if row["gap_s"] is None else f"{row['gap_s']:+.1f}s"
@@ -61,59 +91,19 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     elif not found.has_log:
         print(f"  no log yet: {record.log_path}")
     elif found.launch_ended and not found.first_step_seen:
-        print(f"  no first step: {startup.NO_STEPS}")
+        print(f"  no first step: {inspection.NO_STEPS}")
     return 0
 
 
-def _read_log(name: str, head: int = 8 << 20) -> str:
-    """A log given with --log: its start (and its last MiB when it is longer), read only from a
-    regular file (a FIFO would block forever)."""
-    import os
-    import stat
-
-    from mmm_orch.hosts import host_for
-    from mmm_orch.jobs.logs import head_and_tail
-
-    try:
-        mode = os.stat(name).st_mode
-    except OSError as exc:
-        why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
-        raise MmmError(f"--log {name!r}: {why}") from None
-    if not stat.S_ISREG(mode):
-        raise MmmError(f"--log {name!r}: not a regular file (a directory, a FIFO or a device)")
-    return head_and_tail(host_for(""), name, head=head, last=1 << 20) or ""
-
-
 def cmd_startup(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from mmm_orch.usecases import inspection, tracking
 
-    from mmm_orch.jobs import startup
-
-    rows = []
     if args.logs:
-        for name in args.logs:
-            path = Path(name)
-            markers = startup.from_file_name(path.name, startup.parse_markers(_read_log(name)))
-            rows.append({"log": path.name, "machine": "", "workload": "", "nodes": markers.nodes,
-                         "ranks": markers.ranks, "host": markers.host, "start": markers.job_start,
-                         "first_step": markers.first_step, "startup_s": markers.startup_s})
+        rows, groups = inspection.startup_of_files(args.logs)
     else:
-        from mmm_orch.hosts import host_for
-        from mmm_orch.jobs import logs
-
-        db = common.jobs_db(args)
-        common.check_machine(args.machine, db)
-        common.check_workload(args.workload, db)
-        for record in db.list(machine=args.machine) if db is not None else []:
-            if args.workload and record.workload != args.workload:
-                continue
-            text = logs.head_and_tail(host_for(record.remote), record.log_path)
-            markers = startup.parse_markers(text or "")
-            rows.append({"job": record.id, "machine": record.machine, "workload": record.workload,
-                         "nodes": record.nodes, "ranks": record.ranks, "host": markers.host,
-                         "start": markers.job_start, "first_step": markers.first_step,
-                         "startup_s": markers.startup_s})
-    groups = startup.summarize(rows, ("machine", "workload", "nodes", "ranks"))
+        rows, groups = inspection.startup_of_jobs(
+            tracking.open_jobs(args.db), args.machine, args.workload
+        )
     if args.json:
         print(json.dumps({"runs": rows, "groups": groups}, indent=2))
         return 0
@@ -124,75 +114,98 @@ def cmd_startup(args: argparse.Namespace) -> int:
     # Recorded jobs carry epoch seconds; other logs carry their node's wall clock, kept as is.
     show = _utc if args.logs else _stamp
     width = max(len(label), *(len(str(row[label])) for row in rows))
-    print(f"{label:<{width}} {'workload':<12} {'nodes':>5} {'ranks':>5}  {'start':<19}  "
-          f"{'first step':<19} {'seconds':>8}")
+    print(
+        f"{label:<{width}} {'workload':<12} {'nodes':>5} {'ranks':>5}  {'start':<19}  "
+        f"{'first step':<19} {'seconds':>8}"
+    )
     for row in rows:
         start, first = (("-" if row[k] is None else show(row[k])) for k in ("start", "first_step"))
         seconds = "-" if row["startup_s"] is None else f"{row['startup_s']:.1f}"
-        print(f"{str(row[label]):<{width}} {row['workload'] or '-':<12} {row['nodes'] or '-':>5} "
-              f"{row['ranks'] or '-':>5}  {start:<19}  {first:<19} {seconds:>8}")
+        print(
+            f"{str(row[label]):<{width}} {row['workload'] or '-':<12} {row['nodes'] or '-':>5} "
+            f"{row['ranks'] or '-':>5}  {start:<19}  {first:<19} {seconds:>8}"
+        )
     for group in groups:
-        print(f"{group['machine'] or 'logs'} {group['workload'] or ''} nodes={group['nodes']} "
-              f"ranks={group['ranks']}: {group['runs']} run(s), median {group['median_s']:.1f}s, "
-              f"worst {group['worst_s']:.1f}s")
+        print(
+            f"{group['machine'] or 'logs'} {group['workload'] or ''} nodes={group['nodes']} "
+            f"ranks={group['ranks']}: {group['runs']} run(s), median {group['median_s']:.1f}s, "
+            f"worst {group['worst_s']:.1f}s"
+        )
     missing = sum(1 for r in rows if r["startup_s"] is None)
     if missing:
-        print(f"{missing} run(s) without a first step (still starting, failed early, or no markers)")
+        print(
+            f"{missing} run(s) without a first step (still starting, failed early, or no markers)"
+        )
     return 0
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from mmm_orch.config.failures import common_failures, machine_failures
-    from mmm_orch.injob import diagnose
+    from mmm_orch.cli import view
+    from mmm_orch.usecases import inspection, tracking
 
     if (args.job is None) == (args.log is None):
         raise MmmError("diagnose: give a job id or --log FILE (not both)")
     if args.log:
-        path = Path(args.log)
-        common.check_machine(args.machine, None)
-        text, machine, where, header = _read_log(args.log, 256 << 20), args.machine, str(path), path.name
-        signatures = machine_failures(machine) if machine else common_failures()
-        result, blamed = diagnose.diagnose(text, signatures), ""
+        result, blamed = inspection.diagnose_file(args.log, args.machine), ""
+        machine, where, header = args.machine, args.log, Path(args.log).name
     else:
-        from mmm_orch import inspection
-        from mmm_orch.cli.view import exit_text
-
-        db = common.jobs_db(args)
-        found = inspection.diagnose(db, common.job(db, args.job))
+        db = tracking.open_jobs(args.db)
+        asked = tracking.job(db, args.job)
+        assert db is not None  # tracking.job found the record in it
+        found = inspection.diagnose(db, asked)
         record, result, blamed = found.record, found.result, found.blamed
         machine, where = record.machine, record.log_path
-        header = (f"job {record.id}: {record.workload} on {record.machine}, {record.state.value}, "
-                  f"exit {exit_text(record)}")
+        header = (
+            f"job {record.id}: {record.workload} on {record.machine}, {record.state.value}, "
+            f"exit {view.exit_text(record)}"
+        )
     if args.json:
         print(json.dumps({"log": where, **result.to_dict()}, indent=2))
         return 0
     print(header)
     first = result.first
     if first is None:
-        print("no known failure signature in the log" + (f" ({result.fallout} fallout lines)" if result.fallout else ""))
+        print(
+            "no known failure signature in the log"
+            + (f" ({result.fallout} fallout lines)" if result.fallout else "")
+        )
         return 0
-    who = ", ".join(filter(None, [f"rank {first.rank}" if first.rank is not None else "",
-                                  f"host {first.host}" if first.host else ""]))
-    print(f"first failure: {first.signature.name} at line {first.line_number} of {where}"
-          + (f" ({who})" if who else ""))
+    who = ", ".join(
+        filter(
+            None,
+            [
+                f"rank {first.rank}" if first.rank is not None else "",
+                f"host {first.host}" if first.host else "",
+            ],
+        )
+    )
+    print(
+        f"first failure: {first.signature.name} at line {first.line_number} of {where}"
+        + (f" ({who})" if who else "")
+    )
     print(f"  {first.line}")
     print(f"  what: {first.signature.meaning}")
-    print(f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}")
+    print(
+        f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}"
+    )
     print(f"  source: {first.signature.source}")
     if blamed:
-        print(f"remembered {blamed} as bad on {machine}: later jobs there avoid it "
-              f"(`mmm-orch nodes`; `mmm-orch nodes forget {blamed}`)")
+        print(
+            f"remembered {blamed} as bad on {machine}: later jobs there avoid it "
+            f"(`mmm-orch nodes`; `mmm-orch nodes forget {blamed}`)"
+        )
     if result.later:
-        print("also seen later: " + ", ".join(f"{name} ({n} lines)" for name, n in result.later.items()))
+        print(
+            "also seen later: "
+            + ", ".join(f"{name} ({n} lines)" for name, n in result.later.items())
+        )
     if result.fallout:
-        print(f"ignored {result.fallout} fallout lines (ranks stopped because of the failure above)")
+        print(
+            f"ignored {result.fallout} fallout lines (ranks stopped because of the failure above)"
+        )
     return 0
 
 
 def _utc(seconds: float) -> str:
     """A log-local time kept as seconds since 1970 on that clock (no zone to apply)."""
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))

@@ -8,34 +8,56 @@ import sys
 
 from mmm_orch.cli import common
 from mmm_orch.cli.sweep_cmds import sweep_id
+from mmm_orch.errors import MmmError
 
 
 def register(sub) -> None:
     p = sub.add_parser("submit", help="submit a job (with --dry-run: print its script only)")
     common.plan_options(p)
-    p.add_argument("--workdir", metavar="DIR",
-                   help="the directory the job runs in (default: here; for a job submitted over "
-                        "SSH, its job directory on the login node)")
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="the directory the job runs in (default: here; for a job submitted over "
+        "SSH, its job directory on the login node)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
-    p.add_argument("--no-env-check", action="store_true",
-                   help="skip the check that the job's Python imports this mmm-orch")
-    p.add_argument("--chain", type=common.links, metavar="N",
-                   help="carry the run across up to N jobs, each waiting for the one before and "
-                        "resuming from its checkpoint, until the training is done")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="then stream the log until the job ends; exit with the job's exit code")
+    p.add_argument(
+        "--no-env-check",
+        action="store_true",
+        help="skip the check that the job's Python imports this mmm-orch",
+    )
+    p.add_argument(
+        "--chain",
+        type=common.links,
+        metavar="N",
+        help="carry the run across up to N jobs, each waiting for the one before and "
+        "resuming from its checkpoint, until the training is done",
+    )
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then stream the log until the job ends; exit with the job's exit code",
+    )
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
-    p.add_argument("--host", metavar="HOST",
-                   help="submit through this login host over SSH ([user@]host[:port] or a "
-                        "~/.ssh/config alias; default: here when the scheduler is on PATH, else "
-                        "the profile's first login host)")
+    p.add_argument(
+        "--host",
+        metavar="HOST",
+        help="submit through this login host over SSH ([user@]host[:port] or a "
+        "~/.ssh/config alias; default: here when the scheduler is on PATH, else "
+        "the profile's first login host)",
+    )
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("rerun", help="submit a job's recorded plan again, as a new job linked "
-                       "to it (same machine, environment and run directory)")
+    p = sub.add_parser(
+        "rerun",
+        help="submit a job's recorded plan again, as a new job linked "
+        "to it (same machine, environment and run directory)",
+    )
     p.add_argument("job", type=common.job_id, metavar="JOB")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the run's latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the run's latest checkpoint"
+    )
     p.add_argument("--json", action="store_true", help="print the new job's record as JSON")
     p.set_defaults(func=cmd_rerun)
 
@@ -44,19 +66,34 @@ def register(sub) -> None:
     p.add_argument("-a", "--all", action="store_true", help="every job, not only open and recent")
     p.add_argument("-m", "--machine", help="only jobs on this machine")
     p.add_argument("-w", "--watch", action="store_true", help="refresh until every job is terminal")
-    p.add_argument("--interval", type=common.seconds, default=5.0,
-                   help="seconds between --watch refreshes (default 5)")
-    p.add_argument("--links", action="store_true",
-                   help="every link of a chain on its own line (default: a chain is one line)")
-    p.add_argument("--sweep", type=sweep_id, metavar="ID",
-                   help="the points of this sweep, one line each (default: a sweep is one line)")
+    p.add_argument(
+        "--interval",
+        type=common.seconds,
+        default=5.0,
+        help="seconds between --watch refreshes (default 5)",
+    )
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="every link of a chain on its own line (default: a chain is one line)",
+    )
+    p.add_argument(
+        "--sweep",
+        type=sweep_id,
+        metavar="ID",
+        help="the points of this sweep, one line each (default: a sweep is one line)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="print or follow a job's log")
     p.add_argument("job", type=common.job_id, metavar="JOB")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="wait while queued, stream while running, stop when the job ends")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="wait while queued, stream while running, stop when the job ends",
+    )
     p.add_argument("-n", "--tail", type=common.lines, metavar="N", help="only the last N lines")
     p.add_argument("--strip-ansi", action="store_true", help="remove colour/escape codes")
     p.set_defaults(func=cmd_logs)
@@ -72,18 +109,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         planned = usecases.plan(common.request(args), args.db)
-        usecases.within_budgets(planned, args.db, "a chain's first link" if args.chain else "this job")
+        usecases.within_budgets(
+            planned, args.db, "a chain's first link" if args.chain else "this job"
+        )
         return dry_run(planned, args)
-    prepared = usecases.prepare(common.request(args), args.db, args.template, args.host,
-                                env_check=not args.no_env_check, chain=args.chain or 0)
+    prepared = usecases.prepare(
+        common.request(args),
+        args.db,
+        args.template,
+        args.host,
+        env_check=not args.no_env_check,
+        chain=args.chain or 0,
+    )
     if args.chain:
         return submit_chain(prepared, args)
     record = usecases.submit(prepared, args.db)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:
-        print(f"submitted job {record.id}: {record.workload} on {record.machine}, "
-              f"{record.scheduler} id {record.native_id}")
+        print(
+            f"submitted job {record.id}: {record.workload} on {record.machine}, "
+            f"{record.scheduler} id {record.native_id}"
+        )
         print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     if args.follow:
         return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
@@ -93,8 +140,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def dry_run(plan, args: argparse.Namespace) -> int:
     """The script that would be submitted; with --chain, the first link's, and what the next
     links change."""
-    from mmm_orch.render import render
-    from mmm_orch.usecases import chain_links
+    from mmm_orch.usecases import chain_links, render
 
     if not args.chain:
         common.print_script(render(plan, args.template))
@@ -106,7 +152,9 @@ def dry_run(plan, args: argparse.Namespace) -> int:
         second = render(rest[0].waiting_for("<id of link 1>"), args.template)
         lines = set(script.splitlines())
         changed = [line for line in second.splitlines() if line not in lines]
-        print(f"\n# Links 2-{args.chain} differ only in these lines (each waits for the one before):")
+        print(
+            f"\n# Links 2-{args.chain} differ only in these lines (each waits for the one before):"
+        )
         for line in changed:
             print(f"#   {line}")
     return 0
@@ -120,16 +168,18 @@ def submit_chain(prepared, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
-    print(f"chain {records[0].group_id}: {len(records)} links submitted, jobs "
-          f"{records[0].id}-{records[-1].id} ({records[0].scheduler} ids "
-          f"{records[0].native_id}-{records[-1].native_id}), one after the other")
+    print(
+        f"chain {records[0].group_id}: {len(records)} links submitted, jobs "
+        f"{records[0].id}-{records[-1].id} ({records[0].scheduler} ids "
+        f"{records[0].native_id}-{records[-1].native_id}), one after the other"
+    )
     print(f"run: {records[0].run_dir}")
     print(f"log of link 1: {records[0].log_path}" + (f" (on {remote})" if remote else ""))
     return 0
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from mmm_orch.jobs.record import PACK_INDEX
+    from mmm_orch.usecases import PACK_INDEX
     from mmm_orch.usecases.reruns import rerun
 
     old = common.job(common.jobs_db(args), args.job)
@@ -137,9 +187,11 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
         return 0
-    print(f"submitted job {record.id}: rerun of job {old.id}"
-          + (", resuming from its run's checkpoint" if args.resume else "")
-          + f", {record.scheduler} id {record.native_id}")
+    print(
+        f"submitted job {record.id}: rerun of job {old.id}"
+        + (", resuming from its run's checkpoint" if args.resume else "")
+        + f", {record.scheduler} id {record.native_id}"
+    )
     print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     if record.group_id is not None and record.group_index == PACK_INDEX:
         print(f"its points: mmm-orch status --sweep {record.group_id}")
@@ -147,111 +199,65 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import time
-
     from mmm_orch.cli import view
-    from mmm_orch.jobs.track import Refresh, refresh
+    from mmm_orch.usecases import tracking
 
-    db = common.jobs_db(args)
-    common.check_machine(args.machine, db)
-    for job_id in args.jobs:
-        common.job(db, job_id)
-    if args.sweep is not None:
-        from mmm_orch.jobs.sweeps import members
-
-        args.jobs += [r.id for r in members(db, args.sweep)]
-
-    def select():
-        """The jobs to show: every open one among them, so one refresh covers them all."""
-        if db is None:
-            return []
-        if args.jobs or args.all:
-            return db.list(ids=args.jobs, machine=args.machine)
-        recent = db.list(limit=20, machine=args.machine)
-        shown = {r.id for r in recent}
-        older = [r for r in db.list(open_only=True, machine=args.machine) if r.id not in shown]
-        return older + recent
-
+    db = tracking.open_jobs(args.db)
+    asked = dict(
+        ids=args.jobs, machine=args.machine, all_jobs=args.all, sweep=args.sweep, links=args.links
+    )
+    shown = (
+        tracking.watch(db, args.interval, **asked)
+        if args.watch
+        else iter([tracking.status(db, **asked)])
+    )
     tty = sys.stdout.isatty() and not args.json
-    live = None
-    if args.watch and tty:
-        from rich.live import Live
-
-        live = Live(auto_refresh=False)
-        live.start()
-    try:
-        while True:
-            records = select()
-            outcome = refresh(db, records) if db is not None else Refresh()
-            if open_ids := [r.id for r in records if not r.terminal]:
-                fresh = {r.id: r for r in db.list(ids=open_ids)}
-                records = [fresh.get(r.id, r) for r in records if r.id not in outcome.removed]
-            for warning in outcome.warnings:
+    with view.live(args.watch and tty) as live:
+        for now in shown:
+            for warning in now.refresh.warnings:
                 print(f"mmm-orch: warning: {warning}", file=sys.stderr)
             if args.json:
-                print(view.json_rows(records, outcome))
+                print(view.json_rows(now.records, now.refresh))
             else:
-                shown = view.rows(records, outcome, db, links=args.links,
-                                  sweeps=args.sweep is None)
-                if live is not None:
-                    live.update(view.table(shown, tty=True), refresh=True)
-                elif tty:
-                    from rich.console import Console
-
-                    Console().print(view.table(shown, tty=True))
-                else:
-                    sys.stdout.write(view.table(shown, tty=False))
-                    sys.stdout.flush()
-            if not args.watch or all(r.terminal for r in records):
-                return 0
-            time.sleep(args.interval)
-    finally:
-        if live is not None:
-            live.stop()
+                live(view.table(view.rows(now.lines, now.refresh), tty=tty))
+    return 0
 
 
 def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start: int = 0) -> int:
-    from mmm_orch.hosts import host_for
-    from mmm_orch.jobs import logs
-    from mmm_orch.jobs.track import refresh
+    from mmm_orch.cli import view
+    from mmm_orch.usecases import tracking
 
-    record = common.job(db, job_id)
+    def waiting(path: str) -> None:
+        print(f"mmm-orch: waiting for job {job_id} to start writing {path}", file=sys.stderr)
 
-    def done() -> bool:
-        refresh(db, [db.get(job_id, events=False)])
-        return db.get(job_id, events=False).terminal
-
-    def waiting() -> None:
-        print(f"mmm-orch: waiting for job {job_id} to start writing {record.log_path}",
-              file=sys.stderr)
-
-    for chunk in logs.follow(host_for(record.remote), record.log_path, done, start=start,
-                             on_wait=waiting):
-        logs.write(logs.clean(chunk, strip_ansi))
-    final = db.get(job_id, events=False)
+    for text in tracking.follow(db, job_id, strip_ansi, start, waiting):
+        view.write(text)
     if not exit_with_job:
         return 0
-    from mmm_orch.cli.view import exit_text
-
-    print(f"mmm-orch: job {job_id} {final.state.value} (exit {exit_text(final)})", file=sys.stderr)
+    final = tracking.job(db, job_id)
+    print(
+        f"mmm-orch: job {job_id} {final.state.value} (exit {view.exit_text(final)})",
+        file=sys.stderr,
+    )
     if final.exit_code is not None:
         return final.exit_code
     return 0 if final.state.value == "completed" else 1
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from mmm_orch import inspection
-    from mmm_orch.errors import MmmError
-    from mmm_orch.jobs import logs
+    from mmm_orch.cli import view
+    from mmm_orch.usecases import inspection, tracking
 
-    db = common.jobs_db(args)
-    record = common.job(db, args.job)
-    text, start = inspection.log_text(record, args.tail)
+    db = tracking.open_jobs(args.db)
+    record = tracking.job(db, args.job)
+    text, start = inspection.log_text(record, args.tail, args.strip_ansi)
     if text is not None:
-        logs.write(logs.clean(text, args.strip_ansi))
+        view.write(text)
     elif not args.follow:
-        raise MmmError(f"job {args.job} has no log yet ({record.state.value}): {record.log_path}; "
-                       "use --follow to wait for it")
+        raise MmmError(
+            f"job {args.job} has no log yet ({record.state.value}): {record.log_path}; "
+            "use --follow to wait for it"
+        )
     if args.follow:
         return follow(db, args.job, args.strip_ansi, start=start)
     return 0
@@ -262,8 +268,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     db = common.jobs_db(args)
     if not args.jobs and args.sweep is None:
-        from mmm_orch.errors import MmmError
-
         raise MmmError("cancel: name the jobs (JOB...) or a sweep (--sweep ID)")
     records = [common.job(db, job_id) for job_id in args.jobs]
     for outcome in usecases.cancel(db, records, args.sweep):

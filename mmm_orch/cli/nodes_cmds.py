@@ -6,12 +6,13 @@ import argparse
 import json
 import time
 
-from mmm_orch.cli import common
-
 
 def register(sub) -> None:
-    p = sub.add_parser("nodes", help="nodes remembered as bad (retired by failover or blamed by "
-                       "diagnose); later jobs on the machine avoid them")
+    p = sub.add_parser(
+        "nodes",
+        help="nodes remembered as bad (retired by failover or blamed by "
+        "diagnose); later jobs on the machine avoid them",
+    )
     p.add_argument("-m", "--machine", help="only this machine's")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
@@ -23,34 +24,32 @@ def register(sub) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from mmm_orch.jobs.bad_nodes import bad_node_days
+    from mmm_orch.usecases import database
 
-    db = common.jobs_db(args)
-    common.check_machine(args.machine, db)
-    rows = db.bad_node_rows(args.machine) if db is not None else []
+    rows = database.bad_nodes(args.db, args.machine)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
         print("no node is remembered as bad" + (f" on {args.machine}" if args.machine else ""))
         return 0
-    days = bad_node_days()
+    days = database.bad_node_expiry_days()
     print(f"{'MACHINE':<12} {'NODE':<20} {'JOB':>5}  {'SINCE':<16} {'EXPIRES':<16} EVIDENCE")
     for row in rows:
         since = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["at"]))
         expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["at"] + days * 86400))
-        print(f"{row['machine']:<12} {row['node']:<20} {row['job_id'] or '-':>5}  {since:<16} "
-              f"{expires:<16} {row['evidence'][:90]}")
+        print(
+            f"{row['machine']:<12} {row['node']:<20} {row['job_id'] or '-':>5}  {since:<16} "
+            f"{expires:<16} {row['evidence'][:90]}"
+        )
     return 0
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    from mmm_orch.errors import MmmError
+    from mmm_orch.usecases import database
 
-    db = common.jobs_db(args)
-    gone = db.forget_node(args.node, args.machine) if db is not None else 0
-    if not gone:
-        raise MmmError(f"node {args.node!r} is not remembered as bad"
-                       + (f" on {args.machine}" if args.machine else ""))
-    print(f"forgot {args.node}" + (f" on {args.machine}" if args.machine else f" ({gone} machines)"))
+    gone = database.forget_node(args.db, args.node, args.machine)
+    print(
+        f"forgot {args.node}" + (f" on {args.machine}" if args.machine else f" ({gone} machines)")
+    )
     return 0

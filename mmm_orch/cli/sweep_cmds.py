@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import importlib.util
 import json
-import os
 import re
+import signal
 import sys
-from pathlib import Path
 
 from mmm_orch.cli import common
+from mmm_orch.errors import InvalidValue, MmmError
+
 
 def sweep_id(text: str) -> int:
     """A sweep as `status` shows it (s3) or its number (3)."""
@@ -29,31 +28,53 @@ def job_or_sweep(text: str) -> tuple[str, int]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="submit one job per point of a grid of node counts and "
-                       "trainer options (with --dry-run: list the points)")
+    p = sub.add_parser(
+        "sweep",
+        help="submit one job per point of a grid of node counts and "
+        "trainer options (with --dry-run: list the points)",
+    )
     common.plan_options(p, sweep=True)
     p.add_argument("--dry-run", action="store_true", help="list the points; submit nothing")
-    p.add_argument("--no-env-check", action="store_true",
-                   help="skip the check that the job's Python imports this mmm-orch")
+    p.add_argument(
+        "--no-env-check",
+        action="store_true",
+        help="skip the check that the job's Python imports this mmm-orch",
+    )
     p.add_argument("--json", action="store_true", help="print the jobs' records as JSON")
     p.add_argument("--host", metavar="HOST", help="submit through this login host over SSH")
-    p.add_argument("--within", action="store_true",
-                   help="inside an allocation: run the points side by side on its nodes as they "
-                        "free up, each recorded as a job, in the foreground (see \"Many runs in "
-                        "one allocation\")")
-    p.add_argument("--pack", action="store_true",
-                   help="submit one job whose allocation runs the points side by side as its "
-                        "nodes free up, each still recorded as a job (see \"Many runs in one "
-                        "allocation\")")
-    p.add_argument("--devices", metavar="D[,D...]",
-                   help="with --pack or --within: points on D devices (GPUs, tiles, GCDs) of one "
-                        "node each, side by side with others on the rest; beside --nodes, more "
-                        "points")
-    p.add_argument("--pack-nodes", type=int, metavar="N",
-                   help="with --pack: the pack job's nodes (default: the largest point's)")
-    p.add_argument("--pack-walltime", metavar="HH:MM:SS",
-                   help="with --pack: the pack job's walltime (default: enough for the waves its "
-                        "points run in, each --walltime long)")
+    p.add_argument(
+        "--within",
+        action="store_true",
+        help="inside an allocation: run the points side by side on its nodes as they "
+        'free up, each recorded as a job, in the foreground (see "Many runs in '
+        'one allocation")',
+    )
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="submit one job whose allocation runs the points side by side as its "
+        'nodes free up, each still recorded as a job (see "Many runs in one '
+        'allocation")',
+    )
+    p.add_argument(
+        "--devices",
+        metavar="D[,D...]",
+        help="with --pack or --within: points on D devices (GPUs, tiles, GCDs) of one "
+        "node each, side by side with others on the rest; beside --nodes, more "
+        "points",
+    )
+    p.add_argument(
+        "--pack-nodes",
+        type=int,
+        metavar="N",
+        help="with --pack: the pack job's nodes (default: the largest point's)",
+    )
+    p.add_argument(
+        "--pack-walltime",
+        metavar="HH:MM:SS",
+        help="with --pack: the pack job's walltime (default: enough for the waves its "
+        "points run in, each --walltime long)",
+    )
     p.set_defaults(func=cmd_sweep, workdir=None)
 
     # What a pack job runs inside its allocation (usecases/packs.py), not a command for users.
@@ -61,11 +82,18 @@ def register(sub) -> None:
     p.add_argument("sweep", type=int)
     p.set_defaults(func=cmd_pack_run)
 
-    p = sub.add_parser("report", help="a scaling report of a sweep (s3) or of jobs: table, "
-                       "figures and one self-contained report.html")
+    p = sub.add_parser(
+        "report",
+        help="a scaling report of a sweep (s3) or of jobs: table, "
+        "figures and one self-contained report.html",
+    )
     p.add_argument("targets", nargs="+", type=job_or_sweep, metavar="SWEEP|JOB")
-    p.add_argument("--out", metavar="DIR", help="where the figures and report.html go "
-                   "(default: ./report-s<ID> or ./report-jobs-<IDS>)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the figures and report.html go "
+        "(default: ./report-s<ID> or ./report-jobs-<IDS>)",
+    )
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_report)
 
@@ -77,39 +105,53 @@ def register(sub) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
-    from mmm_orch.planning.cost import hours, sweep_cost
+    from mmm_orch.usecases import hours, sweep_cost
 
     if args.pack or args.pack_nodes is not None or args.pack_walltime is not None:
         return _pack(args)
     if args.within and not args.dry_run:
         return _within(args)
 
-    swept, planned = usecases.sweep_points(common.request(args, nodes=None, sets=()), args.nodes,
-                                           args.sets, args.db, args.template, args.host,
-                                           review=args.dry_run, devices=args.devices,
-                                           within=args.within)
+    swept, planned = usecases.sweep_points(
+        common.request(args, nodes=None, sets=()),
+        args.nodes,
+        args.sets,
+        args.db,
+        args.template,
+        args.host,
+        review=args.dry_run,
+        devices=args.devices,
+        within=args.within,
+    )
     if args.dry_run:
-        print(f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
-              f"{len(planned)} points (nothing submitted)")
+        print(
+            f"sweep of {planned[0].plan.workload} on {planned[0].plan.machine}: "
+            f"{len(planned)} points (nothing submitted)"
+        )
         for point in planned:
             plan = point.plan
             mesh = " ".join(f"{k}={v}" for k, v in plan.layout.mesh.items())
-            print(f"  {point.index:>3}  {point.label:<32} queue {plan.queue.name or '-'}, "
-                  f"{plan.layout.nodes} nodes x {plan.layout.ranks_per_node} = {plan.layout.ranks} ranks, mesh {mesh}, "
-                  f"walltime {plan.queue.walltime_hms}, at most {hours(plan.cost.most)} {plan.cost.unit}")
+            print(
+                f"  {point.index:>3}  {point.label:<32} queue {plan.queue.name or '-'}, "
+                f"{plan.layout.nodes} nodes x {plan.layout.ranks_per_node} = {plan.layout.ranks} ranks, mesh {mesh}, "
+                f"walltime {plan.queue.walltime_hms}, at most {hours(plan.cost.most)} {plan.cost.unit}"
+            )
         for point in planned:  # a queue taken for its job limits says why
             if "job limits" in point.plan.queue.reason:
-                print(f"  point {point.index}: queue {point.plan.queue.name}, "
-                      f"{point.plan.queue.reason}")
+                print(
+                    f"  point {point.index}: queue {point.plan.queue.name}, "
+                    f"{point.plan.queue.reason}"
+                )
         print(sweep_cost(planned))
         return 0
-    sweep, records = usecases.submit_sweep(swept, planned, args.db, args.template, args.host,
-                                           env_check=not args.no_env_check)
+    sweep, records = usecases.submit_sweep(
+        swept, planned, args.db, args.template, args.host, env_check=not args.no_env_check
+    )
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
     print(f"sweep {sweep}: {len(records)} jobs submitted, {records[0].id}-{records[-1].id}")
-    for point, record in zip(planned, records):
+    for point, record in zip(planned, records, strict=True):  # one record per point
         print(f"  job {record.id}: {point.label} ({record.scheduler} id {record.native_id})")
     print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
     return 0
@@ -117,21 +159,35 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _pack(args: argparse.Namespace) -> int:
     """`sweep --pack`: one job runs the points (usecases/packs.py)."""
-    from mmm_orch.errors import InvalidValue
-    from mmm_orch.render import render
-    from mmm_orch.usecases import packs
+    from mmm_orch.usecases import packs, render
 
     if not args.pack:
-        flag, value = (("--pack-nodes", args.pack_nodes) if args.pack_nodes is not None else
-                       ("--pack-walltime", args.pack_walltime))
+        flag, value = (
+            ("--pack-nodes", args.pack_nodes)
+            if args.pack_nodes is not None
+            else ("--pack-walltime", args.pack_walltime)
+        )
         raise InvalidValue(flag, value, "only with --pack")
     if args.within:
-        raise InvalidValue("--pack", "with --within", "one of them: --pack submits a job for the "
-                           "points, --within runs them in the allocation this runs in")
-    pack = packs.pack_points(common.request(args, nodes=None, sets=()), args.nodes, args.sets,
-                             args.pack_nodes, args.pack_walltime, args.db, args.template, args.host,
-                             env_check=not args.no_env_check, review=args.dry_run,
-                             devices=args.devices)
+        raise InvalidValue(
+            "--pack",
+            "with --within",
+            "one of them: --pack submits a job for the "
+            "points, --within runs them in the allocation this runs in",
+        )
+    pack = packs.pack_points(
+        common.request(args, nodes=None, sets=()),
+        args.nodes,
+        args.sets,
+        args.pack_nodes,
+        args.pack_walltime,
+        args.db,
+        args.template,
+        args.host,
+        env_check=not args.no_env_check,
+        review=args.dry_run,
+        devices=args.devices,
+    )
     if args.dry_run:
         common.print_script(render(pack.job.plan, args.template))
         print("\n".join(packs.review_lines(pack)))
@@ -140,8 +196,10 @@ def _pack(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
         return 0
-    print(f"sweep {sweep}: pack job {record.id} ({record.scheduler} id {record.native_id}) runs "
-          f"its {len(pack.points)} points on {record.nodes} node(s)")
+    print(
+        f"sweep {sweep}: pack job {record.id} ({record.scheduler} id {record.native_id}) runs "
+        f"its {len(pack.points)} points on {record.nodes} node(s)"
+    )
     print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
     return 0
 
@@ -150,10 +208,7 @@ def cmd_pack_run(args: argparse.Namespace) -> int:
     """Inside a pack job: its sweep's recorded points, side by side on its nodes. Exit 0 when
     every point completed, 1 when one did not, 143 when stopped (the scheduler's SIGTERM at a
     cancel or the walltime: the running points are cancelled, those waiting not started)."""
-    import signal
-
-    from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, PREFIX
-    from mmm_orch.usecases.packs import run_pack
+    from mmm_orch.usecases import packs
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -162,27 +217,26 @@ def cmd_pack_run(args: argparse.Namespace) -> int:
         signal.signal(signum, stop)
 
     def said(text: str) -> None:
-        print(f"{PREFIX} pack: {text}", flush=True)
+        print(packs.in_the_log(text), flush=True)
 
     try:
-        records = run_pack(args.sweep, args.db, said)
+        records = packs.run_pack(args.sweep, args.db, said)
     except KeyboardInterrupt:
         said("stopped: the running points were cancelled, the waiting ones not started")
-        return EXIT_STOPPED_BY_TERM
+        return packs.EXIT_STOPPED
     counts = collections.Counter(record.state.value for record in records)
-    said(f"sweep {args.sweep}: {len(records)} points ("
-         + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+    said(
+        f"sweep {args.sweep}: {len(records)} points ("
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + ")"
+    )
     return 0 if set(counts) == {"completed"} else 1
 
 
 def _within(args: argparse.Namespace) -> int:
     """`sweep --within`: the points run in this allocation; exit 0 when every one completed, 1
     when one did not, 130 when stopped (Ctrl-C, SIGTERM, SIGHUP: the running points too)."""
-    import signal
-
     from mmm_orch.usecases import inside
-    from mmm_orch.errors import MmmError
-    from mmm_orch.jobs.submit import stop_signals
 
     if args.host is not None:
         raise MmmError(f"--host {args.host!r}: --within runs the points here, in this allocation")
@@ -190,7 +244,7 @@ def _within(args: argparse.Namespace) -> int:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    for stop in stop_signals():
+    for stop in inside.stop_signals():
         signal.signal(stop, interrupt)
 
     def said(text: str) -> None:
@@ -198,8 +252,15 @@ def _within(args: argparse.Namespace) -> int:
 
     try:
         sweep, records = inside.sweep_within(
-            common.request(args, nodes=None, sets=()), args.nodes, args.sets, args.db,
-            args.template, env_check=not args.no_env_check, said=said, devices=args.devices)
+            common.request(args, nodes=None, sets=()),
+            args.nodes,
+            args.sets,
+            args.db,
+            args.template,
+            env_check=not args.no_env_check,
+            said=said,
+            devices=args.devices,
+        )
     except KeyboardInterrupt:
         said("stopped: the running points were cancelled")
         return 130
@@ -208,92 +269,38 @@ def _within(args: argparse.Namespace) -> int:
     else:
         counts = collections.Counter(r.state.value for r in records)
         ended = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        print(f"sweep {sweep}: {len(records)} points run in this allocation ({ended}); "
-              f"mmm-orch status --sweep {sweep}; mmm-orch report s{sweep}")
+        print(
+            f"sweep {sweep}: {len(records)} points run in this allocation ({ended}); "
+            f"mmm-orch status --sweep {sweep}; mmm-orch report s{sweep}"
+        )
     return 0 if all(r.state.value == "completed" for r in records) else 1
 
 
-def _selected(args: argparse.Namespace):
-    """The jobs to report on, with their point values, and the default output directory."""
-    from mmm_orch.jobs import sweeps
-
-    db = common.jobs_db(args)
-    records, values, names = [], [], []
-    for kind, number in args.targets:
-        if kind == "sweep":
-            group, jobs = sweeps.sweep_jobs(db, number)
-            values += sweeps.stored_points(group, jobs)
-            records += [db.get(j.id, events=False) for j in jobs]  # with their plans
-            names.append(f"s{number}")
-        else:
-            record = common.job(db, number)
-            records.append(record)
-            values.append({"nodes": record.nodes})
-            names.append(str(number))
-    default = "report-" + ("-".join(names) if all(n.startswith("s") for n in names)
-                           else "jobs-" + "-".join(n.lstrip("s") for n in names))
-    title = ", ".join(f"sweep {n[1:]}" if n.startswith("s") else f"job {n}" for n in names)
-    return records, values, default[:100], title
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from mmm_orch.reporting import build, data, table
+    from mmm_orch.usecases import reports, tracking
 
-    records, values, default, title = _selected(args)
-    made = build.report(records, values, Path(args.out or default), title)
+    chosen = reports.targets(tracking.open_jobs(args.db), args.targets)
+    made = reports.report(chosen, args.out or chosen.default_out)
     if args.json:
-        print(json.dumps(table.as_dicts(made.rows), indent=2))
+        print(json.dumps(reports.rows(made), indent=2))
     else:
-        sys.stdout.write(table.text(made.rows))
+        sys.stdout.write(reports.text(made))
     where = sys.stderr if args.json else sys.stdout
     for path in made.figures:
         print(f"figure: {path}", file=where)
     print(f"report: {made.page}", file=where)
     if made.hint:
         print(f"mmm-orch: {made.hint}", file=sys.stderr)
-    if note := data.notes(made.jobs):
+    if note := reports.notes(made):
         print(note, file=sys.stderr)
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from mmm_orch.errors import MmmError
-    from mmm_orch.reporting import data
+    from mmm_orch.usecases import reports, tracking
 
-    if importlib.util.find_spec("matplotlib") is None:
-        from mmm_orch.reporting.build import PLOT_HINT
-
-        raise MmmError(PLOT_HINT)
-    record = common.job(common.jobs_db(args), args.job)
-    out = Path(args.out or f"job-{record.id}.png")
-    # plot writes one PNG file (report writes a directory): --out names that file.
-    if out.is_dir() or not out.name or (out.exists() and not out.is_file()):
-        raise MmmError(f"--out {str(out)!r}: is not a file; plot writes one PNG file: name it, "
-                       f"e.g. job-{record.id}.png")
-    if out.suffix.lower() != ".png":
-        raise MmmError(f"--out {str(out)!r}: plot writes a PNG: name a file ending .png, e.g. "
-                       f"job-{record.id}.png")
-    if not out.parent.is_dir():
-        raise MmmError(f"--out {str(out)!r}: no directory {str(out.parent)!r} to write it in")
-    from mmm_orch.injob.protocol import METRICS_FILE
-
-    job = data.collect([record])[0]
-    if not job.steps:
-        raise MmmError(f"job {record.id} has no step metrics to plot"
-                       + (f" ({job.left_out})" if job.left_out
-                          else f" ({record.run_dir}/{METRICS_FILE} is missing or empty)"
-                          if record.run_dir else f" (workload {record.workload} writes none)"))
-    from mmm_orch.reporting import figures  # matplotlib writes its cache at import: not for a typo
-
-    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")  # a failed write leaves no half PNG
-    try:
-        figures.job_curves(job, tmp)
-        tmp.replace(out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise MmmError(f"--out {str(out)!r}: cannot write: {exc.strerror}") from None
-    print(f"figure: {out}")
-    if note := data.notes([job]):
+    path, note = reports.plot(tracking.open_jobs(args.db), args.job, args.out)
+    print(f"figure: {path}")
+    if note:
         print(note, file=sys.stderr)
     return 0

@@ -10,19 +10,32 @@ from mmm_orch.cli import common
 
 
 def register(sub) -> None:
-    p = sub.add_parser("usage", help="node-hours charged to the jobs recorded here, by machine "
-                       "and account (and workload, sweep, chain or day)")
+    p = sub.add_parser(
+        "usage",
+        help="node-hours charged to the jobs recorded here, by machine "
+        "and account (and workload, sweep, chain or day)",
+    )
     p.add_argument("-m", "--machine", help="only jobs on this machine")
     p.add_argument("-A", "--account", help="only jobs charged to this project")
-    p.add_argument("--since", metavar="DATE", help="only jobs that ended on or after DATE "
-                   "(YYYY-MM-DD, or YYYY-MM-DDTHH:MM)")
-    p.add_argument("--by", choices=None, metavar="workload|sweep|chain|day",
-                   help="one row per workload, sweep, chain or day as well")
+    p.add_argument(
+        "--since",
+        metavar="DATE",
+        help="only jobs that ended on or after DATE (YYYY-MM-DD, or YYYY-MM-DDTHH:MM)",
+    )
+    p.add_argument(
+        "--by",
+        choices=None,
+        metavar="workload|sweep|chain|day",
+        help="one row per workload, sweep, chain or day as well",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_usage)
 
-    p = sub.add_parser("balance", help="a project's allocation and what remains, from the "
-                       "facility's tool (sbank, showusage), here or on the login host")
+    p = sub.add_parser(
+        "balance",
+        help="a project's allocation and what remains, from the "
+        "facility's tool (sbank, showusage), here or on the login host",
+    )
     p.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
     p.add_argument("-A", "--account", help="the project (default: the profile's)")
     p.add_argument("--host", metavar="HOST", help="run the tool on this login host over SSH")
@@ -32,7 +45,6 @@ def register(sub) -> None:
 
 def cmd_usage(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
-    from mmm_orch.jobs.usage import as_dicts, text
 
     db = common.jobs_db(args)
     common.check_machine(args.machine, db)
@@ -40,20 +52,22 @@ def cmd_usage(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"mmm-orch: warning: {warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps(as_dicts(rows), indent=2))
+        print(json.dumps(usecases.usage_dicts(rows), indent=2))
     elif rows:
-        sys.stdout.write(text(rows, args.by))
+        sys.stdout.write(usecases.usage_text(rows, args.by))
     else:
-        print("no jobs recorded" + (" that match" if args.machine or args.account or args.since
-                                    else ""))
+        print(
+            "no jobs recorded"
+            + (" that match" if args.machine or args.account or args.since else "")
+        )
     return 0
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
-    from mmm_orch.allocations import balance
-    from mmm_orch.planning.cost import hours
+    from mmm_orch import usecases
+    from mmm_orch.usecases import hours
 
-    found = balance(args.machine, args.account, args.host)
+    found = usecases.balance(args.machine, args.account, args.host)
     if args.json:
         print(json.dumps(found.to_dict(), indent=2))
         return 0
@@ -63,6 +77,8 @@ def cmd_balance(args: argparse.Namespace) -> int:
     for a in found.allocations:
         awarded = f" of {hours(a.allocation)}" if a.allocation is not None else ""
         period = f", {a.start} to {a.end}" if a.start else ""
-        print(f"{found.machine} {a.project}{' (' + a.resource + ')' if a.resource else ''}: "
-              f"{hours(a.remaining)} node-hours left{awarded} ({hours(a.used)} used{period})")
+        print(
+            f"{found.machine} {a.project}{' (' + a.resource + ')' if a.resource else ''}: "
+            f"{hours(a.remaining)} node-hours left{awarded} ({hours(a.used)} used{period})"
+        )
     return 0

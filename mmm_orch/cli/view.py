@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from mmm_orch.jobs.record import JobRecord
-from mmm_orch.jobs.track import Refresh
+from mmm_orch.usecases.tracking import Group, JobRecord, Refresh
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
-_STYLE = {"completed": "green", "failed": "red", "timeout": "red", "hung": "red", "cancelled": "yellow",
-          "not started": "yellow",
-          "running": "cyan", "pending": "blue", "unknown": "magenta"}
+# A line of `status`: each of COLUMNS's cells (str), and "stale" (bool) for its style.
+Row = dict[str, Any]
+_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "timeout": "red",
+    "hung": "red",
+    "cancelled": "yellow",
+    "not started": "yellow",
+    "running": "cyan",
+    "pending": "blue",
+    "unknown": "magenta",
+}
 
 
 def duration(seconds: float | None) -> str:
@@ -33,7 +46,7 @@ def exit_text(record: JobRecord) -> str:
     return "-" if record.exit_code is None else str(record.exit_code)
 
 
-def row(record: JobRecord, refresh: Refresh, now: float) -> dict[str, str]:
+def row(record: JobRecord, refresh: Refresh, now: float) -> Row:
     if record.id in refresh.stale:
         note = f"stale {duration(refresh.stale[record.id])}"
     elif record.state.value == "pending":
@@ -41,11 +54,18 @@ def row(record: JobRecord, refresh: Refresh, now: float) -> dict[str, str]:
         note += f" ({record.reason})" if record.reason else ""
     else:
         note = record.reason
-    return {"id": str(record.id), "machine": record.machine, "workload": record.workload,
-            "nodes": str(record.nodes), "state": record.state.value,
-            "elapsed": duration(record.elapsed(now)), "exit": exit_text(record),
-            "native id": record.native_id, "note": note[:60],
-            "stale": record.id in refresh.stale}
+    return {
+        "id": str(record.id),
+        "machine": record.machine,
+        "workload": record.workload,
+        "nodes": str(record.nodes),
+        "state": record.state.value,
+        "elapsed": duration(record.elapsed(now)),
+        "exit": exit_text(record),
+        "native id": record.native_id,
+        "note": note[:60],
+        "stale": record.id in refresh.stale,
+    }
 
 
 def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
@@ -60,59 +80,77 @@ def json_rows(records: list[JobRecord], refresh: Refresh) -> str:
     return json.dumps(out, indent=2)
 
 
-def rows(records: list[JobRecord], refresh: Refresh, db=None, links: bool = False,
-         sweeps: bool = True) -> list[dict[str, str]]:
-    """One row per job; with `db`, the links of a chain as one row for the chain (`c<id>`, unless
-    `links`) and the points of a sweep as one row for the sweep (`s<id>`, if `sweeps`)."""
+def rows(lines: list[JobRecord | Group], refresh: Refresh) -> list[Row]:
+    """One row per job, chain (`c<id>`) or sweep (`s<id>`) of `status`."""
     now = time.time()
-    out: list[dict[str, str]] = []
-    shown: set[int] = set()
-    groups: dict[int, dict | None] = {}
-    collapsed = {"chain": chain_row} if not links else {}
-    if sweeps:
-        collapsed["sweep"] = sweep_row
-    for record in records:
-        if db is not None and record.group_id is not None:
-            if record.group_id not in groups:
-                groups[record.group_id] = db.group(record.group_id)
-            group = groups[record.group_id]
-            if group and group["kind"] in collapsed:
-                if record.group_id not in shown:
-                    shown.add(record.group_id)
-                    members = db.list(group_id=record.group_id)
-                    out.append(collapsed[group["kind"]](group, members, refresh, now))
-                continue
-        out.append(row(record, refresh, now))
-    return out
+    shown = {"chain": chain_row, "sweep": sweep_row}
+    return [
+        shown[line.kind](line, refresh, now) if isinstance(line, Group) else row(line, refresh, now)
+        for line in lines
+    ]
 
 
-def sweep_row(group: dict, jobs: list[JobRecord], refresh: Refresh, now: float) -> dict[str, str]:
-    from mmm_orch.jobs.sweeps import summary
+def sweep_row(group: Group, refresh: Refresh, now: float) -> Row:
+    sweep, spec = group.summary, group.spec
+    ids = sorted(job.id for job in group.members)
+    return {
+        "id": f"s{group.id}",
+        "machine": spec["machine"],
+        "workload": spec["workload"],
+        "nodes": ",".join(map(str, sweep["nodes"])),
+        "state": sweep["state"].value,
+        "elapsed": duration(sweep["elapsed"]),
+        "exit": "-",
+        "native id": f"jobs {ids[0]}-{ids[-1]}" if ids else "-",
+        "note": sweep["note"][:60] + (f" (status --sweep {group.id})"),
+        "stale": any(job.id in refresh.stale for job in group.members),
+    }
 
-    sweep = summary(group, jobs)
-    spec = group["spec"]
-    ids = sorted(job.id for job in jobs)
-    return {"id": f"s{group['id']}", "machine": spec["machine"], "workload": spec["workload"],
-            "nodes": ",".join(map(str, sweep["nodes"])), "state": sweep["state"].value,
-            "elapsed": duration(sweep["elapsed"]), "exit": "-",
-            "native id": f"jobs {ids[0]}-{ids[-1]}" if ids else "-",
-            "note": sweep["note"][:60] + (f" (status --sweep {group['id']})"),
-            "stale": any(job.id in refresh.stale for job in jobs)}
 
-
-def chain_row(group: dict, links: list[JobRecord], refresh: Refresh, now: float) -> dict[str, str]:
-    from mmm_orch.jobs.chains import summary
-
-    chain = summary(group, links)
+def chain_row(group: Group, refresh: Refresh, now: float) -> Row:
+    chain = group.summary
     current = chain["current"]
-    return {"id": f"c{group['id']}", "machine": current.machine, "workload": current.workload,
-            "nodes": str(current.nodes), "state": chain["state"].value,
-            "elapsed": duration(chain["elapsed"]), "exit": exit_text(current),
-            "native id": current.native_id, "note": chain["note"][:60],
-            "stale": any(link.id in refresh.stale for link in links)}
+    return {
+        "id": f"c{group.id}",
+        "machine": current.machine,
+        "workload": current.workload,
+        "nodes": str(current.nodes),
+        "state": chain["state"].value,
+        "elapsed": duration(chain["elapsed"]),
+        "exit": exit_text(current),
+        "native id": current.native_id,
+        "note": chain["note"][:60],
+        "stale": any(link.id in refresh.stale for link in group.members),
+    }
 
 
-def table(shown: list[dict[str, str]], tty: bool):
+@contextlib.contextmanager
+def live(on: bool) -> Iterator[Callable[[Any], None]]:
+    """Where each table goes: redrawn in place (`on`: --watch on a terminal), printed with rich
+    on a terminal, else written as plain text."""
+    if on:
+        from rich.live import Live  # rich costs start-up; only status and the tables need it
+
+        shown = Live(auto_refresh=False)
+        shown.start()
+        try:
+            yield lambda table: shown.update(table, refresh=True)
+        finally:
+            shown.stop()
+    elif sys.stdout.isatty():
+        from rich.console import Console
+
+        yield Console().print
+    else:
+        yield write
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def table(shown: list[Row], tty: bool):
     """A rich Table on a TTY, else plain aligned text."""
     if not tty:
         widths = {c: max([len(c)] + [len(r[c]) for r in shown]) for c in COLUMNS}
@@ -134,18 +172,21 @@ def table(shown: list[dict[str, str]], tty: bool):
 
 def details(record: JobRecord) -> str:
     """Everything about one job: identity, paths, state history, plan and script."""
+
     def when(t: float | None) -> str:
         return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
     lines = [
         f"job {record.id}: {record.workload} on {record.machine} ({record.nodes} nodes, "
         f"{record.ranks} ranks), {record.scheduler} id {record.native_id} on {record.host}",
-        f"state:       {record.state.value}" + (f" ({record.native_state})" if record.native_state else "")
+        f"state:       {record.state.value}"
+        + (f" ({record.native_state})" if record.native_state else "")
         + (f", exit {exit_text(record)}" if record.terminal else "")
         + (f"; {record.reason}" if record.reason else ""),
         f"submitted:   {when(record.submitted_at)}   started: {when(record.started_at)}   "
         f"ended: {when(record.ended_at)}",
-        f"submit dir:  {record.submit_dir}" + (f" (git {record.git_commit})" if record.git_commit else ""),
+        f"submit dir:  {record.submit_dir}"
+        + (f" (git {record.git_commit})" if record.git_commit else ""),
         f"job dir:     {record.job_dir}",
         f"script:      {record.script_path}",
         f"log:         {record.log_path}",

@@ -22,8 +22,9 @@ class Balance:
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
-            raise ValueError(f"balance.command {self.command!r}: at least one word, the first "
-                             "naming the tool")
+            raise ValueError(
+                f"balance.command {self.command!r}: at least one word, the first naming the tool"
+            )
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"balance.timeout_s {self.timeout_s!r}: seconds, more than 0")
 

@@ -11,21 +11,22 @@ import sys
 from pathlib import Path
 
 from mmm_orch.config.machine import FailureCatalog, FailureSignature
+from mmm_orch.config.registry import load_machine
+from mmm_orch.config.yamlio import load_yaml, validate
 from mmm_orch.paths import search_dirs
 
 
 def common_failures() -> list[FailureSignature]:
-    from mmm_orch.config.yamlio import load_yaml, validate
-
-    path = next(d / "common" / "failures.yaml" for d in search_dirs("machines")
-                if (d / "common" / "failures.yaml").is_file())
+    path = next(
+        d / "common" / "failures.yaml"
+        for d in search_dirs("machines")
+        if (d / "common" / "failures.yaml").is_file()
+    )
     return validate(FailureCatalog, load_yaml(Path(path))).failures
 
 
 def machine_failures(machine: str) -> list[FailureSignature]:
     """The machine's signatures first (the most specific), then the common ones."""
-    from mmm_orch.config.registry import load_machine
-
     return load_machine(machine).failures + common_failures()
 
 

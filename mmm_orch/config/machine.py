@@ -7,23 +7,24 @@ facts (and their sources) in machines/*.yaml rather than in code.
 from __future__ import annotations
 
 import re
-
-try:  # the regex parser: re._parser from Python 3.11, sre_parse before
-    from re import _parser as sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse  # type: ignore[no-redef]
+import sys
 from dataclasses import field
 from typing import Annotated, Literal
 
-import annotated_types as at
+if sys.version_info >= (3, 11):  # the regex parser: re._parser from Python 3.11, sre_parse before
+    from re import _parser as sre_parse
+else:  # pragma: no cover - Python 3.10
+    import sre_parse
 
+from mmm_orch.config.charging import Charging, check_factor
 from mmm_orch.config.common import (
+    SHELL_LINES,
+    Bound,
     Check,
     EnvName,
     Flag,
-    NonEmptyStr,
     NodeTemplated,
-    SHELL_LINES,
+    NonEmptyStr,
     NonNegativeInt,
     PositiveInt,
     PositiveNumber,
@@ -34,7 +35,6 @@ from mmm_orch.config.common import (
     check_placeholders,
     config,
 )
-from mmm_orch.config.charging import Charging, check_factor
 from mmm_orch.config.queues import JobLimit, Queue
 
 
@@ -136,7 +136,7 @@ class Launcher:
     stop_signal: Literal["USR1", "USR2", "TERM", "INT"] = "USR1"
     # Seconds between two launches started side by side in one allocation (`sweep --pack`):
     # some facilities ask for a pause between background launches (OLCF: `sleep 1` between srun).
-    start_gap: Annotated[float, at.Ge(0), at.Le(60)] = 0
+    start_gap: Annotated[float, Bound("Ge", 0), Bound("Le", 60)] = 0
     source: str = ""
 
 
@@ -161,7 +161,7 @@ class DeviceSlots:
     run gets. Machine data, with sources: the facilities' own recipes for many runs on a node."""
 
     # Every device of a node, as the mask names it, in the order runs take them.
-    ids: Annotated[list[DeviceWord], at.MinLen(1)]
+    ids: Annotated[list[DeviceWord], Bound("MinLen", 1)]
     # The launcher's arguments for a run on some devices of one node, in place of launcher.args:
     # {cpus} are the CPUs of its devices (`cpus`, one entry a rank, joined by `cpus_joined_by`).
     launcher_args: list[SlotTemplated]
@@ -171,15 +171,18 @@ class DeviceSlots:
     # Exported for each run: {ids} are its devices' ids joined by ',', {first} the position of
     # its first device on the node (a per-launch counter that concurrent launches need apart).
     set: dict[EnvName, Annotated[ShellValue, Check(after=_slot_placeholders)]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     source: str = ""
 
     def __post_init__(self) -> None:
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("ids repeat: each device of a node once")
         if self.cpus and len(self.cpus) != len(self.ids):
-            raise ValueError(f"cpus lists {len(self.cpus)} entries for {len(self.ids)} devices "
-                             "(one each, or none where the launcher picks)")
+            raise ValueError(
+                f"cpus lists {len(self.cpus)} entries for {len(self.ids)} devices "
+                "(one each, or none where the launcher picks)"
+            )
         if not self.cpus and any("{cpus}" in arg for arg in self.launcher_args):
             raise ValueError("launcher_args name {cpus} but no cpus are listed")
 
@@ -227,9 +230,11 @@ def _regex(value: str) -> str:
     except re.error as exc:
         raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
     if _backtracks(sre_parse.parse(value)):
-        raise ValueError(f"{value!r} repeats a repetition or an alternation (like (a+)+ or "
-                         "(a|ab)*): on a long log line it backtracks for hours; write it "
-                         "without the nesting")
+        raise ValueError(
+            f"{value!r} repeats a repetition or an alternation (like (a+)+ or "
+            "(a|ab)*): on a long log line it backtracks for hours; write it "
+            "without the nesting"
+        )
     return value
 
 
@@ -244,9 +249,9 @@ def _backtracks(items, repeated: bool = False) -> bool:
         elif op is sre_parse.BRANCH:
             if (repeated and len(arg[1]) > 1) or any(_backtracks(b, repeated) for b in arg[1]):
                 return True
-        elif op is sre_parse.SUBPATTERN and _backtracks(arg[-1], repeated):
-            return True
-        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT) and _backtracks(arg[1], repeated):
+        elif (op is sre_parse.SUBPATTERN and _backtracks(arg[-1], repeated)) or (
+            op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT) and _backtracks(arg[1], repeated)
+        ):
             return True
     return False
 
@@ -363,14 +368,17 @@ class Machine:
             if q.charge_factor is not None:
                 check_factor(f"queue {q.name}: charge_factor", q.charge_factor)
             if q.min_nodes > q.max_nodes:
-                raise ValueError(f"queue {q.name}: min_nodes {q.min_nodes} > max_nodes {q.max_nodes}")
+                raise ValueError(
+                    f"queue {q.name}: min_nodes {q.min_nodes} > max_nodes {q.max_nodes}"
+                )
         for line in self.directives:
             for bad in self.scheduler.forbidden_directives:
                 if line.split()[:1] == [bad] or line == bad:
                     raise ValueError(f"directive {line!r} is forbidden on {self.name}")
         if self.launcher.cpu_bind:
-            check_cpu_bind(self.launcher.cpu_bind, self.default_ranks_per_node,
-                           set(self.node.reserved_cores))
+            check_cpu_bind(
+                self.launcher.cpu_bind, self.default_ranks_per_node, set(self.node.reserved_cores)
+            )
 
 
 def parse_cpu_bind(text: str) -> list[set[int]]:
@@ -400,10 +408,8 @@ def check_cpu_bind(text: str, ranks_per_node: int, reserved: set[int]) -> None:
         )
     for i, cores in enumerate(ranks):
         if cores & reserved:
-            raise ValueError(
-                f"cpu_bind gives rank {i} reserved cores {sorted(cores & reserved)}"
-            )
+            raise ValueError(f"cpu_bind gives rank {i} reserved cores {sorted(cores & reserved)}")
     for i, a in enumerate(ranks):
-        for b in ranks[i + 1:]:
+        for b in ranks[i + 1 :]:
             if a & b:
                 raise ValueError(f"cpu_bind gives cores {sorted(a & b)} to two ranks")

@@ -6,10 +6,16 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Annotated, Literal
 
-import annotated_types as at
-
-from mmm_orch.config.common import Flag, NonEmptyStr, NonNegativeInt, Number, PositiveInt, \
-    Walltime, config
+from mmm_orch.config.common import (
+    Bound,
+    Flag,
+    NonEmptyStr,
+    NonNegativeInt,
+    Number,
+    PositiveInt,
+    Walltime,
+    config,
+)
 from mmm_orch.walltime import format_walltime
 
 
@@ -38,7 +44,7 @@ MAX_JOB_LIMIT = 1_000_000  # no facility lets one user queue more; a bigger numb
 class JobLimit:
     """At most `jobs` of one user's (or one project's) jobs, counted as `counts` says."""
 
-    jobs: Annotated[NonNegativeInt, at.Le(MAX_JOB_LIMIT)]
+    jobs: Annotated[NonNegativeInt, Bound("Le", MAX_JOB_LIMIT)]
     per: Literal["user", "project"]
     counts: JobCount
     source: NonEmptyStr  # where the facility states it (a page, or the live server's setting)
@@ -49,8 +55,12 @@ class JobLimit:
         return self.counts in REFUSED_PAST
 
     def words(self) -> str:
-        kind = {"any": "running or queued", "queued": "queued", "running": "running",
-                "eligible": "eligible to run"}[self.counts]
+        kind = {
+            "any": "running or queued",
+            "queued": "queued",
+            "running": "running",
+            "eligible": "eligible to run",
+        }[self.counts]
         return f"{self.jobs} {kind} job{'s' if self.jobs != 1 else ''} per {self.per}"
 
 

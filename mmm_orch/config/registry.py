@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 from mmm_orch.config import cache
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.workload import Workload
 from mmm_orch.errors import ConfigError, UnknownName
 from mmm_orch.paths import search_dirs
 
@@ -27,10 +28,16 @@ def names(kind: str) -> list[str]:
 
 
 def unknown_name(what: str, name: str, choices: list[str]) -> UnknownName:
+    import difflib  # ~1 ms of every start-up (2-core host, 2026-11-26), for a mistyped name only
+
     close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return UnknownName(what, name, f"one of {', '.join(choices)}",
-                       f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})")
+    return UnknownName(
+        what,
+        name,
+        f"one of {', '.join(choices)}",
+        f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})",
+    )
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -48,10 +55,12 @@ def _packaged_file(kind: str, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _resolve_extends(kind: str, path: Path, files: dict[str, Path],
-                     depth: int = 0) -> tuple[Any, dict[str, Any], list[Path]]:
+def _resolve_extends(
+    kind: str, path: Path, files: dict[str, Path], depth: int = 0
+) -> tuple[Any, dict[str, Any], list[Path]]:
     """(document, data, files read). A user file with `extends: NAME` is deep-merged over NAME
     (lists are replaced)."""
+    # Only on a cache miss: yamlio and PyYAML cost ~12 ms of a start-up (2-core host, 2026-11-26).
     from mmm_orch.config.yamlio import load_yaml
 
     doc = load_yaml(path)
@@ -59,8 +68,10 @@ def _resolve_extends(kind: str, path: Path, files: dict[str, Path],
     if parent is None or parent == "":
         return doc, doc.data, [path]
     if not isinstance(parent, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", parent):
-        raise ConfigError(f"{doc.where(('extends',))}: extends {parent!r} is invalid: the name "
-                          f"of one {kind[:-1]}, as `mmm-orch {kind}` lists them")
+        raise ConfigError(
+            f"{doc.where(('extends',))}: extends {parent!r} is invalid: the name "
+            f"of one {kind[:-1]}, as `mmm-orch {kind}` lists them"
+        )
     if depth > 4:
         raise ConfigError(f"{doc.where(('extends',))}: extends chain is too deep")
     base_path = files.get(parent)
@@ -84,23 +95,21 @@ def load(kind: str, name: str, cls: type) -> Any:
     obj = cache.get(kind, path, cls, search)
     if obj is not None:
         return obj
-    from mmm_orch.config.yamlio import validate
+    from mmm_orch.config.yamlio import validate  # a cache miss only, as in _resolve_extends
 
     doc, data, deps = _resolve_extends(kind, path, files)
     obj = validate(cls, doc, data)
     if obj.name != name:
-        raise ConfigError(f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}")
+        raise ConfigError(
+            f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}"
+        )
     cache.put(kind, path, obj, deps, search)
     return obj
 
 
-def load_machine(name: str):
-    from mmm_orch.config.machine import Machine
-
+def load_machine(name: str) -> Machine:
     return load("machines", name, Machine)
 
 
-def load_workload(name: str):
-    from mmm_orch.config.workload import Workload
-
+def load_workload(name: str) -> Workload:
     return load("workloads", name, Workload)

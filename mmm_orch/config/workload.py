@@ -41,11 +41,16 @@ class Option:
         if self.type == "choice":
             return "one of " + ", ".join(self.choices)
         if self.type == "str":
-            return (f"one line of text matching {self.pattern}" if self.pattern
-                    else "one line of text (no control characters)")
-        bounds = [f">= {_num(self.ge)}" if self.ge is not None else "",
-                  f"> {_num(self.gt)}" if self.gt is not None else "",
-                  f"<= {_num(self.le)}" if self.le is not None else ""]
+            return (
+                f"one line of text matching {self.pattern}"
+                if self.pattern
+                else "one line of text (no control characters)"
+            )
+        bounds = [
+            f">= {_num(self.ge)}" if self.ge is not None else "",
+            f"> {_num(self.gt)}" if self.gt is not None else "",
+            f"<= {_num(self.le)}" if self.le is not None else "",
+        ]
         kind = "an integer" if self.type == "int" else "a finite number"
         return " ".join([kind, " and ".join(b for b in bounds if b)]).strip()
 
@@ -64,12 +69,24 @@ class Option:
         if self.type == "bool":
             if isinstance(value, bool):
                 return value
-            return {"1": True, "true": True, "yes": True, "on": True, "0": False,
-                    "false": False, "no": False, "off": False}.get((text or "").strip().lower())
+            return {
+                "1": True,
+                "true": True,
+                "yes": True,
+                "on": True,
+                "0": False,
+                "false": False,
+                "no": False,
+                "off": False,
+            }.get((text or "").strip().lower())
         if isinstance(value, bool):
             return None
         if self.type == "int":
-            return int(value.strip()) if text is not None else (value if isinstance(value, int) else None)
+            return (
+                int(value.strip())
+                if text is not None
+                else (value if isinstance(value, int) else None)
+            )
         if self.type == "float":
             number = float(value)
             return number if math.isfinite(number) else None
@@ -79,11 +96,15 @@ class Option:
 
     def _within(self, value: Any) -> bool:
         if self.type in ("int", "float"):
-            return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                    and (self.le is None or value <= self.le))
+            return (
+                (self.ge is None or value >= self.ge)
+                and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le)
+            )
         if self.type == "str":
-            one_line = not any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF
-                               for c in value)
+            one_line = not any(
+                ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in value
+            )
             return one_line and (not self.pattern or re.fullmatch(self.pattern, value) is not None)
         return True
 
@@ -115,7 +136,7 @@ class Watchdog:
 
     enabled: Flag = True
     first_step_timeout: Walltime = 1800  # launch to first step: imports, init, compile
-    step_timeout: Walltime = 900         # between two completed steps
+    step_timeout: Walltime = 900  # between two completed steps
     # Ask the trainers to save and stop this long before the walltime (at most a third of it;
     # raised in the job to twice the longest save seen).
     walltime_margin: Walltime = 120
@@ -129,8 +150,9 @@ class Watchdog:
             try:
                 re.compile(self.progress)
             except re.error as exc:
-                raise ValueError(f"progress {self.progress!r}: not step, output or a regular "
-                                 f"expression ({exc})") from None
+                raise ValueError(
+                    f"progress {self.progress!r}: not step, output or a regular expression ({exc})"
+                ) from None
 
 
 @config
@@ -154,7 +176,9 @@ class Workload:
     # stop before the walltime apply to it. A trainer's own --resume option says that for it.
     resumable: Flag = False
     options: dict[str, Option] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)  # options always passed, before per-machine args and --set
+    args: dict[str, Any] = field(
+        default_factory=dict
+    )  # options always passed, before per-machine args and --set
     defaults: Defaults = field(default_factory=Defaults)
     resources: Resources = field(default_factory=Resources)
     watchdog: Watchdog = field(default_factory=Watchdog)
@@ -165,11 +189,15 @@ class Workload:
         if self.trainer and not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
         if self.trainer and self.resumable:
-            raise ValueError("resumable: true is for a workload without a trainer (a trainer "
-                             "resumes when it takes a resume option)")
+            raise ValueError(
+                "resumable: true is for a workload without a trainer (a trainer "
+                "resumes when it takes a resume option)"
+            )
         if not self.trainer and self.options:
-            raise ValueError("options need a trainer to pass them to (your command takes its "
-                             "own arguments after --)")
+            raise ValueError(
+                "options need a trainer to pass them to (your command takes its "
+                "own arguments after --)"
+            )
         for name, option in self.options.items():
             if not _OPTION.match(name):
                 raise ValueError(f"option name {name!r} must be lower_snake_case")

@@ -15,6 +15,7 @@ from mmm_orch.config.common import first_line_break
 from mmm_orch.errors import ConfigError
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
+_Loader: type[yaml.CSafeLoader] | type[yaml.SafeLoader]
 try:  # libyaml is several times faster when present
     _Loader = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - depends on the PyYAML build
@@ -69,8 +70,11 @@ def _check_nesting(text: str, path: Path) -> None:
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than "
-                                  f"{MAX_DEPTH} levels; a profile or spec needs a handful")
+                where = f"{path}:{event.start_mark.line + 1}" if event.start_mark else str(path)
+                raise ConfigError(
+                    f"{where}: nested deeper than {MAX_DEPTH} levels; a profile "
+                    "or spec needs a handful"
+                )
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
@@ -82,15 +86,21 @@ def _check_expansion(node: yaml.Node, path: Path) -> None:
 
     def size(item: yaml.Node) -> int:
         if id(item) not in sizes:
-            children = (item.value if isinstance(item, yaml.SequenceNode) else
-                        [n for pair in item.value for n in pair]
-                        if isinstance(item, yaml.MappingNode) else [])
+            children = (
+                item.value
+                if isinstance(item, yaml.SequenceNode)
+                else [n for pair in item.value for n in pair]
+                if isinstance(item, yaml.MappingNode)
+                else []
+            )
             sizes[id(item)] = min(1 + sum(size(child) for child in children), MAX_NODES + 1)
         return sizes[id(item)]
 
     if size(node) > MAX_NODES:
-        raise ConfigError(f"{path}: its aliases expand to more than {MAX_NODES} values; a profile "
-                          "or spec needs a few hundred")
+        raise ConfigError(
+            f"{path}: its aliases expand to more than {MAX_NODES} values; a profile "
+            "or spec needs a few hundred"
+        )
 
 
 def load_yaml(path: Path) -> YamlDoc:
@@ -101,7 +111,9 @@ def load_yaml(path: Path) -> YamlDoc:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})"
+        ) from None
     loader = _Loader(text)
     try:
         _check_nesting(text, path)
@@ -161,8 +173,10 @@ def _field_type(cls: Any, loc: Path_) -> Any:
     return current
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def adapter(cls: type) -> Any:
+    # pydantic costs ~23 ms to import (2-core host, 2026-11-26) and more to build validators:
+    # only validation needs it, not load_yaml (records/usage.py reads YAML without it).
     from pydantic import TypeAdapter
 
     return TypeAdapter(cls)
@@ -170,7 +184,7 @@ def adapter(cls: type) -> Any:
 
 def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
     """Validate `data` (default: the document) as `cls`; one clear error on failure."""
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # see adapter()
 
     try:
         obj = adapter(cls).validate_python(doc.data if data is None else data)
@@ -192,7 +206,9 @@ def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
     broken = first_line_break(obj)
     if broken:
         loc, text = broken
-        raise ConfigError(f"{doc.where(loc)}: {format_loc(loc)}: a line break is not allowed "
-                          f"here (got {text!r}); only the shell lines (setup, "
-                          "scheduler.node_list, rendezvous.master_addr/master_port) may hold one")
+        raise ConfigError(
+            f"{doc.where(loc)}: {format_loc(loc)}: a line break is not allowed "
+            f"here (got {text!r}); only the shell lines (setup, "
+            "scheduler.node_list, rendezvous.master_addr/master_port) may hold one"
+        )
     return obj

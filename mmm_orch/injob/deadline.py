@@ -5,8 +5,8 @@ save and stop before it (stop_due), failover starts no new attempt once too litt
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # Less than this left (or the margin, if larger): no new attempt could reach a first step.
 LEAST_FOR_AN_ATTEMPT = 30.0
@@ -19,8 +19,9 @@ class Deadline:
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     @classmethod
-    def after(cls, seconds: float, margin: float = 0.0,
-              clock: Callable[[], float] = time.monotonic) -> Deadline:
+    def after(
+        cls, seconds: float, margin: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> Deadline:
         return cls(clock() + seconds, margin, clock)
 
     def left(self) -> float:

@@ -27,8 +27,10 @@ _RUNNING_AT = re.compile(r"RUNNING AT (?P<host>\S+)")
 # 100 kB line (a dumped tensor) must not cost a backtracking search its whole length.
 MAX_LINE = 4096
 # After these, what a launcher reports is its own teardown of the other ranks, not a cause.
-TEARDOWN = re.compile(r"srun: (launch/slurm: _step_signal: )?Terminating StepId|"
-                      r"YOU CAN IGNORE THE BELOW CLEANUP MESSAGES")
+TEARDOWN = re.compile(
+    r"srun: (launch/slurm: _step_signal: )?Terminating StepId|"
+    r"YOU CAN IGNORE THE BELOW CLEANUP MESSAGES"
+)
 
 
 @dataclass
@@ -40,21 +42,30 @@ class Finding:
     rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"signature": self.signature.name, "line_number": self.line_number,
-                "line": self.line, "host": self.host, "rank": self.rank,
-                "meaning": self.signature.meaning, "fix": self.signature.fix,
-                "source": self.signature.source}
+        return {
+            "signature": self.signature.name,
+            "line_number": self.line_number,
+            "line": self.line,
+            "host": self.host,
+            "rank": self.rank,
+            "meaning": self.signature.meaning,
+            "fix": self.signature.fix,
+            "source": self.signature.source,
+        }
 
 
 @dataclass
 class Diagnosis:
     first: Finding | None
-    later: dict[str, int]   # other specific signatures seen after the first: name -> lines
-    fallout: int            # lines ignored as consequences of the first failure
+    later: dict[str, int]  # other specific signatures seen after the first: name -> lines
+    fallout: int  # lines ignored as consequences of the first failure
 
     def to_dict(self) -> dict[str, Any]:
-        return {"first": self.first.to_dict() if self.first else None, "later": self.later,
-                "fallout_lines": self.fallout}
+        return {
+            "first": self.first.to_dict() if self.first else None,
+            "later": self.later,
+            "fallout_lines": self.fallout,
+        }
 
 
 def diagnose(text: str, signatures: list[Any]) -> Diagnosis:
@@ -102,5 +113,10 @@ def _finding(signature: Any, match: re.Match, number: int, line: str) -> Finding
     if not host and (prefix := _HOST_PREFIX.match(line)):
         host = prefix["host"]
     rank = _RANK_PREFIX.match(line)
-    return Finding(signature=signature, line_number=number, line=line.strip()[:400], host=host,
-                   rank=int(rank["rank"]) if rank else None)
+    return Finding(
+        signature=signature,
+        line_number=number,
+        line=line.strip()[:400],
+        host=host,
+        rank=int(rank["rank"]) if rank else None,
+    )

@@ -8,8 +8,8 @@ job (no new wait in the queue).
 
 JOB_DIR holds nodes.txt (the job's nodes, in order) and, from `mmm-orch submit`, failures.json
 (the signatures below, as they were when the job was submitted; without it the machine's profile
-is read here). The loop writes active-hosts.txt (the launcher's host file) and failover.json
-(where it stands, for `mmm-orch status`) beside them.
+is read here). The loop writes active-hosts.txt (the launcher's host file), failover.json
+(where it stands, for `mmm-orch status`) and, at its end, the job's outcome file beside them.
 
 Each attempt runs under the watchdog (hangs, the walltime stop) and is then classified from its
 exit code, the watchdog's verdict and the failure signatures (the machine's and the common ones):
@@ -38,6 +38,7 @@ own Python.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -50,12 +51,11 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmm_orch.injob import protocol, rendezvous, watchdog
+from mmm_orch.injob import files, protocol, rendezvous, watchdog
 from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.diagnose import TEARDOWN, diagnose
 from mmm_orch.injob.protocol import NODES_TOKEN
 
-_STOPS = (signal.SIGTERM, signal.SIGINT)  # from the scheduler: qdel, scancel, the walltime
 _KILLED = re.compile(r"\b(Killed|KILLED BY SIGNAL: 9|EXIT CODE: (9|137)|signal 9)\b")
 # A relaunch waits up to this long for the ranks of the attempt before to let go of the run
 # directory: the launcher may return before the scheduler has killed them all (a stopped rank
@@ -65,7 +65,7 @@ RELAUNCH_LOCK_WAIT_S = 120
 
 @dataclass
 class Verdict:
-    kind: str            # success, stopped, checkpointed, walltime, node, hang, start, code
+    kind: str  # success, stopped, checkpointed, walltime, node, hang, start, code
     reason: str
     nodes: tuple[str, ...] = ()
     retry: bool = False
@@ -79,22 +79,39 @@ def load_signatures(job_dir: Path, machine: str) -> list:
     if path.exists():
         text = path.read_text()
     else:
-        text = subprocess.run([sys.executable, "-m", "mmm_orch.config.failures", machine],
-                              capture_output=True, text=True, check=True, timeout=300).stdout
-    defaults = {"fallout": False, "catch_all": False, "consequence": False, "node_fault": False,
-                "meaning": "", "fix": "", "source": ""}
-    return [types.SimpleNamespace(**{**defaults, **entry})
-            for entry in json.loads(text)]
+        text = subprocess.run(
+            [sys.executable, "-m", "mmm_orch.config.failures", machine],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout
+    defaults = {
+        "fallout": False,
+        "catch_all": False,
+        "consequence": False,
+        "node_fault": False,
+        "meaning": "",
+        "fix": "",
+        "source": "",
+    }
+    return [types.SimpleNamespace(**{**defaults, **entry}) for entry in json.loads(text)]
 
 
-def classify(launch: watchdog.Launch, signatures: list, active: list[str],
-             walltime_end: float | None, margin: float) -> Verdict:
+def classify(
+    launch: watchdog.Launch,
+    signatures: list,
+    active: list[str],
+    walltime_end: float | None,
+    margin: float,
+) -> Verdict:
     if launch.code == 0:
         return Verdict("success", "the launch finished")
-    stops = [signal.Signals(s).name for s in launch.received if s in _STOPS]
+    stops = [signal.Signals(s).name for s in launch.received if s in watchdog.STOPS]
     if stops:
-        return Verdict("stopped", f"the scheduler stopped the job ({stops[0]}: cancelled, or "
-                       f"the walltime)")
+        return Verdict(
+            "stopped", f"the scheduler stopped the job ({stops[0]}: cancelled, or the walltime)"
+        )
     if launch.checkpointed or launch.code == protocol.EXIT_CHECKPOINTED:
         return Verdict("checkpointed", "saved a checkpoint before the walltime")
     if walltime_end is not None and Deadline(walltime_end, margin).spent():
@@ -102,15 +119,22 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
     lines = list(launch.lines)
     # The launcher's report of the first rank it lost comes before its own teardown of the rest,
     # and before the ranks the watchdog's stop of a hang killed.
-    cut = next((i for i, line in enumerate(lines)
-                if TEARDOWN.search(line) or line.startswith(protocol.HUNG)), len(lines) - 1)
-    cause = lines[:cut + 1]
+    cut = next(
+        (
+            i
+            for i, line in enumerate(lines)
+            if TEARDOWN.search(line) or line.startswith(protocol.HUNG)
+        ),
+        len(lines) - 1,
+    )
+    cause = lines[: cut + 1]
     first = diagnose("\n".join(cause), signatures).first
     # Logs and node lists may name a node differently (x1.hsn.cm... and x1.hostmgmt...).
     named = {short(node): node for node in active}.get(short(first.host or "")) if first else None
     if first is not None and first.signature.node_fault and named:
-        return Verdict("node", f"{named} lost its ranks: {first.line.strip(' =')[:160]}",
-                       (named,), True)
+        return Verdict(
+            "node", f"{named} lost its ranks: {first.line.strip(' =')[:160]}", (named,), True
+        )
     if launch.hung:
         return Verdict("hang", "the watchdog ended a hang; no node named", (), True)
     what = f"{first.signature.name}: {first.line[:160]}" if first else f"exit {launch.code}"
@@ -124,45 +148,38 @@ def classify(launch: watchdog.Launch, signatures: list, active: list[str],
 
 def run(args: argparse.Namespace) -> int:
     signatures = load_signatures(args.dir, args.machine)
-    allocated = [n for n in (args.dir / protocol.NODES_FILE).read_text().split() if n]
-    if len(allocated) < args.active:
-        raise ValueError(f"the job has {len(allocated)} nodes, fewer than the {args.active} to "
-                         f"launch on: {allocated}")
-    avoid = {n for n in args.avoid.split(",") if n}
-    # Nodes known to be bad go last: spares, used only when nothing else is left.
-    ordered = [n for n in allocated if n not in avoid] + [n for n in allocated if n in avoid]
-    active, spares = ordered[:args.active], ordered[args.active:]
-    if avoid & set(active):
-        protocol.say(protocol.FAILOVER, " launching on known-bad nodes, no others left: "
-                     f"{','.join(sorted(avoid & set(active)))}")
+    active, spares = _placed(args)
     attempts = args.attempts or len(spares) + 1
-    retired: list[dict] = []
+    retired: list[files.RetiredNode] = []
     stop_signal = signal.Signals[f"SIG{args.stop_signal}"]
+    last_step = saved = None  # over all attempts, for the outcome file
     for attempt in range(1, attempts + 1):
-        line = args.command.replace(NODES_TOKEN, node_arg(args, active))
-        # Rank 0 runs on the first active node, and each relaunch rendezvous on a port nobody
-        # holds: ranks of the attempt before may still hold the old one while they are torn down.
-        os.environ["MASTER_ADDR"] = args.host_addr.format(node=active[0], short=short(active[0]))
-        if attempt > 1:
-            os.environ["MASTER_PORT"] = str(rendezvous.free_port())
-        if attempt > 1:  # from the last checkpoint: a trainer by its options, a command by
-            line = f"{line} {args.resume_args}".rstrip()  # the runtime's variables
-            os.environ.update({protocol.RESUME_VAR: "1", protocol.ALLOW_FRESH_VAR: "1",
-                               protocol.RUN_LOCK_WAIT_VAR: str(RELAUNCH_LOCK_WAIT_S)})
-        protocol.say(protocol.ATTEMPT, f"={attempt}/{attempts} at={time.time():.3f} "
-                     f"active={','.join(active)} spares={','.join(spares) or 'none'}")
-        state = {"attempt": attempt, "attempts": attempts, "active": active, "spares": spares,
-                 "retired": retired}
+        line = _attempt_line(args, attempt, active)
+        protocol.say(
+            protocol.ATTEMPT,
+            f"={attempt}/{attempts} at={time.time():.3f} "
+            f"active={','.join(active)} spares={','.join(spares) or 'none'}",
+        )
+        state = files.FailoverState(attempt, attempts, tuple(active), tuple(spares), tuple(retired))
         report(args, state)
-        launch = watchdog.run_bound(line, args.first_step_timeout, args.step_timeout, args.grace,
-                              args.walltime_end, args.margin, stop_signal, progress=args.progress)
+        launch = watchdog.run_bound(
+            line,
+            args.first_step_timeout,
+            args.step_timeout,
+            args.grace,
+            args.walltime_end,
+            args.margin,
+            stop_signal,
+            progress=args.progress,
+        )
+        last_step = launch.last_step if launch.last_step is not None else last_step
+        saved = launch.saved_step if launch.saved_step is not None else saved
         verdict = classify(launch, signatures, active, args.walltime_end, args.margin)
         code = launch.code if launch.code is not None else 1
         head = f" {attempt}/{attempts}: {verdict.kind}: {verdict.reason}"  # after ATTEMPT
         if not verdict.retry:
             protocol.say(protocol.ATTEMPT, head)
-            report(args, {**state, "verdict": verdict.kind, "reason": verdict.reason})
-            return code
+            return _end(args, state, verdict, verdict.reason, launch, code, (last_step, saved))
         out = list(verdict.nodes)
         blind = not out
         if blind:  # nothing names a node: take one out anyway, and say it is a guess
@@ -170,33 +187,108 @@ def run(args: argparse.Namespace) -> int:
         stopping = len(spares) < len(out) or attempt == attempts
         # A node that failed is retired (and remembered) even when no attempt is left; a guess
         # is rotated out only when there is a next attempt to make on a spare.
-        for node in ([] if stopping and blind else out):
+        for node in [] if stopping and blind else out:
             evidence = f"{'blind rotation: ' if blind else ''}{verdict.reason}"
             protocol.say(protocol.RETIRED, f" {node} at={time.time():.3f} ({evidence})")
-            retired.append({"node": node, "evidence": evidence, "blind": blind,
-                            "attempt": attempt})
+            retired.append(files.RetiredNode(node, evidence, blind, attempt))
         if stopping:
             why = "no spare node left" if len(spares) < len(out) else "attempts used up"
             protocol.say(protocol.ATTEMPT, f"{head}; {why}: stopping")
-            report(args, {**state, "verdict": verdict.kind, "reason": f"{verdict.reason}; {why}"})
-            return code or 1
+            return _end(
+                args,
+                dataclasses.replace(state, retired=tuple(retired)),
+                verdict,
+                f"{verdict.reason}; {why}",
+                launch,
+                code or 1,
+                (last_step, saved),
+            )
         active = [spares.pop(0) if n in out else n for n in active]
-        protocol.say(protocol.ATTEMPT, f"{head}; relaunching on {','.join(active)} from the last "
-                     "checkpoint")
+        protocol.say(
+            protocol.ATTEMPT, f"{head}; relaunching on {','.join(active)} from the last checkpoint"
+        )
     raise AssertionError("unreachable: the last attempt always returns")
+
+
+def _placed(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The nodes to launch on first and the spares, known-bad nodes last."""
+    allocated = [n for n in (args.dir / protocol.NODES_FILE).read_text().split() if n]
+    if len(allocated) < args.active:
+        raise ValueError(
+            f"the job has {len(allocated)} nodes, fewer than the {args.active} to "
+            f"launch on: {allocated}"
+        )
+    avoid = {n for n in args.avoid.split(",") if n}
+    # Nodes known to be bad go last: spares, used only when nothing else is left.
+    ordered = [n for n in allocated if n not in avoid] + [n for n in allocated if n in avoid]
+    active, spares = ordered[: args.active], ordered[args.active :]
+    if avoid & set(active):
+        protocol.say(
+            protocol.FAILOVER,
+            " launching on known-bad nodes, no others left: "
+            f"{','.join(sorted(avoid & set(active)))}",
+        )
+    return active, spares
+
+
+def _attempt_line(args: argparse.Namespace, attempt: int, active: list[str]) -> str:
+    """The launch line of an attempt on `active`, and its environment."""
+    line = args.command.replace(NODES_TOKEN, node_arg(args, active))
+    # Rank 0 runs on the first active node, and each relaunch rendezvous on a port nobody
+    # holds: ranks of the attempt before may still hold the old one while they are torn down.
+    os.environ["MASTER_ADDR"] = args.host_addr.format(node=active[0], short=short(active[0]))
+    if attempt > 1:
+        os.environ["MASTER_PORT"] = str(rendezvous.free_port())
+    if attempt > 1:  # from the last checkpoint: a trainer by its options, a command by
+        line = f"{line} {args.resume_args}".rstrip()  # the runtime's variables
+        os.environ.update(
+            {
+                protocol.RESUME_VAR: "1",
+                protocol.ALLOW_FRESH_VAR: "1",
+                protocol.RUN_LOCK_WAIT_VAR: str(RELAUNCH_LOCK_WAIT_S),
+            }
+        )
+    return line
+
+
+# The outcome file's words for the last attempt's verdict (any other: failed).
+_WHY = {
+    "success": files.WHY_COMPLETED,
+    "stopped": files.WHY_STOPPED,
+    "checkpointed": files.WHY_CHECKPOINTED,
+    "hang": files.WHY_HUNG,
+}
+
+
+def _end(
+    args: argparse.Namespace,
+    state: files.FailoverState,
+    verdict: Verdict,
+    reason: str,
+    launch: watchdog.Launch,
+    code: int,
+    steps: tuple[int | None, int | None],
+) -> int:
+    """The loop's end: failover.json with the verdict, the job's outcome file, the exit code."""
+    report(args, dataclasses.replace(state, verdict=verdict.kind, reason=reason))
+    why = _WHY.get(verdict.kind, files.WHY_FAILED)
+    detail = launch.hung_reason if why == files.WHY_HUNG and launch.hung_reason else reason
+    last_step, saved = steps
+    files.write_outcome(
+        files.Outcome(code, why, detail, last_step, watchdog.resumable_step(saved), time.time()),
+        args.dir,
+    )
+    return code
 
 
 def short(node: str) -> str:
     return node.split(".", 1)[0]
 
 
-def report(args: argparse.Namespace, state: dict) -> None:
+def report(args: argparse.Namespace, state: files.FailoverState) -> None:
     """failover.json beside the job: where the failover stands, for `mmm-orch status` (and the
     nodes to remember as bad)."""
-    path = args.dir / protocol.FAILOVER_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(path)
+    protocol.write_atomically(args.dir / protocol.FAILOVER_FILE, state.to_json())
 
 
 def node_arg(args: argparse.Namespace, active: list[str]) -> str:
@@ -205,39 +297,68 @@ def node_arg(args: argparse.Namespace, active: list[str]) -> str:
     scheduler's but still only data."""
     hostfile = args.dir / protocol.ACTIVE_HOSTS_FILE
     hostfile.write_text("".join(f"{node}\n" for node in active))
-    return args.node_arg.format(nodelist=shlex.quote(",".join(active)),
-                                hostfile=shlex.quote(str(hostfile)))
+    return args.node_arg.format(
+        nodelist=shlex.quote(",".join(active)), hostfile=shlex.quote(str(hostfile))
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mmm_orch.injob.failover", description=(__doc__ or "").split("\n\n")[0]
+    )
+    option = protocol.OPTIONS
+    parser.add_argument(
+        option["dir"],
+        type=Path,
+        required=True,
+        help=f"the job's directory: {protocol.NODES_FILE}, "
+        f"{protocol.FAILURES_FILE}; {protocol.FAILOVER_FILE} goes there",
+    )
+    parser.add_argument(
+        option["machine"],
+        required=True,
+        help=f"whose failure signatures, without {protocol.FAILURES_FILE}",
+    )
+    parser.add_argument(option["active"], type=int, required=True, help="nodes a launch runs on")
+    parser.add_argument(
+        option["host_addr"],
+        default="{node}",
+        help="a node's address from its name ({node}, {short}): MASTER_ADDR",
+    )
+    parser.add_argument(
+        option["attempts"], type=int, default=0, help="at most (default: spares + 1)"
+    )
+    parser.add_argument(
+        option["node_arg"],
+        required=True,
+        help="launcher words for the active nodes ({nodelist}, {hostfile})",
+    )
+    parser.add_argument(option["avoid"], default="", help="nodes known to be bad, comma-separated")
+    parser.add_argument(
+        option["resume_args"], default="", help="added to the trainer's on a relaunch"
+    )
+    watchdog.add_options(parser)  # for the watchdog of each attempt
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmm_orch.injob.failover",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, required=True,
-                        help=f"the job's directory: {protocol.NODES_FILE}, "
-                        f"{protocol.FAILURES_FILE}; {protocol.FAILOVER_FILE} goes there")
-    parser.add_argument("--machine", required=True, help=f"whose failure signatures, without {protocol.FAILURES_FILE}")
-    parser.add_argument("--active", type=int, required=True, help="nodes a launch runs on")
-    parser.add_argument("--host-addr", default="{node}",
-                        help="a node's address from its name ({node}, {short}): MASTER_ADDR")
-    parser.add_argument("--attempts", type=int, default=0, help="at most (default: spares + 1)")
-    parser.add_argument("--node-arg", required=True,
-                        help="launcher words for the active nodes ({nodelist}, {hostfile})")
-    parser.add_argument("--avoid", default="", help="nodes known to be bad, comma-separated")
-    parser.add_argument("--resume-args", default="", help="added to the trainer's on a relaunch")
-    parser.add_argument("--first-step-timeout", type=float, required=True)
-    parser.add_argument("--step-timeout", type=float, required=True)
-    parser.add_argument("--grace", type=float, default=30.0)
-    parser.add_argument("--walltime-end", type=float)
-    parser.add_argument("--margin", type=float, default=120.0)
-    parser.add_argument("--stop-signal", default="USR1")
-    parser.add_argument("--progress", default="step")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     args.command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
     try:
         return run(args)
     except Exception as exc:  # noqa: BLE001 - the loop meant to recover must not fail silently
-        protocol.say(protocol.FAILOVER, f" internal error, the job ends: {type(exc).__name__}: {exc}")
+        what = f"internal error, the job ends: {type(exc).__name__}: {exc}"
+        protocol.say(protocol.FAILOVER, f" {what}")
+        files.write_outcome(
+            files.Outcome(
+                protocol.EXIT_INTERNAL_ERROR,
+                files.WHY_FAILED,
+                f"failover: {what}",
+                ended_at=time.time(),
+            ),
+            args.dir,
+        )
         return protocol.EXIT_INTERNAL_ERROR
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 
 
 def signal_group(group: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group has ended already
         os.killpg(group, signum)
-    except ProcessLookupError:
-        pass
 
 
 def stop_group(process: subprocess.Popen, grace: float) -> None:

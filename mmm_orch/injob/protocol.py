@@ -1,5 +1,7 @@
 """What a job tells mmm-orch: the marker lines of its log, its exit codes and the files it leaves
-in its job directory. This module is the only definition of each. The job's writers (the
+in its job directory (the JSON ones typed and versioned in files.py: FailoverState, ChainState,
+Outcome); and what the job script tells its in-job programs (OPTIONS, the *_VAR variables). This
+module is the only definition of each. The job's writers (the
 templates, the watchdog, failover, the chain, the trainers' runtime) and mmm-orch's readers
 (status, the startup timeline, reports) all use these names, and the templates get them as
 `job.marker`, `job.exit`, `job.file` and `job.module`, so what a job prints and how it is read
@@ -19,94 +21,150 @@ from types import MappingProxyType
 PREFIX = "[mmm-orch]"
 
 # -- exit codes ---------------------------------------------------------------------------------
-EXIT_CHAIN_SKIP = 10        # chain begin: the chain has ended, this link does not run
-EXIT_INTERNAL_ERROR = 70    # EX_SOFTWARE: failover's own loop failed, the job ends
-EXIT_CHECKPOINTED = 75      # EX_TEMPFAIL: the trainers saved before the walltime; resume
-EXIT_HUNG = 124             # timeout(1)'s code: the watchdog ended a launch that made no progress
+EXIT_CHAIN_SKIP = 10  # chain begin: the chain has ended, this link does not run
+EXIT_INTERNAL_ERROR = 70  # EX_SOFTWARE: failover's own loop failed, the job ends
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: the trainers saved before the walltime; resume
+EXIT_HUNG = 124  # timeout(1)'s code: the watchdog ended a launch that made no progress
 EXIT_STOPPED_BY_TERM = 143  # 128 + SIGTERM: cancelled or deleted, whatever the launch returned
 
 # -- files in the job's directory ----------------------------------------------------------------
-LOG_FILE = "job.log"                # the job's stdout and stderr
-RECORD_FILE = "record.json"         # the job's record, written at submission (db recover reads it)
-NODES_FILE = "nodes.txt"            # the allocation's nodes, in order (failover)
-FAILURES_FILE = "failures.json"     # the machine's failure signatures (failover)
-FAILOVER_FILE = "failover.json"     # where failover stands: attempt, active, spares, retired
-ACTIVE_HOSTS_FILE = "active-hosts.txt"  # the host file of the active nodes (launchers that read one)
-CHAIN_FILE = "chain.json"           # a chain's state, in the chain's directory
+LOG_FILE = "job.log"  # the job's stdout and stderr
+RECORD_FILE = "record.json"  # the job's record, written at submission (db recover reads it)
+NODES_FILE = "nodes.txt"  # the allocation's nodes, in order (failover)
+FAILURES_FILE = "failures.json"  # the machine's failure signatures (failover)
+FAILOVER_FILE = "failover.json"  # where failover stands: attempt, active, spares, retired
+ACTIVE_HOSTS_FILE = (
+    "active-hosts.txt"  # the host file of the active nodes (launchers that read one)
+)
+CHAIN_FILE = "chain.json"  # a chain's state, in the chain's directory
+OUTCOME_FILE = "outcome.json"  # how the launch ended (the watchdog, failover, the chain)
 LINK_ID = re.compile(r"link-(\d+)\.id")  # beside it: a link's scheduler id, written once
-METRICS_FILE = "metrics.jsonl"      # the trainers' step records, in the run directory
-RESULT_FILE = "result.json"         # the local executor: how the job ended
+METRICS_FILE = "metrics.jsonl"  # the trainers' step records, in the run directory
+RESULT_FILE = "result.json"  # the local executor: how the job ended
 SUPERVISOR_FILE = "supervisor.json"  # the local executor: the supervising process
 
 # The launch line's stand-in for "the active nodes": failover puts the launcher's words there.
 NODES_TOKEN = "@NODES@"
 
 # -- what the job tells the program it launches (the environment; runtime/contract.py reads it) ---
-RUN_DIR_VAR = "MMM_ORCH_RUN_DIR"          # the run's directory: metrics and checkpoints go there
-RESUME_VAR = "MMM_ORCH_RESUME"            # "1": continue from the run's latest checkpoint
+RUN_DIR_VAR = "MMM_ORCH_RUN_DIR"  # the run's directory: metrics and checkpoints go there
+RESUME_VAR = "MMM_ORCH_RESUME"  # "1": continue from the run's latest checkpoint
 ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet is not an error
 # When the job's walltime runs out (epoch seconds; the script exports it): what runs inside the
 # job (a pack's points) keeps its own walltimes within it.
 JOB_END_VAR = "MMM_ORCH_JOB_END"
-DEVICE_VAR = "MMM_DEVICE"                 # the torch device type the ranks use (cuda, xpu, cpu)
-BACKEND_VAR = "MMM_BACKEND"               # the collective backend (nccl, xccl, gloo)
+DEVICE_VAR = "MMM_DEVICE"  # the torch device type the ranks use (cuda, xpu, cpu)
+BACKEND_VAR = "MMM_BACKEND"  # the collective backend (nccl, xccl, gloo)
+# "1": the launcher binds one device to each rank, so a rank sees only its own (as device 0)
+DEVICE_PER_RANK_VAR = "MMM_DEVICE_PER_RANK"
 # How long a relaunched run waits for the run directory's lock held by the ranks of the launch
 # that ended (seconds; failover sets it, runtime/loop.py waits).
 RUN_LOCK_WAIT_VAR = "MMM_RUN_LOCK_WAIT"
-CHECKPOINTS_DIR = "checkpoints"           # in the run directory: step-N/ and `latest`
-TENSORBOARD_DIR = "tensorboard"           # in the run directory: TensorBoard's event files
-WANDB_DIR = "wandb"                       # in the run directory: W&B's run-*/offline-run-*
-LATEST_CHECKPOINT = "latest"              # names the newest complete step-N (the chain reads it)
+CHECKPOINTS_DIR = "checkpoints"  # in the run directory: step-N/ and `latest`
+TENSORBOARD_DIR = "tensorboard"  # in the run directory: TensorBoard's event files
+WANDB_DIR = "wandb"  # in the run directory: W&B's run-*/offline-run-*
+LATEST_CHECKPOINT = "latest"  # names the newest complete step-N (the chain reads it)
 
 # -- in-job programs (`python -m ...` lines of the job script) ----------------------------------
-MODULES = MappingProxyType({
-    "watchdog": "mmm_orch.injob.watchdog",
-    "failover": "mmm_orch.injob.failover",
-    "chain": "mmm_orch.injob.chain",
-    "rendezvous": "mmm_orch.injob.rendezvous",
-})
+MODULES = MappingProxyType(
+    {
+        "watchdog": "mmm_orch.injob.watchdog",
+        "failover": "mmm_orch.injob.failover",
+        "chain": "mmm_orch.injob.chain",
+        "rendezvous": "mmm_orch.injob.rendezvous",
+    }
+)
+# Their options, by the names the templates use (`job.option.step_timeout`); the programs'
+# parsers take the same spellings from here.
+OPTIONS = MappingProxyType(
+    {
+        # the watchdog's, which failover passes on to it
+        "first_step_timeout": "--first-step-timeout",
+        "step_timeout": "--step-timeout",
+        "grace": "--grace",
+        "walltime_end": "--walltime-end",
+        "margin": "--margin",
+        "stop_signal": "--stop-signal",
+        "progress": "--progress",
+        # failover's own
+        "dir": "--dir",
+        "machine": "--machine",
+        "active": "--active",
+        "host_addr": "--host-addr",
+        "attempts": "--attempts",
+        "node_arg": "--node-arg",
+        "avoid": "--avoid",
+        "resume_args": "--resume-args",
+        # the chain's
+        "chain": "--chain",
+        "link": "--link",
+        "exit_code": "--exit-code",
+    }
+)
 
 # -- markers: the start of a line a job prints ---------------------------------------------------
-JOB_START = f"{PREFIX} job_start="                # =EPOCH host=HOST job=ID   (the script)
-STAGE_START = f"{PREFIX} stage_start="            # =EPOCH                     (the script)
-STAGE_END = f"{PREFIX} stage_end="                # =EPOCH                     (the script)
-LAUNCH = f"{PREFIX} launch: "                     # the launch line            (the script)
-LAUNCH_START = f"{PREFIX} launch_start="          # =EPOCH ranks=R nodes=N     (the script)
-LAUNCH_END = f"{PREFIX} launch_end="              # =EPOCH exit_code=RC        (the script)
+JOB_START = f"{PREFIX} job_start="  # =EPOCH host=HOST job=ID   (the script)
+STAGE_START = f"{PREFIX} stage_start="  # =EPOCH                     (the script)
+STAGE_END = f"{PREFIX} stage_end="  # =EPOCH                     (the script)
+LAUNCH = f"{PREFIX} launch: "  # the launch line            (the script)
+LAUNCH_START = f"{PREFIX} launch_start="  # =EPOCH ranks=R nodes=N     (the script)
+LAUNCH_END = f"{PREFIX} launch_end="  # =EPOCH exit_code=RC        (the script)
 SIGTERM_RECEIVED = f"{PREFIX} job script: SIGTERM received"  # waiting for the launch (the script)
 STOPPED = f"{PREFIX} job script: stopped by SIGTERM"  # : exit 143          (the script)
-FIRST_STEP = f"{PREFIX} first_step="              # =EPOCH step=S at=DATE      (the trainers)
-RESUMED_STEP = f"{PREFIX} resumed_step="          # =EPOCH step=S at=DATE      (the trainers)
-WALLTIME_STOP = f"{PREFIX} walltime_stop="        # =EPOCH walltime in Ns: ... (the watchdog)
-HUNG = f"{PREFIX} hung:"                          # what; last_step=...        (the watchdog)
+FIRST_STEP = f"{PREFIX} first_step="  # =EPOCH step=S at=DATE      (the trainers)
+RESUMED_STEP = f"{PREFIX} resumed_step="  # =EPOCH step=S at=DATE      (the trainers)
+WALLTIME_STOP = f"{PREFIX} walltime_stop="  # =EPOCH walltime in Ns: ... (the watchdog)
+HUNG = f"{PREFIX} hung:"  # what; last_step=...        (the watchdog)
 CHECKPOINTED = f"{PREFIX} checkpointed before the walltime:"  # step=S ...     (the watchdog)
-WATCHDOG = f"{PREFIX} watchdog:"                  # what the watchdog saw      (the watchdog)
-RENDEZVOUS = f"{PREFIX} rendezvous:"              # a port was taken: relaunch (the watchdog)
-ATTEMPT = f"{PREFIX} attempt"                     # =K/N at=EPOCH active=...; " K/N: verdict"
-RETIRED = f"{PREFIX} failover: retired"           # NODE at=EPOCH (evidence)   (failover)
-FAILOVER = f"{PREFIX} failover:"                  # other failover news        (failover)
-CHAIN = f"{PREFIX} chain:"                        # link K/N ...               (the chain)
-CHAIN_SKIPPED = " skipped: "                      # in a CHAIN line: this link did not run
-CHAIN_BUDGET = "budget: "                         # a chain stopped by its --max-node-hours says so first
+WATCHDOG = f"{PREFIX} watchdog:"  # what the watchdog saw      (the watchdog)
+RENDEZVOUS = f"{PREFIX} rendezvous:"  # a port was taken: relaunch (the watchdog)
+ATTEMPT = f"{PREFIX} attempt"  # =K/N at=EPOCH active=...; " K/N: verdict"
+RETIRED = f"{PREFIX} failover: retired"  # NODE at=EPOCH (evidence)   (failover)
+FAILOVER = f"{PREFIX} failover:"  # other failover news        (failover)
+CHAIN = f"{PREFIX} chain:"  # link K/N ...               (the chain)
+CHAIN_SKIPPED = " skipped: "  # in a CHAIN line: this link did not run
+CHAIN_BUDGET = "budget: "  # a chain stopped by its --max-node-hours says so first
 # The trainers' lines: a checkpoint saved (runtime/metrics.py prints an event as `[name] ` and its
 # fields, step first), and dist_check's summary.
 CHECKPOINT_EVENT = "checkpoint"
 CHECKPOINT_SAVED = f"[{CHECKPOINT_EVENT}] step="  # S path=... save_s=SECONDS
-DIST_CHECK_JSON = "[dist_check] json "            # {"pass": ..., "allreduce": [...]}
+DIST_CHECK_JSON = "[dist_check] json "  # {"pass": ..., "allreduce": [...]}
 
 # What the templates write, by the names they use (`job.marker.launch_start`).
-_TEMPLATE_MARKERS = {"job_start": JOB_START, "stage_start": STAGE_START, "stage_end": STAGE_END,
-                     "launch": LAUNCH, "launch_start": LAUNCH_START, "launch_end": LAUNCH_END,
-                     "sigterm_received": SIGTERM_RECEIVED, "stopped": STOPPED}
-FOR_TEMPLATES = MappingProxyType({
-    "marker": MappingProxyType(_TEMPLATE_MARKERS),
-    "exit": MappingProxyType({"chain_skip": EXIT_CHAIN_SKIP, "stopped": EXIT_STOPPED_BY_TERM,
-                              "hung": EXIT_HUNG, "checkpointed": EXIT_CHECKPOINTED}),
-    "file": MappingProxyType({"nodes": NODES_FILE}),
-    "module": MODULES,
-    "var": MappingProxyType({"run_dir": RUN_DIR_VAR, "resume": RESUME_VAR,
-                             "allow_fresh": ALLOW_FRESH_VAR, "job_end": JOB_END_VAR}),
-})
+_TEMPLATE_MARKERS = {
+    "job_start": JOB_START,
+    "stage_start": STAGE_START,
+    "stage_end": STAGE_END,
+    "launch": LAUNCH,
+    "launch_start": LAUNCH_START,
+    "launch_end": LAUNCH_END,
+    "sigterm_received": SIGTERM_RECEIVED,
+    "stopped": STOPPED,
+}
+FOR_TEMPLATES = MappingProxyType(
+    {
+        "marker": MappingProxyType(_TEMPLATE_MARKERS),
+        "exit": MappingProxyType(
+            {
+                "chain_skip": EXIT_CHAIN_SKIP,
+                "stopped": EXIT_STOPPED_BY_TERM,
+                "hung": EXIT_HUNG,
+                "checkpointed": EXIT_CHECKPOINTED,
+            }
+        ),
+        "file": MappingProxyType({"nodes": NODES_FILE}),
+        "module": MODULES,
+        "option": OPTIONS,
+        "var": MappingProxyType(
+            {
+                "run_dir": RUN_DIR_VAR,
+                "resume": RESUME_VAR,
+                "allow_fresh": ALLOW_FRESH_VAR,
+                "job_end": JOB_END_VAR,
+            }
+        ),
+    }
+)
 
 # -- readers --------------------------------------------------------------------------------------
 # An epoch time as the markers print it; longer numbers are a garbled or forged line.
@@ -118,26 +176,34 @@ def _after(marker: str, rest: str = "", flags: int = 0) -> re.Pattern[str]:
 
 
 # Events a job has once: (epoch, then what else the line says).
-ONCE = MappingProxyType({
-    "job_start": _after(JOB_START, _EPOCH + r"(?: host=(\S+))?"),
-    "launch_start": _after(LAUNCH_START, _EPOCH + r"(?: ranks=(\d{1,9}) nodes=(\d{1,9}))?"),
-    "first_step": _after(FIRST_STEP, _EPOCH),
-    "launch_end": _after(LAUNCH_END, _EPOCH + r"(?: exit_code=(-?\d{1,9}))?"),
-    "walltime_stop": _after(WALLTIME_STOP, _EPOCH),
-    "stage_start": _after(STAGE_START, _EPOCH),
-    "stage_end": _after(STAGE_END, _EPOCH),
-})
+ONCE = MappingProxyType(
+    {
+        "job_start": _after(JOB_START, _EPOCH + r"(?: host=(\S+))?"),
+        "launch_start": _after(LAUNCH_START, _EPOCH + r"(?: ranks=(\d{1,9}) nodes=(\d{1,9}))?"),
+        "first_step": _after(FIRST_STEP, _EPOCH),
+        "launch_end": _after(LAUNCH_END, _EPOCH + r"(?: exit_code=(-?\d{1,9}))?"),
+        "walltime_stop": _after(WALLTIME_STOP, _EPOCH),
+        "stage_start": _after(STAGE_START, _EPOCH),
+        "stage_end": _after(STAGE_END, _EPOCH),
+    }
+)
 # Events that can happen several times in one job: failover attempts, nodes retired, resumes.
-REPEATED = MappingProxyType({
-    "attempt": _after(ATTEMPT, r"=(\d{1,9}/\d{1,9}) at=" + _EPOCH + r" active=(\S+)"),
-    "retired": _after(RETIRED, r" (\S+) at=" + _EPOCH),
-    "resumed": _after(RESUMED_STEP, _EPOCH + r" step=(\d{1,18})"),
-})
+REPEATED = MappingProxyType(
+    {
+        "attempt": _after(ATTEMPT, r"=(\d{1,9}/\d{1,9}) at=" + _EPOCH + r" active=(\S+)"),
+        "retired": _after(RETIRED, r" (\S+) at=" + _EPOCH),
+        "resumed": _after(RESUMED_STEP, _EPOCH + r" step=(\d{1,18})"),
+    }
+)
 JOB_ID = _after(JOB_START, r"\S+ host=\S+ job=(\S+)")  # the scheduler's id, "local" on none
-JOB_HOST = re.compile(r"(?:" + re.escape(JOB_START) + r"\S+ host=|Job started at: \S+ on )"
-                      r"(?P<host>\S+)")
+JOB_HOST = re.compile(
+    r"(?:" + re.escape(JOB_START) + r"\S+ host=|Job started at: \S+ on )"
+    r"(?P<host>\S+)"
+)
 SAVED = re.compile(r"^" + re.escape(CHECKPOINT_SAVED) + r"(\d+) ")
-SAVED_BYTES = re.compile(rb"^" + re.escape(CHECKPOINT_SAVED.encode()) + rb"(\d+) .*save_s=([0-9.eE+-]+)")
+SAVED_BYTES = re.compile(
+    rb"^" + re.escape(CHECKPOINT_SAVED.encode()) + rb"(\d+) .*save_s=([0-9.eE+-]+)"
+)
 STEP_BYTES = re.compile(rb"(?:^|[\s,\]])step=(\d+)")  # any step line of a trainer
 
 
@@ -159,18 +225,16 @@ def checkpoint_step(name: str) -> int | None:
 def point_latest(run_dir: str | Path, step: int) -> None:
     """Name step-`step` the run's newest complete checkpoint (atomically: a reader sees the old
     name or the new one)."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    partial = root / f".{LATEST_CHECKPOINT}.{os.getpid()}"
-    partial.write_text(checkpoint_name(step))
-    partial.replace(root / LATEST_CHECKPOINT)
+    write_atomically(Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT, checkpoint_name(step))
 
 
 def latest_step(run_dir: str | Path) -> int | None:
     """The step of the run's newest complete checkpoint, or None (also where `latest` is no
     small regular file: a FIFO or a link to /dev/zero is not waited on nor read without end)."""
     try:
-        fd = os.open(Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT,
-                     os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(
+            Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT, os.O_RDONLY | os.O_NONBLOCK
+        )
     except OSError:
         return None
     try:
@@ -188,3 +252,30 @@ def latest_step(run_dir: str | Path) -> int | None:
 def say(marker: str, text: str = "") -> None:
     """Print a marker line at once: the log is read while the job runs."""
     print(f"{marker}{text}", flush=True)
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """`text` as the whole of `path`: a reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def charge(
+    nodes: float,
+    seconds: float,
+    *,
+    walltime: float,
+    charged_for: str,
+    minimum: float,
+    factor: float,
+    share: float = 1.0,
+) -> float:
+    """The charge, in the facility's unit, of `nodes` held (`share` of each) for `seconds`: for
+    the walltime asked for instead where the facility charges that, at least `minimum` seconds,
+    times the charge factor. Here, not in planning/, because a chain's links price themselves
+    with it inside the job (files.ChainBudget)."""
+    if charged_for == "walltime":
+        seconds = walltime
+    return nodes * share * max(seconds, minimum) / 3600 * factor

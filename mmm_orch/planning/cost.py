@@ -26,20 +26,41 @@ from mmm_orch.walltime import format_walltime
 MAX_NODE_HOURS = 1e12
 
 
-def priced(machine: Machine, queue: Queue | None, nodes: int, spare_nodes: int, walltime: int,
-           budget: float | None, share: float = 1.0) -> CostPlan:
+def priced(
+    machine: Machine,
+    queue: Queue | None,
+    nodes: int,
+    spare_nodes: int,
+    walltime: int,
+    budget: float | None,
+    share: float = 1.0,
+) -> CostPlan:
     rules = machine.charging
-    factor = rules.factor * (queue.charge_factor if queue and queue.charge_factor is not None
-                             else 1.0)
-    return CostPlan(unit=rules.unit, nodes=nodes + spare_nodes if rules.whole_nodes else nodes,
-                    spare_nodes=spare_nodes, walltime=walltime, factor=factor,
-                    charged_for=rules.charged_for, minimum=rules.minimum or 0, source=rules.source,
-                    budget=budget, share=share)
+    factor = rules.factor * (
+        queue.charge_factor if queue and queue.charge_factor is not None else 1.0
+    )
+    return CostPlan(
+        unit=rules.unit,
+        nodes=nodes + spare_nodes if rules.whole_nodes else nodes,
+        spare_nodes=spare_nodes,
+        walltime=walltime,
+        factor=factor,
+        charged_for=rules.charged_for,
+        minimum=rules.minimum or 0,
+        source=rules.source,
+        budget=budget,
+        share=share,
+    )
 
 
-def ended_charge(plan_json: str, asked_nodes: int, nodes: int | None,
-                 elapsed: float | None, started: float | None, ended: float
-                 ) -> tuple[int, float, float]:
+def ended_charge(
+    plan_json: str,
+    asked_nodes: int,
+    nodes: int | None,
+    elapsed: float | None,
+    started: float | None,
+    ended: float,
+) -> tuple[int, float, float]:
     """(nodes, seconds, charge) of a job that ended: the nodes and time its scheduler accounted
     (where it says; else the nodes asked for, spares included, and the times on record), priced
     by the rules its recorded plan holds. A job that never started, or held its nodes no time,
@@ -70,9 +91,14 @@ def most_of(plan: Any, otherwise: float) -> float:
 
 
 # The numbers of a recorded plan's rules: (least, most, whole).
-_RULES = {"nodes": (0, MAX_INT, True), "spare_nodes": (0, MAX_INT, True),
-          "walltime": (0, MAX_INT, True), "minimum": (0, MAX_INT, True),
-          "factor": (0, sys.float_info.max, False), "share": (0, 1, False)}
+_RULES = {
+    "nodes": (0, MAX_INT, True),
+    "spare_nodes": (0, MAX_INT, True),
+    "walltime": (0, MAX_INT, True),
+    "minimum": (0, MAX_INT, True),
+    "factor": (0, sys.float_info.max, False),
+    "share": (0, 1, False),
+}
 
 
 def recorded_rules(plan: Any) -> CostPlan | None:
@@ -81,9 +107,11 @@ def recorded_rules(plan: Any) -> CostPlan | None:
     them."""
     try:
         rules = plan["cost"]
-        numbers = {name: bounded(name, rules[name], least, most, "", whole)
-                   for name, (least, most, whole) in _RULES.items()
-                   if name in rules or name != "share"}  # (recorded before points shared nodes)
+        numbers = {
+            name: bounded(name, rules[name], least, most, "", whole)
+            for name, (least, most, whole) in _RULES.items()
+            if name in rules or name != "share"
+        }  # (recorded before points shared nodes)
         if rules["charged_for"] not in ("elapsed", "walltime"):
             return None
         return CostPlan(unit=str(rules["unit"]), charged_for=rules["charged_for"], **numbers)
@@ -98,9 +126,14 @@ def hours(value: float) -> str:
 def why(cost: CostPlan) -> str:
     """The most one job can be charged, as a product the user can check."""
     time = format_walltime(max(cost.walltime, cost.minimum))
-    parts = [f"{cost.nodes} node(s)", time] + ([f"factor {cost.factor:g}"] if cost.factor != 1 else [])
-    basis = ("charged for the walltime asked for" if cost.charged_for == "walltime"
-             else "charged for the time used")
+    parts = [f"{cost.nodes} node(s)", time] + (
+        [f"factor {cost.factor:g}"] if cost.factor != 1 else []
+    )
+    basis = (
+        "charged for the walltime asked for"
+        if cost.charged_for == "walltime"
+        else "charged for the time used"
+    )
     if cost.minimum and cost.minimum > cost.walltime:
         basis += f", at least {format_walltime(cost.minimum)}"
     return f"{' x '.join(parts)}; {basis}"
@@ -115,15 +148,19 @@ def lines(plan: Plan, links: int = 1) -> list[str]:
         return []
     out = [f"Cost: at most {hours(cost.most)} {cost.unit} ({why(cost)})"]
     if cost.spare_nodes and cost.nodes > plan.layout.nodes:
-        out.append(f"Spares: {cost.spare_nodes} node(s) held for failover are allocated, so "
-                   f"charged like active ones: {hours(cost.charge(cost.spare_nodes, cost.walltime))}"
-                   f" {cost.unit} of that")
+        out.append(
+            f"Spares: {cost.spare_nodes} node(s) held for failover are allocated, so "
+            f"charged like active ones: {hours(cost.charge(cost.spare_nodes, cost.walltime))}"
+            f" {cost.unit} of that"
+        )
     if links > 1:
         expected = cost.charge(cost.nodes, expected_link_seconds(plan))
-        out.append(f"Chain of {links}: at most {hours(links * cost.most)} {cost.unit} (every link "
-                   f"runs its whole walltime); expected {hours(links * expected)} (each link "
-                   f"stops {format_walltime(plan.guard.walltime_margin)} before its walltime; "
-                   "the chain ends sooner when the run finishes)")
+        out.append(
+            f"Chain of {links}: at most {hours(links * cost.most)} {cost.unit} (every link "
+            f"runs its whole walltime); expected {hours(links * expected)} (each link "
+            f"stops {format_walltime(plan.guard.walltime_margin)} before its walltime; "
+            "the chain ends sooner when the run finishes)"
+        )
     if cost.budget is not None:
         out.append(f"Budget: {hours(cost.budget)} {cost.unit} (--max-node-hours)")
     return out
@@ -138,9 +175,11 @@ def sweep_cost(points) -> str:
     plans = [point.plan for point in points]
     unit = plans[0].cost.unit if plans[0].cost else "node-hours"
     budget = plans[0].cost.budget if plans[0].cost else None
-    return (f"Cost: at most {hours(sweep_most(plans))} {unit} for the {len(plans)} points (each "
-            "charged for the time it uses, up to its walltime)"
-            + (f"; budget {hours(budget)}" if budget is not None else ""))
+    return (
+        f"Cost: at most {hours(sweep_most(plans))} {unit} for the {len(plans)} points (each "
+        "charged for the time it uses, up to its walltime)"
+        + (f"; budget {hours(budget)}" if budget is not None else "")
+    )
 
 
 def expected_link_seconds(plan: Plan) -> float:
@@ -153,10 +192,14 @@ def expected_link_seconds(plan: Plan) -> float:
 def check_max(what: str, most: float, budget: float | None, unit: str) -> None:
     """Refuse `most` over `budget` (--max-node-hours), with the numbers."""
     if budget is not None and most > budget:
-        raise InvalidValue("--max-node-hours", budget, f"at least {hours(most)}",
-                           f"--max-node-hours {hours(budget)}: {what} can be charged up to "
-                           f"{hours(most)} {unit}; allowed: a budget of at least that, or fewer "
-                           "nodes or a shorter walltime")
+        raise InvalidValue(
+            "--max-node-hours",
+            budget,
+            f"at least {hours(most)}",
+            f"--max-node-hours {hours(budget)}: {what} can be charged up to "
+            f"{hours(most)} {unit}; allowed: a budget of at least that, or fewer "
+            "nodes or a shorter walltime",
+        )
 
 
 def parse_budget(value: str | float | None) -> float | None:

@@ -33,23 +33,32 @@ def _pbs(machine: Machine, live: list[LiveQueue]) -> list[str]:
         if server is None:
             out.append(f"queue {queue.name}: in the profile, not on the server")
             continue
-        out += _bounds(f"queue {queue.name}", queue.min_nodes, queue.max_nodes,
-                       queue.max_walltime, server)
+        out += _bounds(
+            f"queue {queue.name}", queue.min_nodes, queue.max_nodes, queue.max_walltime, server
+        )
         out += _limits(f"queue {queue.name}", queue, server.limits)
         named = [tier.name for tier in queue.tiers if tier.name]
         tiers.update(named)
         if server.kind == "route" or named:
             if sorted(server.destinations) != sorted(named):
-                out.append(f"queue {queue.name}: the server routes to "
-                           f"{', '.join(server.destinations) or 'nothing'}; the profile's tiers "
-                           f"are {', '.join(named) or 'none'}")
+                out.append(
+                    f"queue {queue.name}: the server routes to "
+                    f"{', '.join(server.destinations) or 'nothing'}; the profile's tiers "
+                    f"are {', '.join(named) or 'none'}"
+                )
             for tier in queue.tiers:
                 if tier.name in found:
-                    out += _bounds(f"queue {queue.name} tier {tier.name}", tier.min_nodes,
-                                   tier.max_nodes, tier.max_walltime, found[tier.name])
+                    out += _bounds(
+                        f"queue {queue.name} tier {tier.name}",
+                        tier.min_nodes,
+                        tier.max_nodes,
+                        tier.max_walltime,
+                        found[tier.name],
+                    )
     listed = {queue.name for queue in machine.queues} | tiers
-    out += [f"queue {name}: on the server, not in the profile" for name in found
-            if name not in listed]
+    out += [
+        f"queue {name}: on the server, not in the profile" for name in found if name not in listed
+    ]
     return out
 
 
@@ -66,8 +75,16 @@ def _slurm(machine: Machine, live: list[LiveQueue]) -> list[str]:
             if partition not in partitions:
                 out.append(f"{where}: partition {partition} is not on the server")
                 continue
-        wanted = [n for n in (names.get("qos"), partitions[partition].destinations[0]
-                              if partition and partitions[partition].destinations else None) if n]
+        wanted = [
+            n
+            for n in (
+                names.get("qos"),
+                partitions[partition].destinations[0]
+                if partition and partitions[partition].destinations
+                else None,
+            )
+            if n
+        ]
         missing = [n for n in wanted if n not in qos]
         if missing:
             out.append(f"{where}: QOS {', '.join(missing)} not on the server")
@@ -75,8 +92,11 @@ def _slurm(machine: Machine, live: list[LiveQueue]) -> list[str]:
         server = _merged(partitions.get(partition or ""), [qos[n] for n in wanted])
         out += _bounds(where, queue.min_nodes, queue.max_nodes, queue.max_walltime, server)
         out += _limits(where, queue, server.limits)
-    out += [f"partition {name}: on the server, not in the profile" for name in partitions
-            if name not in used]
+    out += [
+        f"partition {name}: on the server, not in the profile"
+        for name in partitions
+        if name not in used
+    ]
     return out
 
 
@@ -98,12 +118,19 @@ def _merged(partition: LiveQueue | None, qos: list[LiveQueue]) -> LiveQueue:
     parts = [q for q in (partition, *qos) if q is not None]
 
     def last(attribute: str):
-        return next((getattr(q, attribute) for q in reversed(parts)
-                     if getattr(q, attribute) is not None), None)
+        return next(
+            (getattr(q, attribute) for q in reversed(parts) if getattr(q, attribute) is not None),
+            None,
+        )
 
-    return LiveQueue(name=parts[0].name, kind="merged", min_nodes=last("min_nodes"),
-                     max_nodes=last("max_nodes"), max_walltime=last("max_walltime"),
-                     limits=frozenset().union(*(q.limits for q in parts)))
+    return LiveQueue(
+        name=parts[0].name,
+        kind="merged",
+        min_nodes=last("min_nodes"),
+        max_nodes=last("max_nodes"),
+        max_walltime=last("max_walltime"),
+        limits=frozenset().union(*(q.limits for q in parts)),
+    )
 
 
 def _bounds(where: str, low: int, high: int, walltime: int, server: LiveQueue) -> list[str]:
@@ -113,16 +140,22 @@ def _bounds(where: str, low: int, high: int, walltime: int, server: LiveQueue) -
     if server.max_nodes is not None and server.max_nodes != high:
         out.append(f"{where}: max_nodes {high} in the profile, {server.max_nodes} on the server")
     if server.max_walltime is not None and server.max_walltime != walltime:
-        out.append(f"{where}: max_walltime {format_walltime(walltime)} in the profile, "
-                   f"{format_walltime(server.max_walltime)} on the server")
+        out.append(
+            f"{where}: max_walltime {format_walltime(walltime)} in the profile, "
+            f"{format_walltime(server.max_walltime)} on the server"
+        )
     return out
 
 
 def _limits(where: str, queue: Queue, server: frozenset[tuple[int, str, str]]) -> list[str]:
     profile = {(limit.jobs, limit.per, limit.counts): limit for limit in queue.job_limits}
-    out = [f"{where}: job limit {limit.words()} in the profile, not on the server"
-           for key, limit in profile.items() if key not in server]
+    out = [
+        f"{where}: job limit {limit.words()} in the profile, not on the server"
+        for key, limit in profile.items()
+        if key not in server
+    ]
     for jobs, per, counts in sorted(server - set(profile)):
-        out.append(f"{where}: job limit of {jobs} ({counts}, per {per}) on the server, not in "
-                   "the profile")
+        out.append(
+            f"{where}: job limit of {jobs} ({counts}, per {per}) on the server, not in the profile"
+        )
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 
+from mmm_orch import envs
 from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
@@ -15,10 +16,17 @@ from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, 
 from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
 
 
-def env_groups(machine: Machine, workload: Workload, request: Request, nodes: int,
-                override_presets: list[str], override_no_presets: list[str],
-                device_env: list[EnvEntry], workload_env: dict[str, str],
-                share: EnvGroup | None = None) -> list[EnvGroup]:
+def env_groups(
+    machine: Machine,
+    workload: Workload,
+    request: Request,
+    nodes: int,
+    override_presets: list[str],
+    override_no_presets: list[str],
+    device_env: list[EnvEntry],
+    workload_env: dict[str, str],
+    share: EnvGroup | None = None,
+) -> list[EnvGroup]:
     """The variables in groups, in the order the script sets them: the presets, the device and
     rendezvous variables (`share`: a run's own devices of a node, after them), the workload's,
     the user's --env."""
@@ -42,21 +50,36 @@ def env_groups(machine: Machine, workload: Workload, request: Request, nodes: in
             if var in owner and owner[var][1] != value:
                 raise MmmError(
                     f"presets {owner[var][0]!r} and {preset.name!r} set {var} to "
-                    f"{owner[var][1]!r} and {value!r}: disable one with --no-preset")
+                    f"{owner[var][1]!r} and {value!r}: disable one with --no-preset"
+                )
             owner[var] = (preset.name, value)
             entries.append(EnvEntry(name=var, value=value, source=source))
-        groups.append(EnvGroup(name=f"preset {preset.name}", description=preset.description,
-                               source=preset.source, set=tuple(entries),
-                               unset=tuple(preset.unset)))
-    groups.append(EnvGroup(name="device and rendezvous", description="read by mmm_orch.runtime",
-                           source=machine.devices.source or machine.rendezvous.source,
-                           set=tuple(device_env)))
+        groups.append(
+            EnvGroup(
+                name=f"preset {preset.name}",
+                description=preset.description,
+                source=preset.source,
+                set=tuple(entries),
+                unset=tuple(preset.unset),
+            )
+        )
+    groups.append(
+        EnvGroup(
+            name="device and rendezvous",
+            description="read by mmm_orch.runtime",
+            source=machine.devices.source or machine.rendezvous.source,
+            set=tuple(device_env),
+        )
+    )
     if share is not None:
         groups.append(share)
     if workload_env:
-        groups.append(EnvGroup(
-            name=f"workload {workload.name}",
-            set=tuple(EnvEntry(name=k, value=v) for k, v in workload_env.items())))
+        groups.append(
+            EnvGroup(
+                name=f"workload {workload.name}",
+                set=tuple(EnvEntry(name=k, value=v) for k, v in workload_env.items()),
+            )
+        )
     user = []
     for key, value in pairs(request.envs, "--env"):
         check_text(f"--env {key}", value)
@@ -65,7 +88,8 @@ def env_groups(machine: Machine, workload: Workload, request: Request, nodes: in
         if looks_secret(key):
             raise MmmError(
                 f"--env {key}: refusing to write a secret into the job script, its log and the job "
-                f"database; set it in your shell startup file on {machine.name} instead")
+                f"database; set it in your shell startup file on {machine.name} instead"
+            )
         user.append(EnvEntry(name=key, value=value, literal=True))
     if user:
         groups.append(EnvGroup(name="user --env", set=tuple(user)))
@@ -75,13 +99,13 @@ def env_groups(machine: Machine, workload: Workload, request: Request, nodes: in
 def environment_word(machine: Machine, account: str | None) -> str:
     """The job environment's directory as a shell word: the one `env create` made for this
     machine, else the profile's default place; '' for machines without one."""
-    from mmm_orch import envs
-
     if entry := envs.remembered(machine.name):
         path = entry["path"]
         if not isinstance(path, str) or not os.path.isabs(check_text("environment path", path)):
-            raise MmmError(f"{envs.config_file()}: the environment of {machine.name} {path!r} is "
-                           f"invalid: an absolute path; run `mmm-orch env create {machine.name}`")
+            raise MmmError(
+                f"{envs.config_file()}: the environment of {machine.name} {path!r} is "
+                f"invalid: an absolute path; run `mmm-orch env create {machine.name}`"
+            )
         return shlex.quote(path)
     if machine.environment is None:
         return ""
@@ -95,7 +119,9 @@ def environment_word(machine: Machine, account: str | None) -> str:
     except ValueError as exc:
         raise MmmError(f"machine {machine.name}: environment.path: {exc}") from None
     if ("{account" in template) and not account:
-        raise MmmError(f"--account is needed on {machine.name}: the job environment lives under "
-                       f"the project ({template})")
+        raise MmmError(
+            f"--account is needed on {machine.name}: the job environment lives under "
+            f"the project ({template})"
+        )
     path = template.format(account=account or "", account_lower=(account or "").lower())
     return f'"{path}"'  # a profile value: $USER and friends expand where it is used

@@ -27,8 +27,9 @@ checkpointing on and off); see tests/test_memory_plan.py.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
+from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs, micro_batches
 from mmm_orch.planning.checks import bounded
@@ -49,9 +50,9 @@ class Shape:
     seq: int
     dp: int
     tp: int
-    ac: str           # none, every_other, full
+    ac: str  # none, every_other, full
     value_bytes: int  # 2 (bf16) or 4 (fp32)
-    loss_chunk: int   # tokens of a sequence whose logits exist at once (0: all)
+    loss_chunk: int  # tokens of a sequence whose logits exist at once (0: all)
     # Under TP the logits are sharded over the vocabulary (loss_parallel); before that fix the
     # trainer replicated them: False sizes that older trainer.
     loss_sharded: bool = True
@@ -68,8 +69,11 @@ class Estimate:
         return sum(self.parts.values())
 
     def describe(self) -> str:
-        return f"{self.total / GIB:.1f} GiB (" + ", ".join(
-            f"{name} {value / GIB:.1f}" for name, value in self.parts.items()) + ")"
+        return (
+            f"{self.total / GIB:.1f} GiB ("
+            + ", ".join(f"{name} {value / GIB:.1f}" for name, value in self.parts.items())
+            + ")"
+        )
 
 
 def estimate(shape: Shape) -> Estimate:
@@ -94,13 +98,17 @@ def estimate(shape: Shape) -> Estimate:
     loss = 2 * tokens * h * w + b * chunk * vocab_share * per_logit
     if chunk < s:  # trainers/loss.py's gradients made in forward
         loss += (v * h + tokens * h) * w
-    return Estimate({
-        "parameters": 4 * states, "gradients": 4 * states, "optimizer": 8 * states,
-        "gathered": (2 * v * h * w + 2 * m.block_params * (w + 4)) / t,
-        "activations": stored,
-        # The loss's tensors are gone by the time a checkpointed block is recomputed.
-        "loss or recompute": max(loss, block if checkpointed else 0),
-    })
+    return Estimate(
+        {
+            "parameters": 4 * states,
+            "gradients": 4 * states,
+            "optimizer": 8 * states,
+            "gathered": (2 * v * h * w + 2 * m.block_params * (w + 4)) / t,
+            "activations": stored,
+            # The loss's tensors are gone by the time a checkpointed block is recomputed.
+            "loss or recompute": max(loss, block if checkpointed else 0),
+        }
+    )
 
 
 def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[str]:
@@ -117,8 +125,11 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
     for tp in (2, 4, 8):
         if tp > shape.tp and ranks_per_node % tp == 0 and shape.model.n_heads % tp == 0:
             tried.append((f"--set tp={tp}", replace(shape, tp=tp, dp=shape.dp * shape.tp // tp)))
-    return [f"{change} ({estimate(option).total / GIB:.0f} GiB)" for change, option in tried
-            if estimate(option).total <= limit]
+    return [
+        f"{change} ({estimate(option).total / GIB:.0f} GiB)"
+        for change, option in tried
+        if estimate(option).total <= limit
+    ]
 
 
 def sized(machine, workload, args: dict, layout):
@@ -134,20 +145,38 @@ def sized(machine, workload, args: dict, layout):
 
     def size(name: str, least: int = 1) -> int | None:
         value = arg(name)
-        return None if value is None else bounded(
-            name, value, least, MAX_SIZE, f"a whole number from {least} to {MAX_SIZE}", whole=True)
+        return (
+            None
+            if value is None
+            else bounded(
+                name,
+                value,
+                least,
+                MAX_SIZE,
+                f"a whole number from {least} to {MAX_SIZE}",
+                whole=True,
+            )
+        )
 
     preset = TINY if arg("tiny") else PRESETS[arg("config") or "debug"]
-    model = replace(preset.model, n_layers=size("n_layers") or preset.model.n_layers,
-                    vocab_size=size("vocab_size") or preset.model.vocab_size)
+    model = replace(
+        preset.model,
+        n_layers=size("n_layers") or preset.model.n_layers,
+        vocab_size=size("vocab_size") or preset.model.vocab_size,
+    )
     tp = size("tp") or 1
     accelerator = machine.node.gpus > 0
-    shape = Shape(model, batch=size("batch_size") or preset.batch_size,
-                  seq=size("seq_len") or preset.seq_len, dp=max(1, layout.ranks // tp), tp=tp,
-                  ac=arg("ac") or preset.ac,
-                  value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
-                  loss_chunk=_or(size("loss_chunk", 0), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
-                  attention_matrix=machine.node.attention_kernel == "math")
+    shape = Shape(
+        model,
+        batch=size("batch_size") or preset.batch_size,
+        seq=size("seq_len") or preset.seq_len,
+        dp=max(1, layout.ranks // tp),
+        tp=tp,
+        ac=arg("ac") or preset.ac,
+        value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
+        loss_chunk=_or(size("loss_chunk", 0), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
+        attention_matrix=machine.node.attention_kernel == "math",
+    )
     check_global_batch(size("global_batch", 0) or 0, shape)
     found = estimate(shape)
     device = machine.node.gpu_memory_gib if accelerator else None
@@ -157,9 +186,13 @@ def sized(machine, workload, args: dict, layout):
         raise MmmError(
             f"memory: {workload.name} needs an estimated {found.describe()} per device, above "
             f"the {device:g} GiB of one {machine.node.device} device; "
-            + (f"it fits with {', or '.join(better)}" if better else
-               "no single change fits it: combine more nodes, tp and ac=full")
-            + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)")
+            + (
+                f"it fits with {', or '.join(better)}"
+                if better
+                else "no single change fits it: combine more nodes, tp and ac=full"
+            )
+            + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)"
+        )
     return plan
 
 
@@ -169,9 +202,13 @@ def check_global_batch(global_batch: int, shape: Shape) -> None:
     is a multiple of batch_size x dp. Refused here, not in the job after its wait in the queue."""
     per_forward = shape.batch * shape.dp
     if micro_batches(global_batch, shape.batch, shape.dp) is None:
-        raise InvalidValue("global_batch", global_batch, f"0 or a multiple of batch_size "
-                           f"{shape.batch} x {shape.dp} data-parallel ranks = {per_forward}, "
-                           "the samples one forward pass takes on all ranks")
+        raise InvalidValue(
+            "global_batch",
+            global_batch,
+            f"0 or a multiple of batch_size "
+            f"{shape.batch} x {shape.dp} data-parallel ranks = {per_forward}, "
+            "the samples one forward pass takes on all ranks",
+        )
 
 
 def _or(value, default):

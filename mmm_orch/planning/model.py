@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
+from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import LOG_FILE, NODES_TOKEN
 from mmm_orch.walltime import format_walltime
@@ -38,7 +39,7 @@ class Request:
     no_presets: tuple[str, ...] = ()
     workdir: str | None = None
     stage_env: bool = False  # copy the job environment to node-local storage before the launch
-    spare_nodes: int = 0     # nodes asked for beyond --nodes, swapped in when one fails
+    spare_nodes: int = 0  # nodes asked for beyond --nodes, swapped in when one fails
     avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
     command: tuple[str, ...] = ()  # the user's own program (after --), in place of a trainer
     max_node_hours: float | str | None = None  # the budget (node-hours): a costlier plan is refused
@@ -104,8 +105,12 @@ class DeviceShare:
     @property
     def env(self) -> tuple[EnvEntry, ...]:
         ids = ",".join(self.ids[i] for i in self.held)
-        return tuple(EnvEntry(name=name, value=value.replace("{ids}", ids).replace(
-            "{first}", str(self.held[0]))) for name, value in self.set)
+        return tuple(
+            EnvEntry(
+                name=name, value=value.replace("{ids}", ids).replace("{first}", str(self.held[0]))
+            )
+            for name, value in self.set
+        )
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,9 @@ class Devices:
     torch: str  # the torch device type the trainers use (rocm runs as cuda)
     backend: str
     index: tuple[int, ...]  # set_device index per local rank
-    physical: tuple[int | None, ...]  # the physical device per local rank (visible devices reordered)
+    physical: tuple[
+        int | None, ...
+    ]  # the physical device per local rank (visible devices reordered)
     share: DeviceShare | None = None  # some devices of one node, beside other runs
 
 
@@ -204,7 +211,9 @@ class Launch:
         if self.args.get("tensorboard"):
             where["tensorboard"] = os.path.join(self.run_dir, protocol.TENSORBOARD_DIR)
         if self.args.get("wandb", "off") != "off":
-            where["wandb"] = f"{self.args['wandb']}, {os.path.join(self.run_dir, protocol.WANDB_DIR)}"
+            where["wandb"] = (
+                f"{self.args['wandb']}, {os.path.join(self.run_dir, protocol.WANDB_DIR)}"
+            )
         return where
 
     @property
@@ -218,9 +227,12 @@ class Launch:
 
     @property
     def why_it_cannot_resume(self) -> str:
-        return ("a command resumes only when its workload says `resumable: true`, keeping the "
-                "runtime contract of docs/runtime.md" if self.command
-                else "its trainer takes no --run-name/--resume")
+        return (
+            "a command resumes only when its workload says `resumable: true`, keeping the "
+            "runtime contract of docs/runtime.md"
+            if self.command
+            else "its trainer takes no --run-name/--resume"
+        )
 
     @property
     def resume_argv(self) -> str:
@@ -277,7 +289,7 @@ class JobPlace:
 
 @dataclass(frozen=True)
 class ChainLink:
-    """A link of a chain (jobs/chains.py): its state file, its place, and the job it waits for."""
+    """A link of a chain (submission/chains.py): its state file, its place, and the job it waits for."""
 
     file: str = ""
     link: int = 0
@@ -299,8 +311,13 @@ class MemoryPlan:
 
     @property
     def summary(self) -> str:
-        return f"{self.total:.1f} GiB" + (f" of {self.device_gib:g}" if self.device_gib else "") \
-            + " (" + ", ".join(f"{k} {v:.1f}" for k, v in self.parts.items()) + ")"
+        return (
+            f"{self.total:.1f} GiB"
+            + (f" of {self.device_gib:g}" if self.device_gib else "")
+            + " ("
+            + ", ".join(f"{k} {v:.1f}" for k, v in self.parts.items())
+            + ")"
+        )
 
 
 @dataclass(frozen=True)
@@ -321,8 +338,15 @@ class CostPlan:
 
     def charge(self, nodes: int, elapsed: float) -> float:
         """The charge of a job that held `nodes` (its share of them) for `elapsed` seconds."""
-        seconds = self.walltime if self.charged_for == "walltime" else elapsed
-        return nodes * self.share * max(seconds, self.minimum) / 3600 * self.factor
+        return protocol.charge(
+            nodes,
+            elapsed,
+            walltime=self.walltime,
+            charged_for=self.charged_for,
+            minimum=self.minimum,
+            factor=self.factor,
+            share=self.share,
+        )
 
     @property
     def most(self) -> float:
@@ -360,8 +384,14 @@ class Plan:
         program), the program alone."""
         launch = self.launch
         hosts = NODES_TOKEN if self.placement.failover else launch.hosts
-        return " ".join([*launch.launcher[:1], *([hosts] if hosts else []), *launch.launcher[1:],
-                         *(shlex.quote(a) for a in launch.program)])
+        return " ".join(
+            [
+                *launch.launcher[:1],
+                *([hosts] if hosts else []),
+                *launch.launcher[1:],
+                *(shlex.quote(a) for a in launch.program),
+            ]
+        )
 
     @property
     def stops_before_walltime(self) -> bool:
@@ -375,35 +405,51 @@ class Plan:
     def on_devices(self, held: tuple[int, ...]) -> Plan:
         """A plan on some devices of one node (devices.share) moved to the devices at `held`:
         its launcher line and its devices' variables follow them."""
+        if self.devices.share is None:
+            raise TypeError("on_devices: the plan holds whole nodes, not some devices of one")
         share = dataclasses.replace(self.devices.share, held=tuple(held))
-        environment = dataclasses.replace(self.environment, groups=tuple(
-            dataclasses.replace(group, set=share.env) if group.name == SHARE_GROUP else group
-            for group in self.environment.groups))
-        return dataclasses.replace(self.with_launch(launcher=share.launcher_words),
-                                   devices=dataclasses.replace(self.devices, share=share),
-                                   environment=environment)
+        environment = dataclasses.replace(
+            self.environment,
+            groups=tuple(
+                dataclasses.replace(group, set=share.env) if group.name == SHARE_GROUP else group
+                for group in self.environment.groups
+            ),
+        )
+        return dataclasses.replace(
+            self.with_launch(launcher=share.launcher_words),
+            devices=dataclasses.replace(self.devices, share=share),
+            environment=environment,
+        )
 
     def waiting_for(self, job_id: str) -> Plan:
         """A chain link's plan that starts once the job `job_id` has ended."""
         return dataclasses.replace(self, chain=dataclasses.replace(self.chain, depends_on=job_id))
 
-    def placed(self, job_dir: str, tag: str, log_directive: str,
-               workdir: str | None = None) -> Plan:
+    def placed(
+        self, job_dir: str, tag: str, log_directive: str, workdir: str | None = None
+    ) -> Plan:
         """The plan of a submission: its job directory and log (and, for a remote job, the
         directory it runs in there), its tag, and a run directory of its own unless the user
         named one (so that no two runs share metrics or checkpoints by accident)."""
         args = dict(self.launch.args)
         if "run_name" in self.launch.options and not args.get("run_name"):
             args["run_name"] = f"{self.name}-{tag}"
-        submission = JobPlace(job_dir=job_dir, tag=tag, log_path=f"{job_dir}/{LOG_FILE}",
-                                log_directive=log_directive)
-        return dataclasses.replace(self.with_launch(workdir=workdir or self.launch.workdir, args=args),
-                                   submission=submission)
+        submission = JobPlace(
+            job_dir=job_dir, tag=tag, log_path=f"{job_dir}/{LOG_FILE}", log_directive=log_directive
+        )
+        return dataclasses.replace(
+            self.with_launch(workdir=workdir or self.launch.workdir, args=args),
+            submission=submission,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_plain(self), "program": list(self.launch.program),
-                "launch_line": self.launch_line, "run_dir": self.launch.run_dir,
-                "tracking": self.launch.tracking}
+        return {
+            **_plain(self),
+            "program": list(self.launch.program),
+            "launch_line": self.launch_line,
+            "run_dir": self.launch.run_dir,
+            "tracking": self.launch.tracking,
+        }
 
 
 def _plain(value: Any) -> Any:

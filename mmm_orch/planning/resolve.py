@@ -13,23 +13,37 @@ import shlex
 import sys
 from typing import Any
 
-from mmm_orch.version import __version__
 from mmm_orch.config.common import NODE_NAME
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
-from mmm_orch.config.workload import Workload, MachineOverride
+from mmm_orch.config.workload import MachineOverride, Workload
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
-from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit, way_out
 from mmm_orch.planning.environment import env_groups, environment_word
-from mmm_orch.planning.model import (COMMAND_OPTIONS, RESUMABLE_COMMAND_OPTIONS, SHARE_GROUP,
-                                     DeviceShare, Devices, EnvEntry, EnvGroup, Environment, Guard,
-                                     Launch, Layout, Placement, Plan, QueuePlan, Request,
-                                     Transport)
+from mmm_orch.planning.model import (
+    COMMAND_OPTIONS,
+    RESUMABLE_COMMAND_OPTIONS,
+    SHARE_GROUP,
+    Devices,
+    DeviceShare,
+    EnvEntry,
+    EnvGroup,
+    Environment,
+    Guard,
+    Launch,
+    Layout,
+    Placement,
+    Plan,
+    QueuePlan,
+    Request,
+    Transport,
+)
+from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit, way_out
+from mmm_orch.version import __version__
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 # Trainer options that define the parallel mesh; always passed explicitly to the trainer.
@@ -50,25 +64,42 @@ def resolve(request: Request) -> Plan:
     _check_devices(machine, workload)
     placement = _placement(machine, request, nodes)
     account = account_for(machine, request)
-    queue, tier, reason = _pick_queue(machine, request, account, nodes + placement.spare_nodes, walltime)
+    queue, tier, reason = _pick_queue(
+        machine, request, account, nodes + placement.spare_nodes, walltime
+    )
     name = workload.name if request.name is None else request.name
     if not JOB_NAME.match(name):
-        raise fail("--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63")
+        raise fail(
+            "--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63"
+        )
 
-    args = _trainer_args(workload, override.args if override else {},
-                         checks.pairs(request.sets, "--set"))
+    args = _trainer_args(
+        workload, override.args if override else {}, checks.pairs(request.sets, "--set")
+    )
     layout = _layout(machine, workload, nodes, args, request.devices)
     python = sys.executable if machine.python == "auto" else machine.python
     # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
     cpu_bind = machine.launcher.cpu_bind
-    fields = {"nodes": nodes, "ranks": layout.ranks, "ranks_per_node": layout.ranks_per_node,
-              "gpus_per_node": layout.gpus_per_node, "cpus_per_rank": layout.cpus_per_rank,
-              "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "", "python": shlex.quote(python)}
+    fields = {
+        "nodes": nodes,
+        "ranks": layout.ranks,
+        "ranks_per_node": layout.ranks_per_node,
+        "gpus_per_node": layout.gpus_per_node,
+        "cpus_per_rank": layout.cpus_per_rank,
+        "cpu_bind": shlex.quote(cpu_bind) if cpu_bind else "",
+        "python": shlex.quote(python),
+    }
     devices = _devices(machine, layout.ranks_per_node, _share(machine, request.devices, fields))
     sized = memory.sized(machine, workload, args, layout)
-    priced = cost.priced(machine, queue, nodes, placement.spare_nodes, walltime,
-                         cost.parse_budget(request.max_node_hours),
-                         len(devices.share.held) / len(devices.share.ids) if devices.share else 1.0)
+    priced = cost.priced(
+        machine,
+        queue,
+        nodes,
+        placement.spare_nodes,
+        walltime,
+        cost.parse_budget(request.max_node_hours),
+        len(devices.share.held) / len(devices.share.ids) if devices.share else 1.0,
+    )
     cost.check_max("this job", priced.most, priced.budget, priced.unit)
     return Plan(
         mmm_orch_version=__version__,
@@ -80,23 +111,35 @@ def resolve(request: Request) -> Plan:
         name=name,
         layout=layout,
         queue=QueuePlan(
-            name=queue.name if queue else None, tier=tier, reason=reason,
-            directives=queue_directives(machine, queue), walltime=walltime, account=account,
-            resources=tuple(d.format(**{**fields, "nodes": nodes + placement.spare_nodes})
-                            for d in machine.directives),
-            submit_dir_var=machine.scheduler.submit_dir_var),
+            name=queue.name if queue else None,
+            tier=tier,
+            reason=reason,
+            directives=queue_directives(machine, queue),
+            walltime=walltime,
+            account=account,
+            resources=tuple(
+                d.format(**{**fields, "nodes": nodes + placement.spare_nodes})
+                for d in machine.directives
+            ),
+            submit_dir_var=machine.scheduler.submit_dir_var,
+        ),
         devices=devices,
-        environment=_environment(machine, workload, override, request, nodes, devices, python,
-                                 account),
+        environment=_environment(
+            machine, workload, override, request, nodes, devices, python, account
+        ),
         launch=_launch(machine, workload, request, fields, python, args, devices.share),
         guard=Guard(
-            first_step_timeout=workload.watchdog.first_step_timeout if workload.watchdog.enabled else 0,
+            first_step_timeout=workload.watchdog.first_step_timeout
+            if workload.watchdog.enabled
+            else 0,
             step_timeout=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
             walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
-            progress=workload.watchdog.progress),
+            progress=workload.watchdog.progress,
+        ),
         placement=placement,
-        transport=Transport(login_hosts=tuple(machine.login_hosts),
-                            remote_jobs_dir=machine.remote_jobs_dir),
+        transport=Transport(
+            login_hosts=tuple(machine.login_hosts), remote_jobs_dir=machine.remote_jobs_dir
+        ),
         memory=sized,
         cost=priced,
     )
@@ -105,12 +148,19 @@ def resolve(request: Request) -> Plan:
 def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
     """The user's own program runs where a trainer would: only for a workload without one."""
     if workload.trainer and command:
-        raise fail("command after --", " ".join(command)[:200], f"workload {workload.name} runs "
-                   f"its trainer ({workload.trainer}); leave the workload out (or name one "
-                   "without a trainer, such as `command`) to run your own")
+        raise fail(
+            "command after --",
+            " ".join(command)[:200],
+            f"workload {workload.name} runs "
+            f"its trainer ({workload.trainer}); leave the workload out (or name one "
+            "without a trainer, such as `command`) to run your own",
+        )
     if not workload.trainer and not command:
-        raise fail("workload", workload.name, "it runs your own program: give it after --, "
-                   "e.g. `-- python3 -m mypkg.train`")
+        raise fail(
+            "workload",
+            workload.name,
+            "it runs your own program: give it after --, e.g. `-- python3 -m mypkg.train`",
+        )
     if len(command) > MAX_COMMAND_WORDS:
         raise fail("command after --", f"{len(command)} words", f"at most {MAX_COMMAND_WORDS}")
     for i, word in enumerate(command):
@@ -119,10 +169,11 @@ def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
         raise fail("command after --", command[0], "it starts with the program to run")
 
 
-def _nodes(machine: Machine, workload: Workload, override: MachineOverride | None,
-           request: Request) -> int:
+def _nodes(
+    machine: Machine, workload: Workload, override: MachineOverride | None, request: Request
+) -> int:
     if request.devices is not None:
-        return _nodes_of_a_share(machine, request)
+        return _nodes_of_a_share(machine, request, request.devices)
     nodes = request.nodes
     if nodes is None:
         nodes = (override and override.nodes) or min(workload.defaults.nodes, machine.max_nodes)
@@ -133,15 +184,23 @@ def _nodes(machine: Machine, workload: Workload, override: MachineOverride | Non
     return nodes
 
 
-def _nodes_of_a_share(machine: Machine, request: Request) -> int:
-    """A run on some devices of one node: the profile says how a node is shared."""
+def _nodes_of_a_share(machine: Machine, request: Request, devices: int) -> int:
+    """A run on `devices` devices of one node: the profile says how a node is shared."""
     slots = machine.devices.slots
     if slots is None:
-        raise fail("--devices", request.devices, f"a machine whose profile says how runs share "
-                   f"a node's devices (devices.slots); {machine.name}'s does not")
-    if not 1 <= request.devices <= len(slots.ids):
-        raise fail("--devices", request.devices, f"1 to the {len(slots.ids)} devices of a "
-                   f"{machine.name} node (a larger run takes whole nodes: --nodes)")
+        raise fail(
+            "--devices",
+            devices,
+            f"a machine whose profile says how runs share "
+            f"a node's devices (devices.slots); {machine.name}'s does not",
+        )
+    if not 1 <= devices <= len(slots.ids):
+        raise fail(
+            "--devices",
+            devices,
+            f"1 to the {len(slots.ids)} devices of a "
+            f"{machine.name} node (a larger run takes whole nodes: --nodes)",
+        )
     if request.nodes not in (None, 1):
         raise fail("--nodes", request.nodes, "1 with --devices (a run on some devices of one node)")
     return 1
@@ -155,25 +214,33 @@ def _share(machine: Machine, devices: int | None, fields: dict[str, Any]) -> Dev
         return None
     command = machine.launcher.command.format(**fields)
     return DeviceShare(
-        held=tuple(range(devices)), ids=tuple(slots.ids), cpus=tuple(slots.cpus),
+        held=tuple(range(devices)),
+        ids=tuple(slots.ids),
+        cpus=tuple(slots.cpus),
         cpus_joined_by=slots.cpus_joined_by,
         launcher=(command, *(arg.format(**fields, cpus="{cpus}") for arg in slots.launcher_args)),
-        set=tuple(slots.set.items()))
+        set=tuple(slots.set.items()),
+    )
 
 
-def _walltime(machine: Machine, workload: Workload, override: MachineOverride | None,
-              request: Request) -> int:
+def _walltime(
+    machine: Machine, workload: Workload, override: MachineOverride | None, request: Request
+) -> int:
     if request.walltime is not None:
         try:
             walltime = parse_walltime(request.walltime)
         except ValueError as exc:
-            raise InvalidValue("--walltime", request.walltime, str(exc),
-                               f"--walltime: {exc}") from None
+            raise InvalidValue(
+                "--walltime", request.walltime, str(exc), f"--walltime: {exc}"
+            ) from None
     else:
         walltime = (override and override.walltime) or workload.defaults.walltime
     if machine.min_walltime and walltime < machine.min_walltime:
-        raise fail("--walltime", format_walltime(walltime),
-                   f"{machine.name} needs at least {format_walltime(machine.min_walltime)}")
+        raise fail(
+            "--walltime",
+            format_walltime(walltime),
+            f"{machine.name} needs at least {format_walltime(machine.min_walltime)}",
+        )
     return walltime
 
 
@@ -181,12 +248,14 @@ def _check_devices(machine: Machine, workload: Workload) -> None:
     if workload.resources.accelerator and machine.node.gpus == 0:
         raise MmmError(
             f"workload {workload.name} needs an accelerator and {machine.name} has none "
-            f"(device {machine.node.device})")
+            f"(device {machine.node.device})"
+        )
     need = workload.resources.min_gpu_memory_gib
     have = machine.node.gpu_memory_gib
     if need and have and have < need:
-        raise MmmError(f"workload {workload.name} needs {need} GiB per device; "
-                       f"{machine.name} has {have} GiB")
+        raise MmmError(
+            f"workload {workload.name} needs {need} GiB per device; {machine.name} has {have} GiB"
+        )
 
 
 def _placement(machine: Machine, request: Request, nodes: int) -> Placement:
@@ -194,11 +263,18 @@ def _placement(machine: Machine, request: Request, nodes: int) -> Placement:
     if spare < 0:
         raise fail("--spare-nodes", spare, "0 or more")
     if spare and not machine.launcher.on_nodes:
-        raise fail("--spare-nodes", spare, f"{machine.name}'s launcher cannot run on some of the "
-                   "job's nodes (its profile has no launcher.on_nodes)")
+        raise fail(
+            "--spare-nodes",
+            spare,
+            f"{machine.name}'s launcher cannot run on some of the "
+            "job's nodes (its profile has no launcher.on_nodes)",
+        )
     if nodes + spare > machine.max_nodes:
-        raise fail("--spare-nodes", spare, f"{nodes} + {spare} nodes: {machine.name} has at "
-                   f"most {machine.max_nodes}")
+        raise fail(
+            "--spare-nodes",
+            spare,
+            f"{nodes} + {spare} nodes: {machine.name} has at most {machine.max_nodes}",
+        )
     allocated = nodes + spare
     avoid = request.avoid_nodes
     for node in avoid:  # from the database; they reach directives
@@ -206,18 +282,25 @@ def _placement(machine: Machine, request: Request, nodes: int) -> Placement:
             raise fail("bad node", node, "a host name; `mmm-orch nodes forget NODE` drops it")
     exclude = machine.scheduler.exclude_directive
     if exclude and avoid and allocated > machine.max_nodes - len(avoid):
-        raise fail("--nodes", nodes, f"{allocated} nodes with the spares: {machine.name} has "
-                   f"{machine.max_nodes}, less the known-bad {', '.join(avoid)} "
-                   f"(`mmm-orch nodes forget NODE` to use one again)")
+        raise fail(
+            "--nodes",
+            nodes,
+            f"{allocated} nodes with the spares: {machine.name} has "
+            f"{machine.max_nodes}, less the known-bad {', '.join(avoid)} "
+            f"(`mmm-orch nodes forget NODE` to use one again)",
+        )
     return Placement(
-        spare_nodes=spare, avoid_nodes=tuple(avoid), node_list=machine.scheduler.node_list,
-        on_nodes=machine.launcher.on_nodes, host_addr=machine.rendezvous.host_addr,
+        spare_nodes=spare,
+        avoid_nodes=tuple(avoid),
+        node_list=machine.scheduler.node_list,
+        on_nodes=machine.launcher.on_nodes,
+        host_addr=machine.rendezvous.host_addr,
         exclude_directive=exclude.format(nodes=",".join(avoid)) if exclude and avoid else "",
-        failover_directives=tuple(machine.scheduler.failover_directives) if spare else ())
+        failover_directives=tuple(machine.scheduler.failover_directives) if spare else (),
+    )
 
 
-def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: int,
-                walltime: int):
+def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: int, walltime: int):
     """(queue, tier name, reason) for the request, or an error that names the limits. With the
     jobs the user already has (request.queue_load), a queue the request would fill past a job
     limit is skipped (named in the reason), or refused when asked for by name."""
@@ -229,19 +312,21 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
     if request.queue:
         queue = machine.queue(request.queue)
         if queue is None:
-            raise unknown_name(f"queue on {machine.name}", request.queue,
-                               [q.name for q in machine.queues])
+            raise unknown_name(
+                f"queue on {machine.name}", request.queue, [q.name for q in machine.queues]
+            )
         ok, tier, why = _fits(queue, nodes, walltime)
         if not ok:
             raise MmmError(
                 f"--queue {queue.name!r} cannot run {nodes} nodes for {format_walltime(walltime)}: "
-                f"it {why} ({queue.limits()})")
-        full = past_limit(machine, queue, queue_directives(machine, queue), load, account,
-                          request.jobs)
+                f"it {why} ({queue.limits()})"
+            )
+        full = past_limit(
+            machine, queue, queue_directives(machine, queue), load, account, request.jobs
+        )
         if full:
             room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
-            raise QueueFull(f"--queue {queue.name!r} is full for you: {full}. "
-                            f"{way_out(room)}")
+            raise QueueFull(f"--queue {queue.name!r} is full for you: {full}. {way_out(room)}")
         return queue, tier, "requested"
     tried, skipped = [], []
     for queue in machine.queues:
@@ -251,8 +336,9 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
         if not ok:
             tried.append(f"{queue.name} ({queue.limits()})")
             continue
-        full = past_limit(machine, queue, queue_directives(machine, queue), load, account,
-                          request.jobs)
+        full = past_limit(
+            machine, queue, queue_directives(machine, queue), load, account, request.jobs
+        )
         if full:
             skipped.append(full)
             continue
@@ -262,24 +348,31 @@ def _pick_queue(machine: Machine, request: Request, account: str | None, nodes: 
         return queue, tier, reason
     if skipped:
         room = queues_with_room(machine, nodes, walltime, load, account, request.jobs)
-        raise QueueFull(f"no queue on {machine.name} that is picked without --queue can take "
-                        f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
-                        f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
-                        f"{way_out(room)}")
+        raise QueueFull(
+            f"no queue on {machine.name} that is picked without --queue can take "
+            f"{request.jobs} more job{'s' if request.jobs > 1 else ''} of {nodes} "
+            f"nodes for {format_walltime(walltime)}: {'; '.join(skipped)}. "
+            f"{way_out(room)}"
+        )
     raise MmmError(
         f"no queue on {machine.name} fits {nodes} nodes for {format_walltime(walltime)}; "
-        f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue")
+        f"automatic queues: {'; '.join(tried)}. Change --nodes/--walltime or name a --queue"
+    )
 
 
-def queues_with_room(machine: Machine, nodes: int, walltime: int, load: QueueLoad,
-                     account: str | None, jobs: int) -> list[str]:
+def queues_with_room(
+    machine: Machine, nodes: int, walltime: int, load: QueueLoad, account: str | None, jobs: int
+) -> list[str]:
     """The queues (those picked only by name too) that fit `nodes` for `walltime` and have room
     for `jobs` more of the user's jobs."""
     ordered = sorted(machine.queues, key=lambda queue: not queue.automatic)
-    return [queue.name for queue in ordered
-            if not queue.by_request and _fits(queue, nodes, walltime)[0]
-            and not past_limit(machine, queue, queue_directives(machine, queue), load, account,
-                               jobs)]
+    return [
+        queue.name
+        for queue in ordered
+        if not queue.by_request
+        and _fits(queue, nodes, walltime)[0]
+        and not past_limit(machine, queue, queue_directives(machine, queue), load, account, jobs)
+    ]
 
 
 def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, str]:
@@ -292,8 +385,11 @@ def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, st
             return False, None, "no tier for this node count"
         if walltime > tier.max_walltime:
             label = f"tier {tier.name}" if tier.name else f"{tier.min_nodes}-{tier.max_nodes} nodes"
-            return False, tier.name or None, (
-                f"allows at most {format_walltime(tier.max_walltime)} for {label}")
+            return (
+                False,
+                tier.name or None,
+                (f"allows at most {format_walltime(tier.max_walltime)} for {label}"),
+            )
         return True, tier.name or None, ""
     if walltime > queue.max_walltime:
         return False, None, f"allows at most {format_walltime(queue.max_walltime)}"
@@ -303,12 +399,16 @@ def _fits(queue: Queue, nodes: int, walltime: int) -> tuple[bool, str | None, st
 def queue_directives(machine: Machine, queue: Queue | None) -> tuple[str, ...]:
     if queue is None:
         return ()
-    templates = queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
+    templates = (
+        queue.directives if queue.directives is not None else [machine.scheduler.queue_directive]
+    )
     return tuple(t.format(queue=queue.name) for t in templates if t)
 
 
 def account_for(machine: Machine, request: Request) -> str | None:
-    account = request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
+    account = (
+        request.account or os.environ.get("MMM_ORCH_ACCOUNT") or machine.account.default or None
+    )
     if machine.account.required and not account:
         raise MmmError(f"--account is required on {machine.name} (or set MMM_ORCH_ACCOUNT)")
     if account and not SAFE_WORD.match(account):
@@ -328,8 +428,9 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
     for key, value in sets:
         option = workload.options.get(key)
         if option is None:
-            raise unknown_name(f"--set key for workload {workload.name}", key,
-                               sorted(workload.options))
+            raise unknown_name(
+                f"--set key for workload {workload.name}", key, sorted(workload.options)
+            )
         try:
             args[key] = option.coerce(key, value)
         except ValueError as exc:
@@ -337,8 +438,9 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
     return args
 
 
-def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, Any],
-            devices: int | None) -> Layout:
+def _layout(
+    machine: Machine, workload: Workload, nodes: int, args: dict[str, Any], devices: int | None
+) -> Layout:
     """One rank per device (or the profile's ranks per node); on some devices of a node, one
     rank each, with the CPUs of its device."""
     ranks_per_node = devices or machine.default_ranks_per_node
@@ -346,16 +448,26 @@ def _layout(machine: Machine, workload: Workload, nodes: int, args: dict[str, An
     tp = workload.layout_value("tp", args)
     pp = workload.layout_value("pp", args)
     if tp < 1 or ranks_per_node % tp:
-        raise fail("tp", tp, f"must divide the {ranks_per_node} ranks per node on {machine.name} "
-                   "(tensor-parallel groups stay inside a node)")
+        raise fail(
+            "tp",
+            tp,
+            f"must divide the {ranks_per_node} ranks per node on {machine.name} "
+            "(tensor-parallel groups stay inside a node)",
+        )
     if pp < 1 or ranks % (tp * pp):
         raise fail("pp", pp, f"tp x pp = {tp * pp} must divide the {ranks} ranks")
     sharing = len(machine.devices.slots.ids) if devices and machine.devices.slots else None
-    cpus_per_rank = max(1, machine.node.usable_cores * machine.node.threads_per_core //
-                        (sharing or ranks_per_node))
-    return Layout(nodes=nodes, ranks_per_node=ranks_per_node, ranks=ranks,
-                  gpus_per_node=machine.node.gpus, cpus_per_rank=cpus_per_rank,
-                  mesh={"dp": ranks // (tp * pp), "tp": tp, "pp": pp})
+    cpus_per_rank = max(
+        1, machine.node.usable_cores * machine.node.threads_per_core // (sharing or ranks_per_node)
+    )
+    return Layout(
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        ranks=ranks,
+        gpus_per_node=machine.node.gpus,
+        cpus_per_rank=cpus_per_rank,
+        mesh={"dp": ranks // (tp * pp), "tp": tp, "pp": pp},
+    )
 
 
 def _devices(machine: Machine, ranks_per_node: int, share: DeviceShare | None) -> Devices:
@@ -366,65 +478,118 @@ def _devices(machine: Machine, ranks_per_node: int, share: DeviceShare | None) -
         backend=machine.backend,
         index=tuple(machine.devices.index_for(r, gpus) for r in range(ranks_per_node)),
         # on a share, the mask (or the launcher) decides which devices a rank sees
-        physical=tuple(None if share else machine.devices.physical_for(r, gpus)
-                       for r in range(ranks_per_node)),
-        share=share)
+        physical=tuple(
+            None if share else machine.devices.physical_for(r, gpus) for r in range(ranks_per_node)
+        ),
+        share=share,
+    )
 
 
-def _environment(machine: Machine, workload: Workload, override: MachineOverride | None,
-                 request: Request, nodes: int, devices: Devices, python: str,
-                 account: str | None) -> Environment:
+def _environment(
+    machine: Machine,
+    workload: Workload,
+    override: MachineOverride | None,
+    request: Request,
+    nodes: int,
+    devices: Devices,
+    python: str,
+    account: str | None,
+) -> Environment:
     workload_env = dict(workload.env)
     if override:
         workload_env.update(override.env)
-    groups = env_groups(machine, workload, request, nodes,
-                        list(override.presets) if override else [],
-                        list(override.no_presets) if override else [],
-                        _device_env(machine, devices, python), workload_env,
-                        devices.share and EnvGroup(
-                            name=SHARE_GROUP, description="its devices, beside other runs",
-                            source=machine.devices.slots.source, set=devices.share.env))
+    shared = None
+    if devices.share is not None and machine.devices.slots is not None:  # a share is of the slots
+        shared = EnvGroup(
+            name=SHARE_GROUP,
+            description="its devices, beside other runs",
+            source=machine.devices.slots.source,
+            set=devices.share.env,
+        )
+    groups = env_groups(
+        machine,
+        workload,
+        request,
+        nodes,
+        list(override.presets) if override else [],
+        list(override.no_presets) if override else [],
+        _device_env(machine, devices, python),
+        workload_env,
+        shared,
+    )
     path = environment_word(machine, account)
     if request.stage_env and not path:
-        raise fail("--stage-env", True, f"{machine.name} has no job environment to stage (the "
-                   "jobs run the interpreter that submitted them)")
-    return Environment(setup=tuple(machine.setup), groups=tuple(groups), path=path,
-                       stage=request.stage_env,
-                       stage_dir=machine.environment.stage_dir if machine.environment else "/tmp",
-                       login_shell=machine.login_shell)
+        raise fail(
+            "--stage-env",
+            True,
+            f"{machine.name} has no job environment to stage (the "
+            "jobs run the interpreter that submitted them)",
+        )
+    return Environment(
+        setup=tuple(machine.setup),
+        groups=tuple(groups),
+        path=path,
+        stage=request.stage_env,
+        stage_dir=machine.environment.stage_dir if machine.environment else "/tmp",
+        login_shell=machine.login_shell,
+    )
 
 
 def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntry]:
     """The variables mmm_orch.runtime reads: device, backend, visible devices, rendezvous."""
-    entries = [EnvEntry(name=protocol.DEVICE_VAR, value=devices.torch),
-               EnvEntry(name=protocol.BACKEND_VAR, value=devices.backend)]
+    entries = [
+        EnvEntry(name=protocol.DEVICE_VAR, value=devices.torch),
+        EnvEntry(name=protocol.BACKEND_VAR, value=devices.backend),
+    ]
     if machine.devices.visible and devices.share is None:  # (a share's own mask instead)
-        entries.append(EnvEntry(name=machine.devices.visible_env,
-                                value=",".join(map(str, machine.devices.visible))))
+        entries.append(
+            EnvEntry(
+                name=machine.devices.visible_env, value=",".join(map(str, machine.devices.visible))
+            )
+        )
     if machine.devices.one_per_rank:
-        entries.append(EnvEntry(name="MMM_DEVICE_PER_RANK", value="1"))
+        entries.append(EnvEntry(name=protocol.DEVICE_PER_RANK_VAR, value="1"))
     if machine.rendezvous.master_addr:
         entries.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
     if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds
-        entries.append(EnvEntry(name="MASTER_PORT", value=f"$({shlex.quote(python)} -m "
-                                                          f"{MODULES['rendezvous']})"))
+        entries.append(
+            EnvEntry(
+                name="MASTER_PORT", value=f"$({shlex.quote(python)} -m {MODULES['rendezvous']})"
+            )
+        )
     elif machine.rendezvous.master_port:
         entries.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
     return entries
 
 
-def _launch(machine: Machine, workload: Workload, request: Request, fields: dict[str, Any],
-            python: str, args: dict[str, Any], share: DeviceShare | None) -> Launch:
+def _launch(
+    machine: Machine,
+    workload: Workload,
+    request: Request,
+    fields: dict[str, Any],
+    python: str,
+    args: dict[str, Any],
+    share: DeviceShare | None,
+) -> Launch:
     launcher = [machine.launcher.command.format(**fields)]
     launcher += [arg.format(**fields) for arg in machine.launcher.args]
     return Launch(
-        launcher=share.launcher_words if share else tuple(launcher), hosts=machine.launcher.hosts,
-        per_node=machine.launcher.per_node.format(**fields), python=python,
+        launcher=share.launcher_words if share else tuple(launcher),
+        hosts=machine.launcher.hosts,
+        per_node=machine.launcher.per_node.format(**fields),
+        python=python,
         python_is_submitters=machine.python == "auto",
-        python_prefix=machine.launcher.python_prefix, trainer=workload.trainer, args=args,
-        options=tuple(workload.options) if workload.trainer else
-        RESUMABLE_COMMAND_OPTIONS if workload.resumable else COMMAND_OPTIONS,
+        python_prefix=machine.launcher.python_prefix,
+        trainer=workload.trainer,
+        args=args,
+        options=tuple(workload.options)
+        if workload.trainer
+        else RESUMABLE_COMMAND_OPTIONS
+        if workload.resumable
+        else COMMAND_OPTIONS,
         stop_signal=machine.launcher.stop_signal,
-        workdir=checks.workdir(request.workdir), workdir_given=request.workdir is not None,
+        workdir=checks.workdir(request.workdir),
+        workdir_given=request.workdir is not None,
         command=(*machine.launcher.command_prefix, *request.command) if request.command else (),
-        start_gap=machine.launcher.start_gap)
+        start_gap=machine.launcher.start_gap,
+    )

@@ -3,6 +3,7 @@ startup markers and, for dist_check, the all-reduce timings it printed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import posixpath
@@ -10,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmm_orch.errors import MmmError
+from mmm_orch.hosts import host_for
 from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
-from mmm_orch.jobs.record import JobRecord
-from mmm_orch.jobs.startup import NO_STEPS
 from mmm_orch.planning.store import section
+from mmm_orch.records.record import JobRecord
+from mmm_orch.tracking.logs import head_and_tail
+from mmm_orch.tracking.startup import NO_STEPS, parse_markers
 
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 # A step record is ~250 bytes: 64 MiB or 500,000 lines is a quarter million steps and more, read
@@ -23,11 +26,12 @@ MAX_METRICS_BYTES = 64 << 20
 MAX_METRICS_LINES = 500_000
 _CHUNK = 2 << 20  # few reads (SSH round trips for a remote job); its lines are held at once
 
+
 @dataclass
 class JobData:
     record: JobRecord
-    values: dict[str, Any]                  # what tells this job from the others: nodes, options
-    steps: list[dict] = field(default_factory=list)      # {"step", "dt", "loss", ...} in order
+    values: dict[str, Any]  # what tells this job from the others: nodes, options
+    steps: list[dict] = field(default_factory=list)  # {"step", "dt", "loss", ...} in order
     allreduce: list[dict] = field(default_factory=list)  # {"bytes", "latency_us", "busbw_gbps"}
     startup_s: float | None = None
     left_out: str = ""  # what of its metrics.jsonl was not read, in words ("" = nothing)
@@ -41,16 +45,14 @@ class JobData:
 
 def collect(records: list[JobRecord], values: list[dict[str, Any]] | None = None) -> list[JobData]:
     """Read each job (here, or on its login host); `values` are the sweep points' values."""
-    from mmm_orch.hosts import host_for
-    from mmm_orch.jobs.logs import head_and_tail
-    from mmm_orch.jobs.startup import parse_markers
-
     out = []
     for i, record in enumerate(records):
         mesh = section(record.plan, "layout").get("mesh") or {}
         if not (isinstance(mesh, dict) and all(type(v) is int for v in mesh.values())):
-            raise MmmError(f"job {record.id}'s plan in the job database is damaged (its mesh is "
-                           "not the axis sizes mmm-orch writes): it was changed by hand")
+            raise MmmError(
+                f"job {record.id}'s plan in the job database is damaged (its mesh is "
+                "not the axis sizes mmm-orch writes): it was changed by hand"
+            )
         host = host_for(record.remote)
         try:  # its start and end: the markers and dist_check's line are there, however long it is
             log = head_and_tail(host, record.log_path) or ""
@@ -73,13 +75,21 @@ def notes(jobs: list[JobData]) -> str:
     """What was left out of the jobs' metrics, and which jobs have none, one line each (""
     when nothing was)."""
     told = [f"job {d.record.id}: {d.left_out}" for d in jobs if d.left_out]
-    lines = ["mmm-orch: note: metrics left out of the figures and table: " + "; ".join(told)] \
-        if told else []
-    stepless = [str(d.record.id) for d in jobs
-                if not d.steps and not d.allreduce and d.record.state.terminal]
+    lines = (
+        ["mmm-orch: note: metrics left out of the figures and table: " + "; ".join(told)]
+        if told
+        else []
+    )
+    stepless = [
+        str(d.record.id)
+        for d in jobs
+        if not d.steps and not d.allreduce and d.record.state.terminal
+    ]
     if stepless:
-        lines.append(f"mmm-orch: note: job{'s' if len(stepless) > 1 else ''} "
-                     f"{', '.join(stepless)}: {NO_STEPS}")
+        lines.append(
+            f"mmm-orch: note: job{'s' if len(stepless) > 1 else ''} "
+            f"{', '.join(stepless)}: {NO_STEPS}"
+        )
     return "\n".join(lines)
 
 
@@ -121,7 +131,7 @@ class StepReader:
                 if self.lines == MAX_METRICS_LINES:
                     return True
                 self.add(line)
-            pending = pending[:MAX_METRICS_LINE + 1]  # an endless line is skipped, not held
+            pending = pending[: MAX_METRICS_LINE + 1]  # an endless line is skipped, not held
         if pending and self.lines < MAX_METRICS_LINES:
             self.add(pending)
         if offset < MAX_METRICS_BYTES:
@@ -137,21 +147,25 @@ class StepReader:
             return
         record = None
         if len(line) <= MAX_METRICS_LINE:
-            try:
+            with contextlib.suppress(ValueError, RecursionError):
                 record = json.loads(line)
-            except (ValueError, RecursionError):
-                pass
-        if not isinstance(record, dict) or not isinstance(record.get("event"), str) or (
-                record["event"] == "step" and type(record.get("step")) is not int):
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("event"), str)
+            or (record["event"] == "step" and type(record.get("step")) is not int)
+        ):
             self.skipped += 1
             self.first_skipped = self.first_skipped or self.lines
             return
         if record["event"] == "step":
-            self._steps[record["step"]] = {"event": "step", **{k: v for k, v in record.items()
-                                                             if _number(v)}}
+            self._steps[record["step"]] = {
+                "event": "step",
+                **{k: v for k, v in record.items() if _number(v)},
+            }
             # None is no value (mem_gib without a GPU); anything else that is no number is noted.
-            self.values_dropped += sum(1 for k, v in record.items()
-                                       if k != "event" and v is not None and not _number(v))
+            self.values_dropped += sum(
+                1 for k, v in record.items() if k != "event" and v is not None and not _number(v)
+            )
 
     def steps(self) -> list[dict]:
         return [self._steps[k] for k in sorted(self._steps)]
@@ -159,17 +173,22 @@ class StepReader:
     def left_out(self, path: str, cut: bool) -> str:
         parts = []
         if self.skipped:
-            parts.append(f"{self.skipped} line{'s' if self.skipped > 1 else ''} of {path} that "
-                         f"{'are' if self.skipped > 1 else 'is'} no step record (cut short, not a "
-                         f"JSON object, over {MAX_METRICS_LINE >> 10} KiB; first: line "
-                         f"{self.first_skipped})")
+            parts.append(
+                f"{self.skipped} line{'s' if self.skipped > 1 else ''} of {path} that "
+                f"{'are' if self.skipped > 1 else 'is'} no step record (cut short, not a "
+                f"JSON object, over {MAX_METRICS_LINE >> 10} KiB; first: line "
+                f"{self.first_skipped})"
+            )
         if self.values_dropped:
             many = self.values_dropped > 1
-            parts.append(f"{self.values_dropped} value{'s' if many else ''} of step records that "
-                         f"{'are' if many else 'is'} no finite number (NaN, text, nested)")
+            parts.append(
+                f"{self.values_dropped} value{'s' if many else ''} of step records that "
+                f"{'are' if many else 'is'} no finite number (NaN, text, nested)"
+            )
         if cut:
-            parts.append(f"all past its first {MAX_METRICS_BYTES >> 20} MiB or "
-                         f"{MAX_METRICS_LINES:,} lines")
+            parts.append(
+                f"all past its first {MAX_METRICS_BYTES >> 20} MiB or {MAX_METRICS_LINES:,} lines"
+            )
         return ", ".join(parts)
 
 
@@ -183,6 +202,9 @@ def allreduce_results(log: str) -> list[dict]:
             except (ValueError, AttributeError, RecursionError):
                 return []
             keys = ("bytes", "latency_us", "busbw_gbps")
-            return [r for r in found if isinstance(r, dict) and all(_number(r.get(k)) for k in keys)] \
-                if isinstance(found, list) else []
+            return (
+                [r for r in found if isinstance(r, dict) and all(_number(r.get(k)) for k in keys)]
+                if isinstance(found, list)
+                else []
+            )
     return []

@@ -5,6 +5,7 @@ curves (`mmm-orch plot`). matplotlib with the Agg backend (no display); imported
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -14,6 +15,9 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator  # noqa: E
 
 from mmm_orch.reporting.data import JobData  # noqa: E402
 from mmm_orch.reporting.table import Row  # noqa: E402
+
+if TYPE_CHECKING:  # matplotlib.typing is 3.8's; the plot extra takes 3.7
+    from matplotlib.typing import ColorType
 
 SIZE = (8.0, 4.5)  # inches; at DPI, 1200 x 675 pixels: a terminal image viewer and a paper
 DPI = 150
@@ -39,7 +43,7 @@ def _nodes_axis(ax, nodes: list[int]) -> None:
 def _series(table: list[Row], jobs: list[JobData]) -> dict[str, list[Row]]:
     """Rows grouped by their values other than nodes: one line per group, in node order."""
     groups: dict[str, list[Row]] = {}
-    for data, r in zip(jobs, table):
+    for data, r in zip(jobs, table, strict=True):
         rest = ", ".join(f"{k}={v}" for k, v in data.values.items() if k != "nodes")
         groups.setdefault(rest or "all points", []).append(r)
     return {k: sorted(v, key=lambda r: r.nodes) for k, v in groups.items()}
@@ -57,7 +61,9 @@ def scaling(table: list[Row], jobs: list[JobData], path: Path) -> Path | None:
         x = [r.nodes for r in rows]
         left.plot(x, [r.throughput for r in rows], marker="o", label=name)
         right.plot(x, [r.weak for r in rows], marker="o", label=f"weak ({name})")
-        right.plot(x, [r.strong for r in rows], marker="s", linestyle="--", label=f"strong ({name})")
+        right.plot(
+            x, [r.strong for r in rows], marker="s", linestyle="--", label=f"strong ({name})"
+        )
     right.axhline(1.0, color="grey", linewidth=1, linestyle=":", label="ideal")
     left.set_title("throughput per device")
     left.set_ylabel(f"{unit} per device")
@@ -78,8 +84,11 @@ def losses(jobs: list[JobData], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=SIZE)
     for data in drawn:
         points = [(s["step"], s["loss"]) for s in data.steps if "loss" in s]
-        line, = ax.plot([p[0] for p in points], [p[1] for p in points],
-                        label=f"job {data.record.id}: {data.label}")
+        (line,) = ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            label=f"job {data.record.id}: {data.label}",
+        )
         _validation(ax, data, line.get_color())
     ax.set_title("training loss (dashed: validation)")
     ax.set_xlabel("step")
@@ -88,12 +97,18 @@ def losses(jobs: list[JobData], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def _validation(ax, data: JobData, color: str) -> None:
+def _validation(ax, data: JobData, color: ColorType) -> None:
     """The job's validation losses, where it has any, dashed in its training curve's color."""
     points = [(s["step"], s["val_loss"]) for s in data.steps if "val_loss" in s]
     if points:
-        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", marker="o",
-                markersize=3, color=color)
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            linestyle="--",
+            marker="o",
+            markersize=3,
+            color=color,
+        )
 
 
 def step_times(jobs: list[JobData], path: Path) -> Path | None:
@@ -101,13 +116,17 @@ def step_times(jobs: list[JobData], path: Path) -> Path | None:
     if not drawn:
         return None
     fig, ax = plt.subplots(figsize=SIZE)
-    boxes = ax.boxplot([[1000 * s["dt"] for s in d.steps[1:] if "dt" in s] for d in drawn],
-                       showfliers=True, patch_artist=True)
+    boxes = ax.boxplot(
+        [[1000 * s["dt"] for s in d.steps[1:] if "dt" in s] for d in drawn],
+        showfliers=True,
+        patch_artist=True,
+    )
     for box in boxes["boxes"]:
         box.set_facecolor("tab:blue")
         box.set_alpha(0.6)
-    ax.set_xticks(range(1, len(drawn) + 1), [d.label for d in drawn], rotation=20, ha="right",
-                  fontsize=8)
+    ax.set_xticks(
+        range(1, len(drawn) + 1), [d.label for d in drawn], rotation=20, ha="right", fontsize=8
+    )
     ax.set_title("step time per point (first step left out)")
     ax.set_ylabel("step time (ms)")
     return _save(fig, path)
@@ -153,7 +172,7 @@ def job_curves(data: JobData, path: Path) -> Path | None:
     unit = next((k for k in ("tokens_per_s", "samples_per_s") if k in data.steps[-1]), "")
     fig, (left, right) = plt.subplots(1, 2, figsize=SIZE)
     steps = [s["step"] for s in data.steps]
-    line, = left.plot(steps, [s.get("loss") for s in data.steps])
+    (line,) = left.plot(steps, [s.get("loss") for s in data.steps])
     _validation(left, data, line.get_color())
     left.set_title("training loss (dashed: validation)")
     left.set_xlabel("step")
@@ -166,12 +185,18 @@ def job_curves(data: JobData, path: Path) -> Path | None:
         right.set_ylabel("step time (ms)")
     right.set_title("throughput")
     right.set_xlabel("step")
-    fig.suptitle(f"job {data.record.id}: {data.record.workload} on {data.record.machine}, {data.label}",
-                 fontsize=10)
+    fig.suptitle(
+        f"job {data.record.id}: {data.record.workload} on {data.record.machine}, {data.label}",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 
 def report_figures(table: list[Row], jobs: list[JobData], out: Path) -> list[Path]:
-    drawn = [scaling(table, jobs, out / "scaling.png"), losses(jobs, out / "loss.png"),
-             step_times(jobs, out / "step_time.png"), allreduce(jobs, out / "allreduce.png")]
+    drawn = [
+        scaling(table, jobs, out / "scaling.png"),
+        losses(jobs, out / "loss.png"),
+        step_times(jobs, out / "step_time.png"),
+        allreduce(jobs, out / "allreduce.png"),
+    ]
     return [p for p in drawn if p is not None]

@@ -22,22 +22,35 @@ p.note { color: #555; font-size: 0.9em; max-width: 60em; }
 """
 
 
-def page(title: str, table: list[Row], figures: list[Path], definitions: str, hint: str = "") -> str:
+def page(
+    title: str, table: list[Row], figures: list[Path], definitions: str, hint: str = ""
+) -> str:
     columns = shown_columns(table)
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h in columns)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"text" if k in ("point", "mesh", "state") else "num"}">'
-                         f"{html.escape(cell(r, k))}</td>" for k, _ in columns) + "</tr>\n"
-        for r in table)
+        "<tr>"
+        + "".join(
+            f'<td class="{"text" if k in ("point", "mesh", "state") else "num"}">'
+            f"{html.escape(cell(r, k))}</td>"
+            for k, _ in columns
+        )
+        + "</tr>\n"
+        for r in table
+    )
     images = "".join(
         f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(p.name)}'
-        f"</figcaption></figure>\n" for p in figures)
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
-            f"<h1>{html.escape(title)}</h1>\n"
-            f"<p class=\"note\">Made by mmm-orch report on {time.strftime('%Y-%m-%d %H:%M')}.</p>\n"
-            f"<table id=\"points\"><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>\n"
-            f"<p class=\"note\">{html.escape(definitions)}</p>\n"
-            + (f"<p class=\"note\">{html.escape(hint)}</p>\n" if hint else "")
-            + images + "</body></html>\n")
+        f"</figcaption></figure>\n"
+        for p in figures
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n"
+        f'<p class="note">Made by mmm-orch report on {time.strftime("%Y-%m-%d %H:%M")}.</p>\n'
+        f'<table id="points"><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>\n'
+        f'<p class="note">{html.escape(definitions)}</p>\n'
+        + (f'<p class="note">{html.escape(hint)}</p>\n' if hint else "")
+        + images
+        + "</body></html>\n"
+    )

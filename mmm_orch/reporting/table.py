@@ -17,13 +17,29 @@ DEFINITIONS = (
     "(total work fixed): step_time(base) x ranks(base) / (step_time x ranks). Charged: what the "
     "job was charged (node-hours, from the scheduler's nodes and elapsed time at the machine's "
     "charge factors); per node-hour: the job's throughput (per-device median x ranks) over an "
-    "hour, divided by the node-hours the job was charged per hour it ran.")
-COLUMNS = [("job", "job"), ("point", "point"), ("nodes", "nodes"), ("ranks", "ranks"),
-           ("mesh", "mesh"), ("state", "state"), ("steps", "steps"), ("step_ms", "step ms"),
-           ("throughput", "per device"), ("mfu", "MFU %"), ("startup_s", "startup s"),
-           ("final_loss", "final loss"), ("val_loss", "val loss"), ("weak", "weak eff"), ("strong", "strong eff"),
-           ("charged", "node-h charged"), ("per_node_hour", "per node-hour"),
-           ("latency_us", "lat us (min size)"), ("busbw_gbps", "busbw GB/s (max size)")]
+    "hour, divided by the node-hours the job was charged per hour it ran."
+)
+COLUMNS = [
+    ("job", "job"),
+    ("point", "point"),
+    ("nodes", "nodes"),
+    ("ranks", "ranks"),
+    ("mesh", "mesh"),
+    ("state", "state"),
+    ("steps", "steps"),
+    ("step_ms", "step ms"),
+    ("throughput", "per device"),
+    ("mfu", "MFU %"),
+    ("startup_s", "startup s"),
+    ("final_loss", "final loss"),
+    ("val_loss", "val loss"),
+    ("weak", "weak eff"),
+    ("strong", "strong eff"),
+    ("charged", "node-h charged"),
+    ("per_node_hour", "per node-hour"),
+    ("latency_us", "lat us (min size)"),
+    ("busbw_gbps", "busbw GB/s (max size)"),
+]
 
 
 @dataclass
@@ -37,7 +53,7 @@ class Row:
     steps: int | None
     step_ms: float | None
     throughput: float | None
-    unit: str                  # tokens/s or samples/s, per device
+    unit: str  # tokens/s or samples/s, per device
     mfu: float | None
     startup_s: float | None
     final_loss: float | None
@@ -58,21 +74,31 @@ def _median(values: list) -> float | None:
 def row(data: JobData) -> Row:
     record, steps = data.record, data.steps
     timed = steps[1:] if len(steps) > 1 else steps
-    unit = next((key for key in ("tokens_per_s", "samples_per_s") if any(key in s for s in timed)), "")
+    unit = next(
+        (key for key in ("tokens_per_s", "samples_per_s") if any(key in s for s in timed)), ""
+    )
     dt = _median([s.get("dt") for s in timed])
     sizes = sorted(data.allreduce, key=lambda r: r["bytes"])
     mesh = section(record.plan, "layout").get("mesh") or {}
-    out = Row(job=record.id, point=data.label, nodes=record.nodes, ranks=record.ranks,
-              mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
-              state=record.state.value, steps=len(steps) or None,
-              step_ms=None if dt is None else 1000 * dt,
-              throughput=_median([s.get(unit) for s in timed]) if unit else None,
-              unit=unit.replace("_per_s", "/s"), mfu=_median([s.get("mfu") for s in timed]),
-              startup_s=data.startup_s,
-              final_loss=steps[-1].get("loss") if steps else None,
-              val_loss=next((s["val_loss"] for s in reversed(steps) if "val_loss" in s), None),
-              latency_us=sizes[0]["latency_us"] if sizes else None,
-              busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None, charged=record.charge)
+    out = Row(
+        job=record.id,
+        point=data.label,
+        nodes=record.nodes,
+        ranks=record.ranks,
+        mesh=" ".join(f"{k}={v}" for k, v in mesh.items() if v != 1) or "-",
+        state=record.state.value,
+        steps=len(steps) or None,
+        step_ms=None if dt is None else 1000 * dt,
+        throughput=_median([s.get(unit) for s in timed]) if unit else None,
+        unit=unit.replace("_per_s", "/s"),
+        mfu=_median([s.get("mfu") for s in timed]),
+        startup_s=data.startup_s,
+        final_loss=steps[-1].get("loss") if steps else None,
+        val_loss=next((s["val_loss"] for s in reversed(steps) if "val_loss" in s), None),
+        latency_us=sizes[0]["latency_us"] if sizes else None,
+        busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None,
+        charged=record.charge,
+    )
     if out.throughput and record.charge and record.charged_seconds:
         charged_per_hour = record.charge / (record.charged_seconds / 3600)
         out.per_node_hour = out.throughput * record.ranks * 3600 / charged_per_hour
@@ -84,17 +110,17 @@ def rows(jobs: list[JobData]) -> list[Row]:
     share its other values (a sweep over nodes and batch size compares within a batch size)."""
     out = [row(data) for data in jobs]
     groups: dict[tuple, list[Row]] = {}
-    for data, r in zip(jobs, out):
+    for data, r in zip(jobs, out, strict=True):
         key = tuple(sorted((k, str(v)) for k, v in data.values.items() if k != "nodes"))
         groups.setdefault(key, []).append(r)
     for members in groups.values():
-        timed = [r for r in members if r.step_ms]
+        timed = [(r, r.step_ms) for r in members if r.step_ms]
         if not timed:
             continue
-        base = min(timed, key=lambda r: (r.ranks, r.job))
-        for r in timed:
-            r.weak = base.step_ms / r.step_ms
-            r.strong = base.step_ms * base.ranks / (r.step_ms * r.ranks)
+        base, base_ms = min(timed, key=lambda pair: (pair[0].ranks, pair[0].job))
+        for r, ms in timed:
+            r.weak = base_ms / ms
+            r.strong = base_ms * base.ranks / (ms * r.ranks)
     return out
 
 
@@ -125,8 +151,13 @@ def text(table: list[Row]) -> str:
     columns = shown_columns(table)
     cells = [[h for _, h in columns]] + [[cell(r, k) for k, _ in columns] for r in table]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
-                     for line in cells) + "\n"
+    return (
+        "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            for line in cells
+        )
+        + "\n"
+    )
 
 
 def as_dicts(table: list[Row]) -> list[dict]:

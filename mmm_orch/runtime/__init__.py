@@ -7,11 +7,32 @@ The in-repo trainers use the modules under it: who am I (launch_env), which devi
 process group (dist), metrics (metrics), stop signals (stop) and checkpoints (checkpoint). Only
 device, dist and checkpoint import torch."""
 
-from mmm_orch.runtime.contract import (EXIT_CHECKPOINTED, Checkpoint, checkpoint_path,
-                                       checkpoint_saved, finish, latest_checkpoint, rank,
-                                       report_step, run_dir, setup, should_resume,
-                                       stop_requested)
+from mmm_orch.runtime.contract import (
+    EXIT_CHECKPOINTED,
+    Checkpoint,
+    checkpoint_path,
+    checkpoint_saved,
+    finish,
+    latest_checkpoint,
+    rank,
+    report_step,
+    run_dir,
+    setup,
+    should_resume,
+    stop_requested,
+)
 
-__all__ = ["EXIT_CHECKPOINTED", "Checkpoint", "checkpoint_path", "checkpoint_saved", "finish",
-           "latest_checkpoint", "rank", "report_step", "run_dir", "setup", "should_resume",
-           "stop_requested"]
+__all__ = [
+    "EXIT_CHECKPOINTED",
+    "Checkpoint",
+    "checkpoint_path",
+    "checkpoint_saved",
+    "finish",
+    "latest_checkpoint",
+    "rank",
+    "report_step",
+    "run_dir",
+    "setup",
+    "should_resume",
+    "stop_requested",
+]

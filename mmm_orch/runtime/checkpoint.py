@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,15 @@ from mmm_orch.runtime.runfiles import RunFileError
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, every: int, device: torch.device, is_main: bool,
-                 keep: int = 0, async_save: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        every: int,
+        device: torch.device,
+        is_main: bool,
+        keep: int = 0,
+        async_save: bool = False,
+    ):
         """`async_save`: the periodic saves write in the background while training goes on
         (the stop signal's save, and the last, are waited for)."""
         self.run_dir = run_dir
@@ -51,8 +59,14 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             train_state: dict[str, Any], wait: bool = True) -> _Pending:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+        wait: bool = True,
+    ) -> _Pending:
         """Write step `step`'s checkpoint; unless `wait` (and with async saves), return while
         it is still being written: `complete` renames it into place once every rank is done."""
         self.wait_pending()
@@ -63,12 +77,11 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
         dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         background = self.writers is not None and not wait
-        future = dcp.async_save(state, checkpoint_id=str(staging), process_group=self.writers) \
-            if background else None
+        future = _async_save(state, staging, self.writers) if background else None
         pending = _Pending(step, staging, final, started, 0.0, future)
-        if background:  # the write's own end, not the step at which it is found done
+        if future is not None:  # the write's own end, not the step at which it is found done
             future.add_done_callback(lambda _: setattr(pending, "written_at", time.perf_counter()))
         else:
             dcp.save(state, checkpoint_id=str(staging))
@@ -95,8 +108,9 @@ class Checkpointer:
             self._prune(pending.step)
         dist.barrier()
         # The whole save: its write, and for a waited one the renaming; the margin learns it.
-        self.last_save_s = (written if pending.future is not None else time.perf_counter()) \
-            - pending.started
+        self.last_save_s = (
+            written if pending.future is not None else time.perf_counter()
+        ) - pending.started
         return pending.final
 
     def wait_pending(self, logger: Any = None) -> None:
@@ -110,9 +124,14 @@ class Checkpointer:
         if logger is not None:
             # save_s, the whole save: the watchdog keeps its pre-walltime margin at least twice
             # the last one; blocking_s: what training waited for.
-            logger.event(CHECKPOINT_EVENT, step=pending.step, path=str(path),
-                         save_s=self.last_save_s, blocking_s=pending.blocking_s,
-                         reason=pending.reason)
+            logger.event(
+                CHECKPOINT_EVENT,
+                step=pending.step,
+                path=str(path),
+                save_s=self.last_save_s,
+                blocking_s=pending.blocking_s,
+                reason=pending.reason,
+            )
 
     def _prune(self, newest: int) -> None:
         """Keep the newest `keep` complete checkpoints (`latest` names the newest: never pruned)."""
@@ -120,14 +139,23 @@ class Checkpointer:
             shutil.rmtree(stale, ignore_errors=True)
         if self.keep <= 0:
             return
-        steps = sorted(step for path in self.root.iterdir()
-                       if (step := protocol.checkpoint_step(path.name)) is not None)
-        for step in steps[:-self.keep]:
+        steps = sorted(
+            step
+            for path in self.root.iterdir()
+            if (step := protocol.checkpoint_step(path.name)) is not None
+        )
+        for step in steps[: -self.keep]:
             if step != newest:
                 shutil.rmtree(self.root / protocol.checkpoint_name(step), ignore_errors=True)
 
-    def after_step(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   train_state: dict[str, Any], logger: Any) -> bool:
+    def after_step(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+        logger: Any,
+    ) -> bool:
         """Save when due or when a stop signal arrived; True when the run must stop now. An
         async save is completed once every rank has written its part (asked each step)."""
         stop = self.stop_requested()
@@ -155,8 +183,13 @@ class Checkpointer:
         before that, having saved (the job can be continued with --resume)."""
         return EXIT_CHECKPOINTED if self.stopped and step < last_step else 0
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resume: bool,
-                allow_fresh: bool) -> dict[str, Any] | None:
+    def restore(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        resume: bool,
+        allow_fresh: bool,
+    ) -> dict[str, Any] | None:
         """With `resume`, the latest checkpoint's train state (model and optimizer restored in
         place); a run asked to resume that has nothing to resume from stops with exit 2, unless
         `allow_fresh` lets it start from step 0."""
@@ -167,12 +200,17 @@ class Checkpointer:
         except RunFileError as exc:  # every rank reads the same `latest`
             refuse(self.is_main, "runtime", f"--resume: {exc}")
         if state is None and not allow_fresh:
-            refuse(self.is_main, "runtime", f"--resume: no checkpoint in {self.root}; name the "
-                   "run to continue with --run-name, or pass --allow-fresh to start from step 0")
+            refuse(
+                self.is_main,
+                "runtime",
+                f"--resume: no checkpoint in {self.root}; name the "
+                "run to continue with --run-name, or pass --allow-fresh to start from step 0",
+            )
         return state
 
-    def load_latest(self, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    def load_latest(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any] | None:
         """Restore model and optimizer in place; returns train.json's content, or None.
         RunFileError when `latest` names no complete checkpoint of the run."""
         step = runfiles.latest_step(self.run_dir)
@@ -183,10 +221,11 @@ class Checkpointer:
         if train is None:
             raise RunFileError(f"{path} has no train.json: not a complete checkpoint")
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         rng = path / f"rng-{dist.get_rank()}.pt"
         if rng.exists():  # a run resumed on another number of ranks starts its draws afresh
             _set_rng_state(torch.load(rng, weights_only=True))
@@ -202,9 +241,19 @@ class _Pending:
     final: Path
     started: float
     blocking_s: float
-    future: Any  # concurrent.futures.Future of dcp.async_save; None for a save waited for
+    future: Future[Any] | None  # dcp.async_save's; None for a save waited for
     reason: str = "every"
     written_at: float = 0.0  # when the background write ended (perf_counter)
+
+
+def _async_save(
+    state: dict[str, Any], staging: Path, group: dist.ProcessGroup | None
+) -> Future[Any]:
+    """dcp.async_save's future. Without an async_stager (none is passed) it is a plain Future;
+    its AsyncSaveResponse comes only with one."""
+    future = dcp.async_save(state, checkpoint_id=str(staging), process_group=group)
+    assert isinstance(future, Future)
+    return future
 
 
 _ACCELERATORS = ("cuda", "xpu")  # the device types whose generators draw dropout masks there

@@ -46,12 +46,12 @@ class Checkpoint:
     path: Path  # the directory checkpoint_path(step) gave when it was saved
 
 
-def setup(timeout_s: float = 600) -> "Runtime":
+def setup(timeout_s: float = 600) -> Runtime:
     """Catch the stop signals, then start torch.distributed with the machine's device and
     backend from whichever launcher started this process (mpiexec, srun, torchrun, or none: a
     group of one). Returns rank, world size, device (`.device.torch`) and host."""
     stop.catch()
-    from mmm_orch.runtime import dist
+    from mmm_orch.runtime import dist  # torch: `from mmm_orch import runtime` loads none
 
     _state["runtime"] = dist.setup(timeout_s)
     return _state["runtime"]
@@ -105,6 +105,7 @@ def stop_requested() -> bool:
     runtime = _state["runtime"]
     if runtime is None or runtime.world_size == 1:
         return asked
+    # torch: `from mmm_orch import runtime` loads none (setup() has loaded it by now).
     import torch
     import torch.distributed as dist
 
@@ -138,8 +139,12 @@ def checkpoint_saved(step: int, save_s: float | None = None) -> None:
         return
     path = runfiles.existing_step_dir(run_dir(), step)
     protocol.point_latest(run_dir(), step)
-    _logger().event(protocol.CHECKPOINT_EVENT, step=step, path=str(path),
-                    save_s=save_s if save_s is not None else 0.0)
+    _logger().event(
+        protocol.CHECKPOINT_EVENT,
+        step=step,
+        path=str(path),
+        save_s=save_s if save_s is not None else 0.0,
+    )
 
 
 def finish(code: int = 0) -> NoReturn:
@@ -149,7 +154,7 @@ def finish(code: int = 0) -> NoReturn:
     if logger is not None:
         logger.close()
     if _state["runtime"] is not None and code in (0, EXIT_CHECKPOINTED):
-        from mmm_orch.runtime.dist import teardown
+        from mmm_orch.runtime.dist import teardown  # torch: see setup()
 
         teardown()  # every rank ends here together; on a failure the others may not
     sys.stdout.flush()
@@ -161,9 +166,12 @@ def _logger() -> MetricLogger:
     if _state["logger"] is None:
         resumed = latest_checkpoint()
         try:
-            _state["logger"] = MetricLogger(run_dir(), {"argv": sys.argv, "started": time.time()},
-                                            enabled=rank() == 0,
-                                            resumed_from=resumed.step if resumed else 0)
+            _state["logger"] = MetricLogger(
+                run_dir(),
+                {"argv": sys.argv, "started": time.time()},
+                enabled=rank() == 0,
+                resumed_from=resumed.step if resumed else 0,
+            )
         except runfiles.RunFileError as exc:  # rank 0's alone: the launcher stops the others
             _refuse(str(exc))
     return _state["logger"]

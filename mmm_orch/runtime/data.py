@@ -24,8 +24,9 @@ def batch_indices(step: int, dp_rank: int, batch_size: int, dp_size: int) -> tor
     return micro_batch_indices(step * batch_size * dp_size, 0, dp_rank, batch_size, dp_size)
 
 
-def micro_batch_indices(consumed: int, micro: int, dp_rank: int, batch_size: int,
-                        dp_size: int) -> torch.Tensor:
+def micro_batch_indices(
+    consumed: int, micro: int, dp_rank: int, batch_size: int, dp_size: int
+) -> torch.Tensor:
     """Global sample indices of `dp_rank`'s micro-batch `micro` of the step that begins after
     `consumed` samples. A step covers samples [consumed, consumed + global batch) whatever the
     split into ranks and micro-batches, so the same global batch on 1 node or on 8 trains on the
@@ -50,8 +51,10 @@ class GlobalBatch:
         cannot split it evenly."""
         accumulation = micro_batches(global_batch, batch_size, dp)
         if accumulation is None:
-            raise ValueError(f"--global-batch {global_batch} is not a multiple of batch_size "
-                             f"{batch_size} x {dp} data-parallel ranks = {batch_size * dp}")
+            raise ValueError(
+                f"--global-batch {global_batch} is not a multiple of batch_size "
+                f"{batch_size} x {dp} data-parallel ranks = {batch_size * dp}"
+            )
         return cls(batch_size, dp, dp_rank, accumulation)
 
     @property
@@ -121,10 +124,11 @@ def read_idx(path: Path) -> torch.Tensor:
         data = f.read()
     zero, dtype, ndim = struct.unpack(">HBB", data[:4].ljust(4, b"\xff"))
     if zero != 0 or dtype != 0x08 or len(data) < 4 + 4 * ndim:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()}, "
-                         f"{len(data)} bytes)")
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    body = bytearray(data[4 + 4 * ndim:])
+        raise ValueError(
+            f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()}, {len(data)} bytes)"
+        )
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = bytearray(data[4 + 4 * ndim :])
     expected = 1
     for d in dims:
         expected *= d

@@ -73,9 +73,11 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     try:
         fd = _open_regular(file)
     except FileNotFoundError:
-        raise DatasetError(f"{root}: no {MANIFEST}: not a tokenized dataset (make one with "
-                           "`python -m mmm_orch.trainers.tokenize`), or its tokenizing did not "
-                           "finish") from None
+        raise DatasetError(
+            f"{root}: no {MANIFEST}: not a tokenized dataset (make one with "
+            "`python -m mmm_orch.trainers.tokenize`), or its tokenizing did not "
+            "finish"
+        ) from None
     except OSError as exc:
         raise DatasetError(f"{file}: unreadable: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as handle:
@@ -106,8 +108,10 @@ def _checked(manifest: Any, file: Path) -> dict[str, Any]:
     """The manifest, refused naming the first field the readers use that is missing or of the
     wrong type (a damaged or hand-edited manifest, caught here, not as a KeyError later)."""
     if not isinstance(manifest, dict):
-        raise DatasetError(f"{file}: the manifest is a {type(manifest).__name__}: a JSON object "
-                           "expected (tokenize again)")
+        raise DatasetError(
+            f"{file}: the manifest is a {type(manifest).__name__}: a JSON object "
+            "expected (tokenize again)"
+        )
     if manifest.get("format") != FORMAT:
         raise DatasetError(f"{file}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     if manifest.get("dtype", _MISSING) not in DTYPES:
@@ -153,8 +157,10 @@ class _Stream:
             size = os.fstat(fd).st_size
             if size == 0 or size % width:
                 os.close(fd)
-                raise DatasetError(f"{file}: {size} bytes, not a whole number of {dtype} ids "
-                                   "(is --token-dtype right? was it cut short?)")
+                raise DatasetError(
+                    f"{file}: {size} bytes, not a whole number of {dtype} ids "
+                    "(is --token-dtype right? was it cut short?)"
+                )
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             os.close(fd)  # the map holds the file
             self.maps.append(mapped)
@@ -173,7 +179,7 @@ class _Stream:
         index = next(i for i in range(len(self.parts)) if self.starts[i + 1] > position)
         while left:
             offset = position - self.starts[index]
-            piece = self.parts[index][offset:offset + left]
+            piece = self.parts[index][offset : offset + left]
             pieces.append(piece.to(torch.long))
             position, left, index = position + piece.numel(), left - piece.numel(), index + 1
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
@@ -190,28 +196,41 @@ class TokenDataset:
     type given, its largest id found by reading it once). `shuffle=False` reads windows in order
     (the validation split)."""
 
-    def __init__(self, path: str | Path, seq_len: int, vocab_size: int, *, split: str = "train",
-                 seed: int = 0, shuffle: bool = True, dtype: str = "uint32"):
+    def __init__(
+        self,
+        path: str | Path,
+        seq_len: int,
+        vocab_size: int,
+        *,
+        split: str = "train",
+        seed: int = 0,
+        shuffle: bool = True,
+        dtype: str = "uint32",
+    ):
         root = Path(path)
         stated = None  # the manifest's largest id: one past it means a damaged dataset
         if root.is_dir():
             manifest = read_manifest(root)
             if split not in manifest["splits"]:
-                raise DatasetError(f"{root}: no {split} split (it has "
-                                   f"{', '.join(manifest['splits']) or 'none'})")
+                raise DatasetError(
+                    f"{root}: no {split} split (it has {', '.join(manifest['splits']) or 'none'})"
+                )
             tokenizer_vocab = manifest["tokenizer"]["vocab_size"]
             if tokenizer_vocab > vocab_size:
                 raise DatasetError(
                     f"{root}: its tokenizer has {tokenizer_vocab} ids, the model's vocabulary "
                     f"{vocab_size}: set the trainer's vocab_size to at least {tokenizer_vocab} "
-                    "(--set vocab_size=N), or tokenize with the model's tokenizer")
+                    "(--set vocab_size=N), or tokenize with the model's tokenizer"
+                )
             shards = manifest["splits"][split]["shards"]
             dtype = manifest["dtype"]
             self.stream = _Stream([root / s["file"] for s in shards], dtype)
-            for shard, part in zip(shards, self.stream.parts):
+            for shard, part in zip(shards, self.stream.parts, strict=True):
                 if part.numel() != shard["tokens"]:
-                    raise DatasetError(f"{root / shard['file']}: {part.numel()} tokens, the "
-                                       f"manifest says {shard['tokens']}: tokenize again")
+                    raise DatasetError(
+                        f"{root / shard['file']}: {part.numel()} tokens, the "
+                        f"manifest says {shard['tokens']}: tokenize again"
+                    )
             stated = manifest["max_token_id"]
         elif root.is_file():
             self.stream = _Stream([root], dtype)
@@ -219,8 +238,12 @@ class TokenDataset:
             raise DatasetError(f"{root}: not a dataset directory or a regular token file")
         else:
             _, aside = replacement_dirs(root)
-            stopped = (f" (a tokenize replacing it was stopped: the old dataset is in {aside}, "
-                       "and running tokenize again restores it)" if aside.is_dir() else "")
+            stopped = (
+                f" (a tokenize replacing it was stopped: the old dataset is in {aside}, "
+                "and running tokenize again restores it)"
+                if aside.is_dir()
+                else ""
+            )
             raise DatasetError(f"{root}: no such dataset directory or token file{stopped}")
         # An id past the embedding would fail inside a step (an IndexError, or a device
         # assert). A dataset says its largest id: checked here, at no cost; each batch is
@@ -230,14 +253,18 @@ class TokenDataset:
         if stated is None:
             stated = max(self.stream.largest_ids())
         if stated >= vocab_size:
-            raise DatasetError(f"{root}: token id {stated} is outside the model's vocabulary of "
-                               f"{vocab_size} ids (0-{vocab_size - 1})")
+            raise DatasetError(
+                f"{root}: token id {stated} is outside the model's vocabulary of "
+                f"{vocab_size} ids (0-{vocab_size - 1})"
+            )
         self.root, self.stated, self.vocab_size = root, stated, vocab_size
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
         self.windows = (self.stream.size - 1) // seq_len
         if self.windows < 1:
-            raise DatasetError(f"{root}: {split} has {self.stream.size} tokens, fewer than one "
-                               f"sample of {seq_len + 1}")
+            raise DatasetError(
+                f"{root}: {split} has {self.stream.size} tokens, fewer than one "
+                f"sample of {seq_len + 1}"
+            )
         self._orders: dict[int, torch.Tensor] = {}
 
     def _order(self, epoch: int) -> torch.Tensor:
@@ -252,16 +279,27 @@ class TokenDataset:
         """The window each global sample index reads (in its epoch's order)."""
         if not self.shuffle:
             return indices % self.windows
-        return torch.stack([self._order(int(i) // self.windows)[int(i) % self.windows]
-                            for i in indices]) if len(indices) else indices
+        return (
+            torch.stack(
+                [self._order(int(i) // self.windows)[int(i) % self.windows] for i in indices]
+            )
+            if len(indices)
+            else indices
+        )
 
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.stack([self.stream.span(int(w) * self.seq_len, self.seq_len + 1)
-                            for w in self.window_ids(indices)])
+        rows = torch.stack(
+            [
+                self.stream.span(int(w) * self.seq_len, self.seq_len + 1)
+                for w in self.window_ids(indices)
+            ]
+        )
         if rows.numel() and (largest := int(rows.max())) > self.stated:
-            raise DatasetError(f"{self.root}: token id {largest} is past the largest its manifest "
-                               f"says ({self.stated}; the model's vocabulary has "
-                               f"{self.vocab_size} ids): the dataset is damaged, tokenize again")
+            raise DatasetError(
+                f"{self.root}: token id {largest} is past the largest its manifest "
+                f"says ({self.stated}; the model's vocabulary has "
+                f"{self.vocab_size} ids): the dataset is damaged, tokenize again"
+            )
         return rows[:, :-1], rows[:, 1:]
 
 
@@ -275,10 +313,13 @@ class SampleLog:
         directory.mkdir(exist_ok=True)
         path = directory / f"dp-{dp_rank}.jsonl"
         if resumed_from and path.exists():  # steps after the checkpoint run again: once each
-            kept = [line for line in path.read_text().splitlines()
-                    if json.loads(line)["step"] <= resumed_from]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if json.loads(line)["step"] <= resumed_from
+            ]
             path.write_text("".join(line + "\n" for line in kept))
-        self.file = open(path, "a")
+        self.file = open(path, "a")  # noqa: SIM115 - appended to for the whole run
 
     @classmethod
     def where(cls, wanted: bool, run_dir: Path, batches, resumed_from: int) -> SampleLog | None:

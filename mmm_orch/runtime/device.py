@@ -5,9 +5,11 @@ job scripts mmm-orch renders set both from the machine profile."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from mmm_orch.injob import protocol
 
@@ -23,13 +25,15 @@ class DeviceError(RuntimeError):
 
 @dataclass(frozen=True)
 class Device:
-    type: str          # torch device type: cuda (also ROCm), xpu, mps, cpu
+    type: str  # torch device type: cuda (also ROCm), xpu, mps, cpu
     index: int | None  # None for cpu and mps
     backend: str
 
     @property
     def torch(self) -> torch.device:
-        return torch.device(self.type) if self.index is None else torch.device(self.type, self.index)
+        return (
+            torch.device(self.type) if self.index is None else torch.device(self.type, self.index)
+        )
 
     @property
     def supports_bf16(self) -> bool:
@@ -65,8 +69,10 @@ def _cpu_has_bf16() -> bool:
     """bf16 pays on a CPU only with native bf16 math (AVX512-BF16 or AMX); elsewhere it is
     emulated and several times slower than fp32 (7x for the MNIST CNN on an AVX2 host)."""
     cpu = torch.cpu
-    return any(getattr(cpu, probe, lambda: False)()
-               for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(
+        getattr(cpu, probe, lambda: False)()
+        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
 
 
 def _auto_type() -> str:
@@ -89,8 +95,6 @@ def _count(device_type: str) -> int:
 
 def _xpu_backend() -> str:
     """xccl ships with torch >= 2.8 XPU builds; older stacks need oneCCL's bindings and 'ccl'."""
-    import torch.distributed as dist
-
     if getattr(dist, "is_xccl_available", lambda: False)():
         return "xccl"
     return _registered("ccl")
@@ -102,17 +106,21 @@ def _registered(backend: str) -> str:
     if backend != "ccl":
         return backend
     try:
-        import oneccl_bindings_for_pytorch  # noqa: F401 - registers the 'ccl' backend
+        # Optional dependency, so imported here; importing it registers the 'ccl' backend.
+        import oneccl_bindings_for_pytorch  # noqa: F401
     except ImportError:
-        raise DeviceError("backend ccl needs oneccl_bindings_for_pytorch, which this Python "
-                           "cannot import (on torch >= 2.8 XPU builds, use xccl)") from None
+        raise DeviceError(
+            "backend ccl needs oneccl_bindings_for_pytorch, which this Python "
+            "cannot import (on torch >= 2.8 XPU builds, use xccl)"
+        ) from None
     return backend
 
 
-def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
+def select(local_rank: int, env: Mapping[str, str] | None = None) -> Device:
     """The device for this rank: local rank modulo the visible devices (with --gpus-per-task=1
     each rank sees one device, so every rank gets index 0)."""
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     device_type = env.get(protocol.DEVICE_VAR) or _auto_type()
     if device_type == "rocm":
         device_type = "cuda"  # ROCm builds of torch use the cuda device type
@@ -121,12 +129,19 @@ def select(local_rank: int, env: dict[str, str] | None = None) -> Device:
     chosen = env.get(protocol.BACKEND_VAR)
     if chosen and chosen not in _ALLOWED_BACKENDS:
         raise DeviceError(f"MMM_BACKEND={chosen!r}: expected {', '.join(_ALLOWED_BACKENDS)}")
-    backend = (_registered(chosen) if chosen else
-               _xpu_backend() if device_type == "xpu" else _BACKENDS[device_type])
+    backend = (
+        _registered(chosen)
+        if chosen
+        else _xpu_backend()
+        if device_type == "xpu"
+        else _BACKENDS[device_type]
+    )
     if device_type in ("cpu", "mps"):
         return Device(device_type, None, backend)
     count = _count(device_type)
     if count == 0:
-        raise DeviceError(f"MMM_DEVICE={device_type} but torch sees no {device_type} device "
-                           f"(torch {torch.__version__})")
+        raise DeviceError(
+            f"MMM_DEVICE={device_type} but torch sees no {device_type} device "
+            f"(torch {torch.__version__})"
+        )
     return Device(device_type, local_rank % count, backend)

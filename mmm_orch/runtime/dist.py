@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -39,10 +40,12 @@ def _use_ezpz() -> bool:
     if os.environ.get("MMM_USE_EZPZ", "") not in ("1", "true", "yes"):
         return False
     try:
-        import ezpz  # noqa: F401
+        import ezpz  # noqa: F401 - optional: only with MMM_USE_EZPZ
     except ImportError:
-        print("[runtime] MMM_USE_EZPZ is set but ezpz is not importable; using mmm_orch.runtime",
-              file=sys.stderr)
+        print(
+            "[runtime] MMM_USE_EZPZ is set but ezpz is not importable; using mmm_orch.runtime",
+            file=sys.stderr,
+        )
         return False
     return True
 
@@ -66,23 +69,30 @@ def setup(timeout_s: float = 600) -> Runtime:
         torch.xpu.set_device(device.index)
     if not dist.is_initialized():
         if launch.world_size > 1 and _use_ezpz():
-            import ezpz
+            import ezpz  # optional: found importable by _use_ezpz
 
             ezpz.setup_torch(backend=device.backend)
         else:
             # One process still gets a group (meshes and FSDP need one), on an in-memory store
             # so that it never competes for a port.
             rendezvous = (
-                {"store": dist.HashStore()} if launch.world_size == 1 else
-                {"init_method": f"tcp://{_bracket(launch.master_addr)}:{launch.master_port}"})
+                {"store": dist.HashStore()}
+                if launch.world_size == 1
+                else {"init_method": f"tcp://{_bracket(launch.master_addr)}:{launch.master_port}"}
+            )
             dist.init_process_group(
-                backend=device.backend, rank=launch.rank, world_size=launch.world_size,
+                backend=device.backend,
+                rank=launch.rank,
+                world_size=launch.world_size,
                 timeout=timedelta(seconds=timeout_s),
                 device_id=device.torch if device.type in ("cuda", "xpu") else None,
                 **rendezvous,
             )
-    return Runtime(launch=launch, device=device,
-                   hostname=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    return Runtime(
+        launch=launch,
+        device=device,
+        hostname=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+    )
 
 
 def _bracket(addr: str) -> str:
@@ -111,7 +121,7 @@ def refuse(is_main: bool, trainer: str, message: str) -> NoReturn:
     if is_main:
         print(f"[{trainer}] error: {message}", file=sys.stderr, flush=True)
     if dist.is_initialized():  # no rank exits, and has the launcher stop the main one, before
-        dist.barrier()         # the main one said why
+        dist.barrier()  # the main one said why
     raise SystemExit(2)
 
 

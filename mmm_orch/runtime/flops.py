@@ -13,7 +13,10 @@ PEAK_BF16 = {
     # One MI250X is two GCDs, and Slurm profiles count GCDs as devices.
     "mi250x": (191.5e12, "AMD Instinct MI250X spec: 383 TFLOPS BF16 per OAM, 2 GCDs"),
     # One Max 1550 is two tiles, and PVC profiles count tiles as devices.
-    "max 1550": (419.5e12, "Intel Data Center GPU Max 1550: 839 TFLOPS BF16 (XMX) per GPU, 2 tiles"),
+    "max 1550": (
+        419.5e12,
+        "Intel Data Center GPU Max 1550: 839 TFLOPS BF16 (XMX) per GPU, 2 tiles",
+    ),
 }
 
 
@@ -25,8 +28,9 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
-def transformer_flops_per_token(params: int, embedding_params: int, n_layers: int, n_heads: int,
-                                head_dim: int, seq_len: int) -> float:
+def transformer_flops_per_token(
+    params: int, embedding_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int
+) -> float:
     """Training FLOPs per token: 6 per non-embedding parameter plus attention scores,
     12 * layers * heads * head_dim * seq_len (the PaLM appendix B count, as torchtitan uses)."""
     return 6 * (params - embedding_params) + 12 * n_layers * n_heads * head_dim * seq_len
@@ -41,5 +45,7 @@ class TokenRate:
 
     def __call__(self, tokens: int, seconds: float) -> dict[str, float | None]:
         per_device = tokens / seconds / self.world_size
-        return {"tokens_per_s": per_device,
-                "mfu": 100 * self.flops_per_token * per_device / self.peak if self.peak else None}
+        return {
+            "tokens_per_s": per_device,
+            "mfu": 100 * self.flops_per_token * per_device / self.peak if self.peak else None,
+        }

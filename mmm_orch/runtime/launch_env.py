@@ -8,8 +8,8 @@ torchrun agent, not this worker.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,34 @@ class LaunchEnv:
 # (launcher, rank var, size var, local rank vars in order of preference, local size vars)
 _LAUNCHERS = (
     ("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
-    ("pals", "PALS_RANKID", "PMI_SIZE", ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"),
-     ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE")),
-    ("pmi", "PMI_RANK", "PMI_SIZE", ("PMI_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"),
-     ("PMI_LOCAL_SIZE", "MPI_LOCALNRANKS")),
-    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",),
-     ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
-    ("pmix", "PMIX_RANK", "PMIX_SIZE", ("PMIX_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
-     ("PMIX_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")),
+    (
+        "pals",
+        "PALS_RANKID",
+        "PMI_SIZE",
+        ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"),
+        ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"),
+    ),
+    (
+        "pmi",
+        "PMI_RANK",
+        "PMI_SIZE",
+        ("PMI_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"),
+        ("PMI_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+    ),
+    (
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        ("OMPI_COMM_WORLD_LOCAL_RANK",),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    (
+        "pmix",
+        "PMIX_RANK",
+        "PMIX_SIZE",
+        ("PMIX_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMIX_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ),
     ("slurm", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
 )
 DEFAULT_PORT = 29500
@@ -64,13 +84,15 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         if env.get(size_var, "") == "":
             raise LaunchEnvError(
                 f"{launcher} launch: {rank_var} is set but {size_var} is not; cannot tell the "
-                "world size")
+                "world size"
+            )
         rank, world = _int(env, rank_var, launcher), _int(env, size_var, launcher)
         local_var = _first(env, local_vars)
         if local_var is None and world > 1:
             raise LaunchEnvError(
                 f"{launcher} launch: none of {', '.join(local_vars)} is set; cannot tell the "
-                "local rank (and so the device)")
+                "local rank (and so the device)"
+            )
         local_rank = _int(env, local_var, launcher) if local_var else 0
         local_size_var = _first(env, local_size_vars)
         local_world = _int(env, local_size_var, launcher) if local_size_var else None
@@ -81,22 +103,31 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         if env.get(size_var, "") not in ("", "1"):
             raise LaunchEnvError(
                 f"{size_var}={env[size_var]} but no rank variable is set (RANK, PMI_RANK, "
-                "PALS_RANKID, OMPI_COMM_WORLD_RANK, PMIX_RANK or SLURM_PROCID)")
+                "PALS_RANKID, OMPI_COMM_WORLD_RANK, PMIX_RANK or SLURM_PROCID)"
+            )
     return _with_rendezvous(env, "none", 0, 0, 1, 1)
 
 
-def _with_rendezvous(env: Mapping[str, str], launcher: str, rank: int, local_rank: int,
-                     world: int, local_world: int) -> LaunchEnv:
+def _with_rendezvous(
+    env: Mapping[str, str], launcher: str, rank: int, local_rank: int, world: int, local_world: int
+) -> LaunchEnv:
     addr = env.get("MASTER_ADDR", "")
     if not addr:
         if world > local_world:
             raise LaunchEnvError(
                 f"MASTER_ADDR is not set and the {world} ranks span several nodes; the job script "
-                "sets it to the first node (see the machine profile's rendezvous)")
+                "sets it to the first node (see the machine profile's rendezvous)"
+            )
         addr = "127.0.0.1"
     port = env.get("MASTER_PORT", "") or str(DEFAULT_PORT)
     if not port.isdigit():
         raise LaunchEnvError(f"MASTER_PORT={port!r} is not a port number")
-    return LaunchEnv(rank=rank, local_rank=local_rank, world_size=world,
-                     local_world_size=local_world, launcher=launcher, master_addr=addr,
-                     master_port=int(port))
+    return LaunchEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        launcher=launcher,
+        master_addr=addr,
+        master_port=int(port),
+    )

@@ -40,9 +40,11 @@ class StepTimer:
         return {"dt": t2 - self.t0, "dtf": self.t1 - self.t0, "dtb": t2 - self.t1}
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int,
-                  min_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float = 0.1
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over `warmup` steps, then cosine decay to `min_ratio` of the peak at `total`."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -52,11 +54,18 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def classifier_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, timer: StepTimer,
-                    rt: Runtime, dtype: str, images: torch.Tensor, labels: torch.Tensor
-                    ) -> tuple[torch.Tensor, dict[str, float]]:
+def classifier_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    timer: StepTimer,
+    rt: Runtime,
+    dtype: str,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float | None]]:
     """Forward, cross-entropy, backward and optimizer step on one batch of labelled images, after
-    the caller started `timer`; returns the loss and the step's times."""
+    the caller started `timer`; returns this rank's loss and what the step logs: the loss's mean
+    over the ranks, the times, samples/s of this rank and its memory peak."""
     with autocast(rt, dtype):
         logits = model(images.to(rt.device.torch))
     loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
@@ -64,7 +73,13 @@ def classifier_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ti
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss, timer.stop()
+    times = timer.stop()
+    return loss, {
+        "loss": mean_across(loss),
+        **times,
+        "samples_per_s": len(labels) / times["dt"],
+        "mem_gib": rt.device.memory_gib(),
+    }
 
 
 def adamw(params, rt: Runtime, **options) -> torch.optim.AdamW:
@@ -87,8 +102,11 @@ def draw_seed(seed: int, rank: int) -> int:
 def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
     """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
     if rt.world_size % tp:
-        refuse(rt.is_main, "runtime",
-               f"--tp {tp}: expected a divisor of the world size {rt.world_size}")
+        refuse(
+            rt.is_main,
+            "runtime",
+            f"--tp {tp}: expected a divisor of the world size {rt.world_size}",
+        )
     return init_device_mesh(rt.device.type, (rt.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
 
 
@@ -106,8 +124,10 @@ def _bf16(rt: Runtime, dtype: str) -> bool:
         return False
     if not rt.device.supports_bf16:
         if rt.is_main:
-            print(f"[runtime] bf16 is not native on this {rt.device.type}: computing in fp32",
-                  flush=True)
+            print(
+                f"[runtime] bf16 is not native on this {rt.device.type}: computing in fp32",
+                flush=True,
+            )
         return False
     return True
 
@@ -146,19 +166,26 @@ def _claim(path: Path, hostname: str) -> str:
     """Rank 0: make the run directory and take its lock; why the run cannot have it, or ""."""
     global _RUN_LOCK
     if os.path.lexists(path) and not path.is_dir():
-        return (f"run directory {path} is {runfiles.kind(path)}, not a directory; give this run "
-                "another --run-name")
+        return (
+            f"run directory {path} is {runfiles.kind(path)}, not a directory; give this run "
+            "another --run-name"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"cannot make the run directory {path}: {exc.strerror}"
     # What the run writes in it: a FIFO there would block it, a link would be written through.
-    for entry, wanted in ((".lock", "a regular file"), (protocol.METRICS_FILE, "a regular file"),
-                          (protocol.CHECKPOINTS_DIR, "a directory")):
+    for entry, wanted in (
+        (".lock", "a regular file"),
+        (protocol.METRICS_FILE, "a regular file"),
+        (protocol.CHECKPOINTS_DIR, "a directory"),
+    ):
         if (found := runfiles.kind(path / entry)) not in ("missing", wanted):
-            return (f"{path / entry} is {found}, not {wanted}: not a run directory this "
-                    "runtime wrote; give this run another --run-name")
-    _RUN_LOCK = open(path / ".lock", "a+")
+            return (
+                f"{path / entry} is {found}, not {wanted}: not a run directory this "
+                "runtime wrote; give this run another --run-name"
+            )
+    _RUN_LOCK = open(path / ".lock", "a+")  # noqa: SIM115 - the lock is held until exit
     # A relaunch after a failure waits this long for the ranks of the launch that ended,
     # which may take the scheduler's kill grace (Slurm's KillWait) to go.
     deadline = time.monotonic() + float(os.environ.get(protocol.RUN_LOCK_WAIT_VAR, "0"))
@@ -175,12 +202,17 @@ def _claim(path: Path, hostname: str) -> str:
             _RUN_LOCK.seek(0)
             holder = _RUN_LOCK.read().strip() or "another process"
             if time.monotonic() >= deadline:
-                return (f"run directory {path} is in use by another run ({holder}); give this "
-                        "run another --run-name")
+                return (
+                    f"run directory {path} is in use by another run ({holder}); give this "
+                    "run another --run-name"
+                )
             if not waiting:
                 waiting = True
-                print(f"[runtime] run directory {path} is still held by {holder}; waiting "
-                      f"up to {deadline - time.monotonic():.0f}s for it to stop", flush=True)
+                print(
+                    f"[runtime] run directory {path} is still held by {holder}; waiting "
+                    f"up to {deadline - time.monotonic():.0f}s for it to stop",
+                    flush=True,
+                )
             time.sleep(1)
         except OSError:  # a filesystem without flock: run unguarded
             return ""

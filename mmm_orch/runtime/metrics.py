@@ -50,8 +50,9 @@ def format_line(fields: dict[str, Any]) -> str:
     """`key=value ...`; ValueError for a key that is not a metric's name."""
     for key in fields:
         if not (isinstance(key, str) and _KEY.fullmatch(key)):
-            raise ValueError(f"metric name {key!r}: expected a letter or _ then letters, digits "
-                             "and _ . / -")
+            raise ValueError(
+                f"metric name {key!r}: expected a letter or _ then letters, digits and _ . / -"
+            )
     return " ".join(f"{key}={_format(value)}" for key, value in fields.items() if value is not None)
 
 
@@ -85,8 +86,11 @@ def _step_of(line: bytes) -> int:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return 0
-    if isinstance(record, dict) and record.get("event") in ("step", protocol.CHECKPOINT_EVENT) \
-            and type(record.get("step")) is int:
+    if (
+        isinstance(record, dict)
+        and record.get("event") in ("step", protocol.CHECKPOINT_EVENT)
+        and type(record.get("step")) is int
+    ):
         return record["step"]
     return 0
 

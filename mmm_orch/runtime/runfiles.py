@@ -13,9 +13,14 @@ from typing import IO, Any, BinaryIO
 
 from mmm_orch.injob import protocol
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class RunFileError(ValueError):
@@ -112,8 +117,7 @@ def latest_step(run_dir: str | Path) -> int | None:
         return None
     step = protocol.checkpoint_step(content.decode("utf-8", "replace"))
     if step is None:
-        raise RunFileError(f"{path} holds {content[:40]!r}, not the name of a checkpoint "
-                           "(step-N)")
+        raise RunFileError(f"{path} holds {content[:40]!r}, not the name of a checkpoint (step-N)")
     try:
         existing_step_dir(run_dir, step)
     except RunFileError as exc:

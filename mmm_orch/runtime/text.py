@@ -23,15 +23,17 @@ import binascii
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from mmm_orch.paths import NotReadable, read_regular
 
 # meta-llama/llama3, llama/tokenizer.py: Tokenizer.pat_str and num_reserved_special_tokens.
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 LLAMA3_SPECIAL_TOKENS = 256
 # Names Hugging Face tokenizers give their document markers, most common first.
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "[SEP]")
@@ -52,7 +54,7 @@ class TextError(ValueError):
 
 @dataclass(frozen=True)
 class Tokenizer:
-    kind: str           # huggingface, tiktoken, sentencepiece
+    kind: str  # huggingface, tiktoken, sentencepiece
     path: str
     sha256: str
     vocab_size: int
@@ -62,11 +64,19 @@ class Tokenizer:
 
     def document(self, text: str) -> list[int]:
         """A document's ids between its BOS (where there is one) and its EOS."""
-        return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text) + [self.eos_id]
+        return (
+            ([self.bos_id] if self.bos_id is not None else []) + self.encode(text) + [self.eos_id]
+        )
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "path": self.path, "sha256": self.sha256,
-                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
 
 
 def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
@@ -78,8 +88,10 @@ def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
     try:  # (a FIFO is refused unread, a file past the bound unread whole)
         data = read_regular(file, MAX_TOKENIZER_BYTES)
     except FileNotFoundError:
-        raise TextError(f"tokenizer {path!r}: no such file (a tokenizer.json, a tiktoken BPE file "
-                        "such as Llama 3's tokenizer.model, or a SentencePiece model)") from None
+        raise TextError(
+            f"tokenizer {path!r}: no such file (a tokenizer.json, a tiktoken BPE file "
+            "such as Llama 3's tokenizer.model, or a SentencePiece model)"
+        ) from None
     except NotReadable as exc:
         raise TextError(f"tokenizer {path!r}: {exc}") from None
     except OSError as exc:
@@ -93,14 +105,13 @@ def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
 
 
 def _huggingface(file: Path, data: bytes, digest: str, eos: str, bos: str) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as HFTokenizer  # optional: only for tokenizer.json
 
     try:
         tokenizer = HFTokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:  # noqa: BLE001 - the tokenizers package raises bare Exception
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TextError(f"tokenizer {file}: not a Hugging Face tokenizer.json "
-                        f"({reason})") from None
+        raise TextError(f"tokenizer {file}: not a Hugging Face tokenizer.json ({reason})") from None
 
     def marker(given: str, names: tuple[str, ...], what: str) -> int | None:
         for name in (given,) if given else names:
@@ -113,11 +124,19 @@ def _huggingface(file: Path, data: bytes, digest: str, eos: str, bos: str) -> To
 
     eos_id = marker(eos, EOS_NAMES, "end of a document")
     if eos_id is None:
-        raise TextError(f"tokenizer {file}: none of {', '.join(EOS_NAMES)} is in its vocabulary: "
-                        "name its end-of-document token with --eos-token")
-    return Tokenizer("huggingface", str(file.resolve()), digest, tokenizer.get_vocab_size(True),
-                     marker(bos, BOS_NAMES, "start of a document"), eos_id,
-                     lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+        raise TextError(
+            f"tokenizer {file}: none of {', '.join(EOS_NAMES)} is in its vocabulary: "
+            "name its end-of-document token with --eos-token"
+        )
+    return Tokenizer(
+        "huggingface",
+        str(file.resolve()),
+        digest,
+        tokenizer.get_vocab_size(True),
+        marker(bos, BOS_NAMES, "start of a document"),
+        eos_id,
+        lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+    )
 
 
 def _tiktoken_ranks(file: Path, data: bytes) -> dict[bytes, int]:
@@ -135,47 +154,73 @@ def _tiktoken_ranks(file: Path, data: bytes) -> dict[bytes, int]:
                 raise ValueError(rank_text)
             token_bytes, rank = base64.b64decode(token, validate=True), int(rank_text)
         except (ValueError, binascii.Error):
-            raise TextError(f"tokenizer {file}: line {number} is not `<base64 token> <rank>`: "
-                            "not a tiktoken BPE file") from None
+            raise TextError(
+                f"tokenizer {file}: line {number} is not `<base64 token> <rank>`: "
+                "not a tiktoken BPE file"
+            ) from None
         if token_bytes in ranks or rank in seen:
-            raise TextError(f"tokenizer {file}: line {number} repeats a token or rank ({rank}) "
-                            "of an earlier line: each must appear once")
+            raise TextError(
+                f"tokenizer {file}: line {number} repeats a token or rank ({rank}) "
+                "of an earlier line: each must appear once"
+            )
         ranks[token_bytes] = rank
         seen.add(rank)
     largest = max(seen)
     if largest >= len(ranks):
-        raise TextError(f"tokenizer {file}: rank {largest} with {len(ranks)} tokens: the ranks "
-                        f"must be 0 to {len(ranks) - 1}, each once")
+        raise TextError(
+            f"tokenizer {file}: rank {largest} with {len(ranks)} tokens: the ranks "
+            f"must be 0 to {len(ranks) - 1}, each once"
+        )
     return ranks
 
 
 def _tiktoken(file: Path, data: bytes, digest: str) -> Tokenizer:
-    import tiktoken
+    import tiktoken  # optional: only for a tiktoken BPE file
 
     ranks = _tiktoken_ranks(file, data)
     base = len(ranks)
     names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
-        f"<|reserved_special_token_{i}|>" for i in range(LLAMA3_SPECIAL_TOKENS - 2)]
-    encoding = tiktoken.Encoding(name=file.stem, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens={n: base + i for i, n in enumerate(names)})
+        f"<|reserved_special_token_{i}|>" for i in range(LLAMA3_SPECIAL_TOKENS - 2)
+    ]
+    encoding = tiktoken.Encoding(
+        name=file.stem,
+        pat_str=LLAMA3_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={n: base + i for i, n in enumerate(names)},
+    )
     # Text that spells a special token is text: encode it as such, never as the marker.
-    return Tokenizer("tiktoken", str(file.resolve()), digest, base + LLAMA3_SPECIAL_TOKENS, base, base + 1,
-                     lambda text: encoding.encode(text, disallowed_special=()))
+    return Tokenizer(
+        "tiktoken",
+        str(file.resolve()),
+        digest,
+        base + LLAMA3_SPECIAL_TOKENS,
+        base,
+        base + 1,
+        lambda text: encoding.encode(text, disallowed_special=()),
+    )
 
 
 def _sentencepiece(file: Path, data: bytes, digest: str) -> Tokenizer:
-    import sentencepiece
+    import sentencepiece  # optional: only for a SentencePiece model
 
     try:
         model = sentencepiece.SentencePieceProcessor(model_proto=data)
     except (RuntimeError, OSError) as exc:
-        raise TextError(f"tokenizer {file}: not a tokenizer.json, tiktoken BPE file or "
-                        f"SentencePiece model ({exc})") from None
+        raise TextError(
+            f"tokenizer {file}: not a tokenizer.json, tiktoken BPE file or "
+            f"SentencePiece model ({exc})"
+        ) from None
     if model.eos_id() < 0:
         raise TextError(f"tokenizer {file}: this SentencePiece model has no EOS piece")
-    return Tokenizer("sentencepiece", str(file.resolve()), digest, model.get_piece_size(),
-                     model.bos_id() if model.bos_id() >= 0 else None, model.eos_id(),
-                     lambda text: model.encode(text))
+    return Tokenizer(
+        "sentencepiece",
+        str(file.resolve()),
+        digest,
+        model.get_piece_size(),
+        model.bos_id() if model.bos_id() >= 0 else None,
+        model.eos_id(),
+        lambda text: model.encode(text),
+    )
 
 
 def input_files(inputs: list[str]) -> list[Path]:
@@ -192,8 +237,10 @@ def input_files(inputs: list[str]) -> list[Path]:
             files += found
         elif path.is_file():
             if path.suffix not in INPUT_SUFFIXES:
-                raise TextError(f"input {given!r}: suffix {path.suffix or '(none)'!r}; allowed: "
-                                f"{', '.join(INPUT_SUFFIXES)}")
+                raise TextError(
+                    f"input {given!r}: suffix {path.suffix or '(none)'!r}; allowed: "
+                    f"{', '.join(INPUT_SUFFIXES)}"
+                )
             files.append(path)
         else:
             raise TextError(f"input {given!r}: no such file or directory")
@@ -212,18 +259,24 @@ def documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
                 while line := handle.readline(MAX_JSON_LINE_CHARS + 2):
                     number += 1
                     if len(line.rstrip("\n")) > MAX_JSON_LINE_CHARS:
-                        raise TextError(f"{file}:{number}: a line of more than "
-                                        f"{MAX_JSON_LINE_CHARS} characters; {_TOO_LONG}")
+                        raise TextError(
+                            f"{file}:{number}: a line of more than "
+                            f"{MAX_JSON_LINE_CHARS} characters; {_TOO_LONG}"
+                        )
                     if line.strip():
-                        yield _bounded(_field(_json(line, f"{file}:{number}"), text_field,
-                                              f"{file}:{number}"), f"{file}:{number}")
+                        yield _bounded(
+                            _field(_json(line, f"{file}:{number}"), text_field, f"{file}:{number}"),
+                            f"{file}:{number}",
+                        )
         else:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # optional: only for .parquet inputs
 
             table = pq.ParquetFile(file)
             if text_field not in table.schema_arrow.names:
-                raise TextError(f"{file}: no column {text_field!r} (columns: "
-                                f"{', '.join(table.schema_arrow.names)}); name it with --text-field")
+                raise TextError(
+                    f"{file}: no column {text_field!r} (columns: "
+                    f"{', '.join(table.schema_arrow.names)}); name it with --text-field"
+                )
             row = 0
             for chunk in table.iter_batches(columns=[text_field]):
                 for text in chunk.column(0).to_pylist():
@@ -232,8 +285,10 @@ def documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
                         yield _bounded(text, f"{file}: row {row}")
 
 
-_TOO_LONG = (f"a document may have at most {MAX_DOCUMENT_CHARS} characters (the tokenizer needs "
-             "~150 bytes of memory per character): split it")
+_TOO_LONG = (
+    f"a document may have at most {MAX_DOCUMENT_CHARS} characters (the tokenizer needs "
+    "~150 bytes of memory per character): split it"
+)
 
 
 def _bounded(text: str, where: str) -> str:
@@ -253,8 +308,10 @@ def _paragraphs(file: Path) -> Iterator[str]:
                 lines.append(line)
                 size += len(line)
                 if size > MAX_DOCUMENT_CHARS:
-                    raise TextError(f"{file}: document {number} has more than "
-                                    f"{MAX_DOCUMENT_CHARS} characters; {_TOO_LONG}")
+                    raise TextError(
+                        f"{file}: document {number} has more than "
+                        f"{MAX_DOCUMENT_CHARS} characters; {_TOO_LONG}"
+                    )
                 continue
             if text := "".join(lines).strip():
                 yield text

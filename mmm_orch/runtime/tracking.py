@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from mmm_orch.injob.protocol import TENSORBOARD_DIR, WANDB_DIR
 
@@ -25,11 +25,13 @@ class Tracker(Protocol):
 
 class TensorBoard:
     def __init__(self, run_dir: Path, resumed_from: int):
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # the optional tensorboard extra
 
         # A resumed launch runs the steps after its checkpoint again: their old events go.
-        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR),
-                                    purge_step=resumed_from + 1 if resumed_from else None)
+        self.writer = SummaryWriter(
+            log_dir=str(run_dir / TENSORBOARD_DIR),
+            purge_step=resumed_from + 1 if resumed_from else None,
+        )
 
     def log(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -41,12 +43,25 @@ class TensorBoard:
 
 
 class WandB:
-    def __init__(self, run_dir: Path, mode: str, project: str, config: dict[str, Any]):
-        import wandb
+    def __init__(
+        self,
+        run_dir: Path,
+        mode: Literal["offline", "online"],
+        project: str,
+        config: dict[str, Any],
+    ):
+        import wandb  # the optional wandb extra
 
         (run_dir / WANDB_DIR).mkdir(exist_ok=True)
-        self.run = wandb.init(project=project, name=run_dir.name, id=run_id(run_dir),
-                              resume="allow", dir=str(run_dir), mode=mode, config=config)
+        self.run = wandb.init(
+            project=project,
+            name=run_dir.name,
+            id=run_id(run_dir),
+            resume="allow",
+            dir=str(run_dir),
+            mode=mode,
+            config=config,
+        )
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
@@ -69,20 +84,32 @@ def open_trackers(run_dir: Path, config: dict[str, Any], resumed_from: int) -> l
     if config.get("tensorboard"):
         wanted.append(("tensorboard", lambda: TensorBoard(run_dir, resumed_from)))
     if config.get("wandb", "off") != "off":
-        wanted.append(("wandb", lambda: WandB(run_dir, config["wandb"],
-                                             config.get("wandb_project", "mmm-orch"), config)))
+        wanted.append(
+            (
+                "wandb",
+                lambda: WandB(
+                    run_dir, config["wandb"], config.get("wandb_project", "mmm-orch"), config
+                ),
+            )
+        )
     trackers: list[Tracker] = []
     for name, start in wanted:
         try:
             trackers.append(start())
         except Exception as exc:  # noqa: BLE001 - any failure of an optional tracker
             hint = f" (pip install 'mmm-orch[{name}]')" if isinstance(exc, ImportError) else ""
-            print(f"[tracking] warning: {name} did not start: {exc}{hint}; training goes on "
-                  "without it", flush=True)
+            print(
+                f"[tracking] warning: {name} did not start: {exc}{hint}; training goes on "
+                "without it",
+                flush=True,
+            )
     return trackers
 
 
 def numbers(fields: dict[str, Any]) -> dict[str, float]:
     """The fields a tracker can plot: numbers, not flags or text."""
-    return {k: float(v) for k, v in fields.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in fields.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }

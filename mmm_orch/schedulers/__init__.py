@@ -9,7 +9,9 @@ from mmm_orch.transport import LocalRunner, Runner
 
 
 def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = None) -> Scheduler:
-    """The scheduler module for a profile's `scheduler.kind`, with the profile's command names."""
+    """The scheduler module for a profile's `scheduler.kind`, with the profile's command names.
+    Each module is imported when its kind is asked for: the local one brings psutil (~12 ms of a
+    start-up, 2-core host, 2026-11-26), slurm and pbs ~1 ms each."""
     runner = runner or LocalRunner()
     if kind == "slurm":
         from mmm_orch.schedulers.slurm import SlurmScheduler

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from mmm_orch.config.common import NODE_NAME
+from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import JOB_END_VAR
 from mmm_orch.paths import NotReadable, read_regular
@@ -41,16 +41,25 @@ def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
     if env.get("SLURM_JOB_ID"):
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "")
-        return Allocation("slurm", env["SLURM_JOB_ID"], tuple(expand_hostlist(nodelist)),
-                          *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus),
-                          _epoch(env, JOB_END_VAR) or _epoch(env, "SLURM_JOB_END_TIME"))
+        return Allocation(
+            "slurm",
+            env["SLURM_JOB_ID"],
+            tuple(expand_hostlist(nodelist)),
+            *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus),
+            _epoch(env, JOB_END_VAR) or _epoch(env, "SLURM_JOB_END_TIME"),
+        )
     if env.get("PBS_JOBID"):
         nodefile = env.get("PBS_NODEFILE", "")
         ncpus = env.get("NCPUS", "")  # the ncpus of the job's chunks (one a node here)
-        return Allocation("pbs", env["PBS_JOBID"],
-                          tuple(node_names(_node_file(nodefile) if nodefile else "",
-                                           f"PBS_NODEFILE {nodefile!r}")),
-                          *_cpus("NCPUS", ncpus), _epoch(env, JOB_END_VAR))
+        return Allocation(
+            "pbs",
+            env["PBS_JOBID"],
+            tuple(
+                node_names(_node_file(nodefile) if nodefile else "", f"PBS_NODEFILE {nodefile!r}")
+            ),
+            *_cpus("NCPUS", ncpus),
+            _epoch(env, JOB_END_VAR),
+        )
     return None
 
 
@@ -91,8 +100,10 @@ def _node_file(path: str) -> str:
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
-        raise MmmError(f"PBS_NODEFILE {path!r}: not UTF-8 text (byte {exc.start}); a node file "
-                       "names one host a line") from None
+        raise MmmError(
+            f"PBS_NODEFILE {path!r}: not UTF-8 text (byte {exc.start}); a node file "
+            "names one host a line"
+        ) from None
 
 
 def unique_lines(text: str) -> list[str]:
@@ -106,8 +117,9 @@ def node_names(text: str, source: str) -> list[str]:
     names = unique_lines(text)
     for name in names:
         if not NODE_NAME.match(name):
-            raise MmmError(f"{source}: node name {name[:80]!r} is invalid: letters, digits and "
-                           "-_.[] only")
+            raise MmmError(
+                f"{source}: node name {name[:80]!r} is invalid: letters, digits and -_.[] only"
+            )
     return names
 
 
@@ -121,15 +133,16 @@ def expand_hostlist(text: str) -> list[str]:
     items = _split_top(text)
     # Counted before any is made: bracket groups multiply (`a[0-99999]b[0-99999]`).
     if sum(_count(item, text) for item in items) > MAX_NODES:
-        raise MmmError(f"host list {text[:200]!r} is invalid: it names more than {MAX_NODES} "
-                       "nodes")
+        raise MmmError(f"host list {text[:200]!r} is invalid: it names more than {MAX_NODES} nodes")
     names: list[str] = []
     for item in items:
         names += _expand_one(item, text)
     for name in names:
         if not NODE_NAME.match(name):
-            raise MmmError(f"host list {text[:200]!r} is invalid: node name {name[:80]!r}: "
-                           "letters, digits and -_.[] only")
+            raise MmmError(
+                f"host list {text[:200]!r} is invalid: node name {name[:80]!r}: "
+                "letters, digits and -_.[] only"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -138,10 +151,13 @@ def _count(item: str, whole: str) -> int:
     count = 1
     while (open_at := item.find("[")) >= 0:
         close_at = item.index("]", open_at)
-        count *= sum(last - first + 1
-                     for first, last, _ in map(lambda p: _range(p, whole),
-                                               item[open_at + 1:close_at].split(",")))
-        item = item[close_at + 1:]
+        count *= sum(
+            last - first + 1
+            for first, last, _ in map(
+                lambda p: _range(p, whole), item[open_at + 1 : close_at].split(",")
+            )
+        )
+        item = item[close_at + 1 :]
     return count
 
 
@@ -149,8 +165,10 @@ def _range(part: str, whole: str) -> tuple[int, int, int]:
     """(first, last, zero-padded width) of `3`, `1-8` or `0008-0010`."""
     match = _RANGE.match(part.strip())
     if not match or any(len(g or "") > _NUMBER_DIGITS for g in match.groups()):
-        raise MmmError(f"host list {whole[:200]!r} is malformed: {part[:40]!r} is no number or "
-                       f"range of at most {_NUMBER_DIGITS} digits")
+        raise MmmError(
+            f"host list {whole[:200]!r} is malformed: {part[:40]!r} is no number or "
+            f"range of at most {_NUMBER_DIGITS} digits"
+        )
     first, last = int(match[1]), int(match[2] or match[1])
     if last < first:
         raise MmmError(f"host list {whole[:200]!r} is malformed: range {part!r}")
@@ -178,7 +196,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
     if open_at < 0:
         return [item]
     close_at = item.index("]", open_at)
-    prefix, body, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
+    prefix, body, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
     out = []
     tails = _expand_one(rest, whole)
     for part in body.split(","):

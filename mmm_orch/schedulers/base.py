@@ -9,15 +9,21 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
-from mmm_orch.errors import (MmmError, SchedulerError, SchedulerUnavailable, SubmissionRefused,
-                             SubmissionUnconfirmed, Unreachable)
+from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.errors import (
+    MmmError,
+    SchedulerError,
+    SchedulerUnavailable,
+    SubmissionRefused,
+    SubmissionUnconfirmed,
+    Unreachable,
+)
 from mmm_orch.schedulers.states import JobStatus, OpenJob
 from mmm_orch.transport import CommandResult, Retry, Runner, run_command
-
 
 # A job's submit time is the scheduler's clock, its record's the submitter's: a tag lookup that
 # starts at the record's time allows for this much skew.
@@ -83,9 +89,15 @@ class CommandScheduler:
 
     def _run(self, argv: list[str], purpose: str, cwd: str | None = None) -> CommandResult:
         """`purpose` is "submit" (also cancel) or "query": it picks the retry budget and env."""
-        return run_command(self.runner, argv, self.transient, Retry.from_env(purpose), cwd=cwd,
-                           transient_codes=self.transient_codes,
-                           env=self.query_env if purpose == "query" else None)
+        return run_command(
+            self.runner,
+            argv,
+            self.transient,
+            Retry.from_env(purpose),
+            cwd=cwd,
+            transient_codes=self.transient_codes,
+            env=self.query_env if purpose == "query" else None,
+        )
 
     # Each scheduler module provides these four.
     def submit_argv(self, submission: Submission) -> list[str]:
@@ -131,15 +143,17 @@ class CommandScheduler:
                 break
             if found is not None:
                 try:
-                    outcome = self._submit_once(argv, submission,
-                                                max(1.0, min(retry.timeout, left)))
+                    outcome = self._submit_once(
+                        argv, submission, max(1.0, min(retry.timeout, left))
+                    )
                 except SubmissionRefused as exc:
                     if not maybe_sent:
                         raise
                     # The refusal answers this attempt only (a limit may count the first job).
                     raise SubmissionUnconfirmed(
                         f"{exc}; an earlier attempt may have reached the scheduler: `mmm-orch "
-                        "status` will find the job by its tag") from None
+                        "status` will find the job by its tag"
+                    ) from None
                 if isinstance(outcome, str):
                     native_id = outcome
                     break
@@ -153,7 +167,8 @@ class CommandScheduler:
                         break
                     raise SubmissionUnconfirmed(
                         f"{argv[0]}: no clear answer within {retry.deadline:g}s ({last}); the "
-                        "scheduler may have the job: `mmm-orch status` will find it by its tag")
+                        "scheduler may have the job: `mmm-orch status` will find it by its tag"
+                    )
                 raise Unreachable(f"{argv[0]} failed for {time.monotonic() - start:.0f}s: {last}")
             time.sleep(delay)
             delay = min(delay * 2, retry.max_delay)
@@ -161,8 +176,9 @@ class CommandScheduler:
             self._drop_duplicates(submission, native_id)
         return native_id
 
-    def _submit_once(self, argv: list[str], submission: Submission,
-                     timeout: float) -> str | tuple[bool, str]:
+    def _submit_once(
+        self, argv: list[str], submission: Submission, timeout: float
+    ) -> str | tuple[bool, str]:
         """The native id, or (whether the request may have reached the scheduler, why not);
         raises SubmissionRefused when the scheduler refused the job."""
         try:
@@ -171,7 +187,8 @@ class CommandScheduler:
             return True, f"no answer within {timeout:.0f}s"
         except FileNotFoundError:
             raise SubmissionRefused(
-                f"{argv[0]}: command not found (is this the machine's login node?)")
+                f"{argv[0]}: command not found (is this the machine's login node?)"
+            ) from None
         except Unreachable as exc:
             return False, str(exc)
         except SchedulerUnavailable as exc:  # the connection dropped while the command ran
@@ -189,8 +206,10 @@ class CommandScheduler:
         # a shell), silent, or with another status, it may have been taken already.
         if result.returncode in self.refusal_codes and self.refusal.search(result.stderr):
             raise SubmissionRefused(f"{argv[0]}: {result.message}")
-        return True, (f"{argv[0]} ended with status {result.returncode} and no refusal "
-                      f"({result.message or 'no message'})")
+        return True, (
+            f"{argv[0]} ended with status {result.returncode} and no refusal "
+            f"({result.message or 'no message'})"
+        )
 
     def _drop_duplicates(self, submission: Submission, keep: str) -> None:
         """After an ambiguous attempt, a retry may have made a second copy: cancel any other job
@@ -200,8 +219,10 @@ class CommandScheduler:
                 try:
                     self.cancel(JobRef(native_id, submission.job_dir))
                 except MmmError as exc:  # job `keep` exists: never let this read as a refusal
-                    raise SchedulerError(f"job {keep} was submitted, but its copy {native_id} "
-                                         f"could not be cancelled: {exc}") from None
+                    raise SchedulerError(
+                        f"job {keep} was submitted, but its copy {native_id} "
+                        f"could not be cancelled: {exc}"
+                    ) from None
 
 
 class Scheduler(Protocol):
@@ -223,4 +244,5 @@ def check_directive_path(path: str, scheduler: str) -> None:
         raise MmmError(
             f"path {path!r} cannot go into a {scheduler} directive: it contains "
             f"{', '.join(repr(c) for c in bad)}; use a path of printable ASCII characters "
-            "(set XDG_STATE_HOME or --db to another place)")
+            "(set XDG_STATE_HOME or --db to another place)"
+        )

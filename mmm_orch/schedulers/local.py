@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,15 +11,17 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TypeGuard
 
 import psutil
 
 from mmm_orch.errors import SchedulerError, SubmissionRefused
-from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
+from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.schedulers.local_run import GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus, OpenJob
+
 
 def _holder(pid: int) -> str:
     """`pid:start time` of the process holding the job ('' for none): the start time tells the
@@ -36,19 +39,34 @@ class LocalScheduler:
         a pack starts its points without waiting for each supervisor's start-up."""
         with open(submission.log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mmm_orch.schedulers.local_run", str(submission.job_dir),
-                 str(submission.script), str(submission.walltime), submission.stop_signal,
-                 _holder(submission.held_by)],
-                cwd=submission.workdir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "mmm_orch.schedulers.local_run",
+                    str(submission.job_dir),
+                    str(submission.script),
+                    str(submission.walltime),
+                    submission.stop_signal,
+                    _holder(submission.held_by),
+                ],
+                cwd=submission.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
         try:
             started = psutil.Process(proc.pid).create_time()
         except psutil.Error:  # (gone and reaped already: it could not even start)
-            raise SubmissionRefused(f"the local supervisor exited ({proc.poll()}) before starting "
-                                    f"the job; see {submission.log_path}") from None
+            raise SubmissionRefused(
+                f"the local supervisor exited ({proc.poll()}) before starting "
+                f"the job; see {submission.log_path}"
+            ) from None
         partial = submission.job_dir / f".{SUPERVISOR_FILE}.{os.getpid()}"  # (its own: .tmp)
-        partial.write_text(json.dumps({"pid": proc.pid, "create_time": started,
-                                       "host": socket.gethostname()}))
+        partial.write_text(
+            json.dumps({"pid": proc.pid, "create_time": started, "host": socket.gethostname()})
+        )
         partial.replace(submission.job_dir / SUPERVISOR_FILE)
         return str(proc.pid)
 
@@ -81,21 +99,37 @@ class LocalScheduler:
                 state, native = JobState.COMPLETED, "exited 0"
             else:
                 state, native = JobState.FAILED, "exited non-zero"
-            return JobStatus(native_id=job.native_id, state=state, native_state=native,
-                             exit_code=result["exit_code"], signal=result["signal"],
-                             started_at=started, ended_at=result["ended_at"],
-                             elapsed=result["ended_at"] - started if started else None)
+            return JobStatus(
+                native_id=job.native_id,
+                state=state,
+                native_state=native,
+                exit_code=result["exit_code"],
+                signal=result["signal"],
+                started_at=started,
+                ended_at=result["ended_at"],
+                elapsed=result["ended_at"] - started if started else None,
+            )
         if alive:
-            return JobStatus(native_id=job.native_id, state=JobState.RUNNING, native_state="running",
-                             started_at=started)
+            return JobStatus(
+                native_id=job.native_id,
+                state=JobState.RUNNING,
+                native_state="running",
+                started_at=started,
+            )
         if _elsewhere(supervisor):  # a launch on a compute node, seen from the login node
-            return JobStatus(native_id=job.native_id, state=JobState.UNKNOWN,
-                             native_state="on " + supervisor["host"],
-                             reason=f"runs on {supervisor['host']}: its end is read from its "
-                                    "result file there")
-        return JobStatus(native_id=job.native_id, state=JobState.FAILED, native_state="vanished",
-                         reason="the supervisor ended without recording an exit code "
-                                "(killed, or the computer restarted)")
+            return JobStatus(
+                native_id=job.native_id,
+                state=JobState.UNKNOWN,
+                native_state="on " + supervisor["host"],
+                reason=f"runs on {supervisor['host']}: its end is read from its result file there",
+            )
+        return JobStatus(
+            native_id=job.native_id,
+            state=JobState.FAILED,
+            native_state="vanished",
+            reason="the supervisor ended without recording an exit code "
+            "(killed, or the computer restarted)",
+        )
 
     def open_jobs(self, account: str | None) -> list[OpenJob]:
         return []  # no queues here, so no job limits to count against
@@ -105,8 +139,10 @@ class LocalScheduler:
         the grace time); anything still alive from the tree afterwards is killed here."""
         supervisor = _supervisor_info(job)
         if _elsewhere(supervisor):
-            raise SchedulerError(f"local job {job.native_id} runs on {supervisor['host']}: cancel "
-                                 "it there (or end the allocation it runs in)")
+            raise SchedulerError(
+                f"local job {job.native_id} runs on {supervisor['host']}: cancel "
+                "it there (or end the allocation it runs in)"
+            )
         proc = _live(supervisor)
         if proc is None:
             raise SchedulerError(f"local job {job.native_id} is not running")
@@ -114,15 +150,21 @@ class LocalScheduler:
         proc.send_signal(signal.SIGTERM)
         _, alive = psutil.wait_procs(tree, timeout=2 * GRACE_S + 5)  # the stop signal's, TERM's
         for leftover in alive:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 leftover.kill()
-            except psutil.NoSuchProcess:
-                pass
         if not (job.job_dir / RESULT_FILE).exists():
             tmp = job.job_dir / (RESULT_FILE + ".tmp")
-            tmp.write_text(json.dumps({"exit_code": None, "signal": signal.SIGKILL,
-                                       "cancelled": True, "timed_out": False,
-                                       "ended_at": time.time()}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "exit_code": None,
+                        "signal": signal.SIGKILL,
+                        "cancelled": True,
+                        "timed_out": False,
+                        "ended_at": time.time(),
+                    }
+                )
+            )
             os.replace(tmp, job.job_dir / RESULT_FILE)
 
 
@@ -134,10 +176,12 @@ def _supervisor_info(job: JobRef) -> dict | None:
         return None
 
 
-def _elsewhere(info: dict | None) -> bool:
+def _elsewhere(info: dict | None) -> TypeGuard[dict]:
     """The supervisor runs on another computer (sharing the job's directory): its pid means
     nothing here."""
-    return bool(info) and info.get("host", socket.gethostname()) != socket.gethostname()
+    if not info:
+        return False
+    return info.get("host", socket.gethostname()) != socket.gethostname()
 
 
 def _live(info: dict | None) -> psutil.Process | None:
@@ -146,7 +190,10 @@ def _live(info: dict | None) -> psutil.Process | None:
         return None
     try:
         proc = psutil.Process(info["pid"])
-        if abs(proc.create_time() - info["create_time"]) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+        if (
+            abs(proc.create_time() - info["create_time"]) > 1
+            or proc.status() == psutil.STATUS_ZOMBIE
+        ):
             return None
         return proc
     except psutil.Error:

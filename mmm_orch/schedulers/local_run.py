@@ -41,10 +41,10 @@ def _write_json(path: Path, data: dict) -> None:
 def _adopt_orphans() -> None:
     """Become the subreaper of the job: processes whose parent exits (the job script, torchrun)
     are re-parented here instead of to init, so the job's whole tree stays visible."""
-    try:
+    with contextlib.suppress(
+        AttributeError, OSError
+    ):  # not Linux: the tree is what is still attached
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (AttributeError, OSError):  # not Linux: the tree is what is still attached
-        pass
 
 
 def stop_job(script: subprocess.Popen, grace: float) -> None:
@@ -70,8 +70,11 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
         psutil.wait_procs(tree, timeout=0.2)  # also reaps them
         if time.monotonic() > deadline:
             left = me.children(recursive=True)
-            print(f"{PREFIX} {len(left)} process(es) still running {grace:.0f}s after SIGTERM: "
-                  "SIGKILL", flush=True)
+            print(
+                f"{PREFIX} {len(left)} process(es) still running {grace:.0f}s after SIGTERM: "
+                "SIGKILL",
+                flush=True,
+            )
             psutil.wait_procs(signal_all(signal.SIGKILL), timeout=5)
             break
     script.wait()
@@ -99,20 +102,25 @@ def _ended(holder: str) -> bool:
     try:
         process = psutil.Process(int(pid))
         # (start times are read against the boot time, which psutil reads again each time:
-        # a stepped clock moves them a little, as jobs/submit.submitter_alive allows too)
-        return (abs(process.create_time() - float(started)) >= 1
-                or process.status() == psutil.STATUS_ZOMBIE)
+        # a stepped clock moves them a little, as submission/settle.submitter_alive allows too)
+        return (
+            abs(process.create_time() - float(started)) >= 1
+            or process.status() == psutil.STATUS_ZOMBIE
+        )
     except psutil.NoSuchProcess:
         return True
 
 
-def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM,
-              holder: str = "") -> int:
+def supervise(
+    job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM, holder: str = ""
+) -> int:
     """`holder`: the process the job belongs to (`pid:start time`, a launch in the foreground);
     its end, however it comes (a SIGKILL, the allocation's end), stops the job as a cancel."""
     me = psutil.Process()
-    _write_json(job_dir / SUPERVISOR_FILE, {"pid": me.pid, "create_time": me.create_time(),
-                                            "host": socket.gethostname()})
+    _write_json(
+        job_dir / SUPERVISOR_FILE,
+        {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()},
+    )
     _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
     proc = subprocess.Popen([script], start_new_session=True, stdin=subprocess.DEVNULL)
@@ -128,16 +136,16 @@ def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = si
         while proc.poll() is None:
             if deadline.passed():
                 outcome["timed_out"] = True
-                print(f"{PREFIX} walltime of {walltime:.0f}s exceeded: stopping the job", flush=True)
+                print(
+                    f"{PREFIX} walltime of {walltime:.0f}s exceeded: stopping the job", flush=True
+                )
                 break
             if _ended(holder):
                 outcome["cancelled"] = True
                 print(f"{PREFIX} the launch holding the job ended: stopping the job", flush=True)
                 break
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(min(deadline.left(), 1.0))
-            except subprocess.TimeoutExpired:
-                pass
     except InterruptedError:
         print(f"{PREFIX} cancelled: stopping the job", flush=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -147,13 +155,25 @@ def supervise(job_dir: Path, script: str, walltime: float, stop_signal: int = si
     if proc.poll() is None or psutil.Process().children(recursive=True):
         stop_job(proc, GRACE_S)
     code = proc.returncode
-    _write_json(job_dir / RESULT_FILE, {"exit_code": code if code >= 0 else None,
-                                   "signal": -code if code < 0 else None,
-                                   **outcome, "ended_at": time.time()})
+    _write_json(
+        job_dir / RESULT_FILE,
+        {
+            "exit_code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            **outcome,
+            "ended_at": time.time(),
+        },
+    )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
-                       signal.Signals[f"SIG{sys.argv[4]}"] if len(sys.argv) > 4 else signal.SIGTERM,
-                       sys.argv[5] if len(sys.argv) > 5 else ""))
+    sys.exit(
+        supervise(
+            Path(sys.argv[1]),
+            sys.argv[2],
+            float(sys.argv[3]),
+            signal.Signals[f"SIG{sys.argv[4]}"] if len(sys.argv) > 4 else signal.SIGTERM,
+            sys.argv[5] if len(sys.argv) > 5 else "",
+        )
+    )

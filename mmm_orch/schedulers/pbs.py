@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import subprocess
-from typing import Sequence
+from collections.abc import Sequence
 
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers import pbs_parse as parse
-from mmm_orch.errors import SchedulerError, SchedulerUnavailable
-from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
-                                      check_directive_path)
+from mmm_orch.schedulers.base import (
+    FIND_SLACK_S,
+    CommandScheduler,
+    JobRef,
+    Submission,
+    check_directive_path,
+)
 from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 
 
@@ -19,18 +23,36 @@ class PbsScheduler(CommandScheduler):
     # qsub -I wants a terminal for its standard input and output, even to run a command.
     allocate_needs_terminal = True
 
-    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
-                      command: list[str] | None = None, name: str = "",
-                      tag: str = "") -> list[str]:
+    def allocate_argv(
+        self,
+        account: str | None,
+        walltime_hms: str,
+        directives: list[str],
+        command: list[str] | None = None,
+        name: str = "",
+        tag: str = "",
+    ) -> list[str]:
         """An interactive allocation with the job's directives: qsub -I (PBS Pro qsub(1B)); with
         `command`, the job runs it (`-- executable args`) instead of a shell, as salloc would:
         with this environment (-V) and in this directory (a PBS job starts in $HOME); with
         `name` and `tag`, the job carries them as a batch job does (found again by find())."""
-        here = ["-V", "--", "/bin/sh", "-c", 'cd "$PBS_O_WORKDIR" && exec "$@"', "sh", *command] \
-            if command else []
+        here = (
+            ["-V", "--", "/bin/sh", "-c", 'cd "$PBS_O_WORKDIR" && exec "$@"', "sh", *command]
+            if command
+            else []
+        )
         named = ["-N", name, "-v", f"{parse.TAG_VARIABLE}={tag}"] if tag else []
-        return [self.cmd["submit"], "-I", *(["-A", account] if account else []), *named,
-                *directives, "-l", f"walltime={walltime_hms}", *here]
+        return [
+            self.cmd["submit"],
+            "-I",
+            *(["-A", account] if account else []),
+            *named,
+            *directives,
+            "-l",
+            f"walltime={walltime_hms}",
+            *here,
+        ]
+
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     transient_codes = parse.TRANSIENT_EXIT_CODES
@@ -106,9 +128,11 @@ class PbsScheduler(CommandScheduler):
         ("too many failed attempts to run"), so those are refused here."""
         check_directive_path(path, "PBS")
         if bad := sorted(set(path) & {'"', "\\"}):
-            raise MmmError(f"path {path!r} cannot go into a PBS directive: PBS accepts "
-                           f"{' and '.join(map(repr, bad))} in -o and then cannot start the job; "
-                           "use another directory (XDG_STATE_HOME or --db)")
+            raise MmmError(
+                f"path {path!r} cannot go into a PBS directive: PBS accepts "
+                f"{' and '.join(map(repr, bad))} in -o and then cannot start the job; "
+                "use another directory (XDG_STATE_HOME or --db)"
+            )
         return f'"{path}"'
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
@@ -124,7 +148,9 @@ class PbsScheduler(CommandScheduler):
             raise SchedulerError(f"{self.cmd['cancel']}: {result.message}")
 
 
-def statuses_for(ids: list[str], returncode: int, stdout: str, message: str) -> dict[str, JobStatus]:
+def statuses_for(
+    ids: list[str], returncode: int, stdout: str, message: str
+) -> dict[str, JobStatus]:
     """Answer for every requested id from one qstat run. 153 (some ids unknown) and 35 (finished,
     no history) still carry the other jobs on stdout; unknown ids are UNKNOWN, never done."""
     if returncode not in (0, parse.QSTAT_UNKNOWN_JOB, parse.QSTAT_JOB_FINISHED):
@@ -134,6 +160,9 @@ def statuses_for(ids: list[str], returncode: int, stdout: str, message: str) -> 
     for job_id in ids:
         match = next((s for native, s in reported.items() if parse.same_job(native, job_id)), None)
         out[job_id] = match or JobStatus(
-            native_id=job_id, state=JobState.UNKNOWN, native_state="",
-            reason="qstat does not know it (job history off or expired)")
+            native_id=job_id,
+            state=JobState.UNKNOWN,
+            native_state="",
+            reason="qstat does not know it (job history off or expired)",
+        )
     return out

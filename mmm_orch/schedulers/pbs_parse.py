@@ -19,9 +19,17 @@ from mmm_orch.walltime import duration
 
 # PBS job_state letters (PBS Professional Reference Guide, "Job States").
 _STATES = {
-    "Q": JobState.PENDING, "H": JobState.PENDING, "W": JobState.PENDING, "T": JobState.PENDING,
-    "M": JobState.PENDING, "R": JobState.RUNNING, "B": JobState.RUNNING, "E": JobState.RUNNING,
-    "S": JobState.RUNNING, "U": JobState.RUNNING, "X": JobState.COMPLETED,
+    "Q": JobState.PENDING,
+    "H": JobState.PENDING,
+    "W": JobState.PENDING,
+    "T": JobState.PENDING,
+    "M": JobState.PENDING,
+    "R": JobState.RUNNING,
+    "B": JobState.RUNNING,
+    "E": JobState.RUNNING,
+    "S": JobState.RUNNING,
+    "U": JobState.RUNNING,
+    "X": JobState.COMPLETED,
 }
 WALLTIME_EXCEEDED = -29  # JOB_EXEC_KILL_WALLTIME, seen in recorded ALCF history for walltime kills
 SIGNAL_OFFSET = 256  # Exit_status > 256: killed by signal (status - 256)
@@ -31,7 +39,9 @@ QSTAT_JOB_FINISHED = 35
 QSTAT_UNKNOWN_JOB = 153
 TRANSIENT_ERRORS = re.compile(
     r"cannot connect to host|all reserved ports in use|Invalid credential|Connection refused|"
-    r"premature end of message|Communication failure|Connection timed out", re.I)
+    r"premature end of message|Communication failure|Connection timed out",
+    re.I,
+)
 TRANSIENT_EXIT_CODES = frozenset({162, 171, 183})
 # Of those, the ones that prove qsub never reached the server.
 UNSENT_ERRORS = re.compile(r"cannot connect to (host|server)|Connection refused", re.I)
@@ -49,6 +59,7 @@ def qselect_time(epoch: float) -> str:
     """A time for `qselect -t`, [[CC]YY]MMDDhhmm[.SS], which it reads in its TZ (QUERY_ENV)."""
     return time.strftime("%Y%m%d%H%M.%S", time.gmtime(max(epoch, 0)))
 
+
 _JOB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -62,9 +73,11 @@ def parse_qsub(stdout: str) -> str:
 
 def same_job(a: str, b: str) -> bool:
     """PBS ids compare by sequence number and the server's first label ('1.pbs' == '1.pbs.x.y')."""
+
     def key(job_id: str) -> tuple[str, str]:
         number, _, server = job_id.partition(".")
         return number, server.split(".", 1)[0]
+
     return key(a) == key(b)
 
 
@@ -124,7 +137,9 @@ def _nodect(job: dict[str, Any]) -> int | None:
 def utc_time(value: Any) -> float | None:
     """A qstat time such as 'Sat Dec  3 20:25:38 2022', read as UTC (see QUERY_ENV)."""
     try:
-        return float(calendar.timegm(time.strptime(" ".join(str(value).split()), "%a %b %d %H:%M:%S %Y")))
+        return float(
+            calendar.timegm(time.strptime(" ".join(str(value).split()), "%a %b %d %H:%M:%S %Y"))
+        )
     except ValueError:
         return None
 
@@ -134,14 +149,20 @@ def statuses(jobs: dict[str, dict[str, Any]]) -> dict[str, JobStatus]:
     out = {}
     for job_id, job in jobs.items():
         state, code, signal = pbs_state(job)
-        out[job_id] = JobStatus(native_id=job_id, state=state,
-                                native_state=str(job.get("job_state", "")), exit_code=code,
-                                signal=signal, reason=str(job.get("comment", "")),
-                                started_at=utc_time(job["stime"]) if "stime" in job else None,
-                                ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None,
-                                nodes=_nodect(job) if state.terminal else None,
-                                elapsed=duration(_resource(job, "resources_used", "walltime"))
-                                if state.terminal else None)
+        out[job_id] = JobStatus(
+            native_id=job_id,
+            state=state,
+            native_state=str(job.get("job_state", "")),
+            exit_code=code,
+            signal=signal,
+            reason=str(job.get("comment", "")),
+            started_at=utc_time(job["stime"]) if "stime" in job else None,
+            ended_at=utc_time(job["obittime"]) if state.terminal and "obittime" in job else None,
+            nodes=_nodect(job) if state.terminal else None,
+            elapsed=duration(_resource(job, "resources_used", "walltime"))
+            if state.terminal
+            else None,
+        )
     return out
 
 
@@ -170,7 +191,8 @@ def load_qstat_dsv(text: str) -> dict[str, dict[str, Any]]:
             continue
         head, *fields = _dsv_fields(line.rstrip("\n"))
         jobs[head.removeprefix("Job Id: ").strip()] = dict(
-            field.partition("=")[::2] for field in fields if "=" in field)
+            field.partition("=")[::2] for field in fields if "=" in field
+        )
     return jobs
 
 
@@ -187,8 +209,11 @@ def _variables(value: Any) -> dict[str, str]:
 
 def ids_with_tag(jobs: dict[str, dict[str, Any]], tag: str) -> list[str]:
     """Ids of the jobs whose Variable_List carries the submission tag."""
-    return [job_id for job_id, job in jobs.items()
-            if _variables(job.get("Variable_List")).get(TAG_VARIABLE) == tag]
+    return [
+        job_id
+        for job_id, job in jobs.items()
+        if _variables(job.get("Variable_List")).get(TAG_VARIABLE) == tag
+    ]
 
 
 # States of a job that has started (PBS Pro qstat(1B): running, exiting, array begun).
@@ -198,12 +223,17 @@ STARTED_STATES = frozenset("REB")
 def open_jobs(text: str, user: str) -> list[OpenJob]:
     """`qstat -f -F dsv` of the user's and the project's unfinished jobs, as queue counts see
     them: the queue each is in, whether it started, whose it is and its account."""
-    return [OpenJob(native_id=job_id, names=frozenset({job.get("queue", "")}) - {""},
-                    running=job.get("job_state", "") in STARTED_STATES,
-                    mine=job.get("Job_Owner", "").partition("@")[0] == user,
-                    account=job.get("Account_Name", ""))
-            for job_id, job in load_qstat_dsv(text).items()
-            if job.get("job_state", "") not in ("F", "X", "M")]
+    return [
+        OpenJob(
+            native_id=job_id,
+            names=frozenset({job.get("queue", "")}) - {""},
+            running=job.get("job_state", "") in STARTED_STATES,
+            mine=job.get("Job_Owner", "").partition("@")[0] == user,
+            account=job.get("Account_Name", ""),
+        )
+        for job_id, job in load_qstat_dsv(text).items()
+        if job.get("job_state", "") not in ("F", "X", "M")
+    ]
 
 
 # A PBS limit's entities: each user, each project (PBS Pro Admin Guide, "Limits": u:, p:, g:, o:).
@@ -222,16 +252,25 @@ def parse_queues(text: str) -> list[LiveQueue]:
     out = []
     for name, queue in queues.items():
         low, high = queue.get("resources_min") or {}, queue.get("resources_max") or {}
-        limits = frozenset((int(jobs), "user" if who == "u" else "project", counts)
-                           for attribute, counts in _LIMIT_COUNTS.items()
-                           for who, jobs in _LIMIT.findall(str(queue.get(attribute, ""))))
+        limits = frozenset(
+            (int(jobs), "user" if who == "u" else "project", counts)
+            for attribute, counts in _LIMIT_COUNTS.items()
+            for who, jobs in _LIMIT.findall(str(queue.get(attribute, "")))
+        )
         walltime = duration(high.get("walltime"))
-        out.append(LiveQueue(
-            name=name, kind=str(queue.get("queue_type", "")).lower(),
-            min_nodes=_whole(low.get("nodect")), max_nodes=_whole(high.get("nodect")),
-            max_walltime=int(walltime) if walltime is not None else None, limits=limits,
-            destinations=tuple(d for d in str(queue.get("route_destinations", "")).split(",")
-                               if d)))
+        out.append(
+            LiveQueue(
+                name=name,
+                kind=str(queue.get("queue_type", "")).lower(),
+                min_nodes=_whole(low.get("nodect")),
+                max_nodes=_whole(high.get("nodect")),
+                max_walltime=int(walltime) if walltime is not None else None,
+                limits=limits,
+                destinations=tuple(
+                    d for d in str(queue.get("route_destinations", "")).split(",") if d
+                ),
+            )
+        )
     return out
 
 

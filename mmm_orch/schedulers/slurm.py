@@ -6,32 +6,57 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
+from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers import slurm_parse as parse
-from mmm_orch.errors import SchedulerError, SchedulerUnavailable
-from mmm_orch.schedulers.base import (FIND_SLACK_S, CommandScheduler, JobRef, Submission,
-                                      check_directive_path)
-from mmm_orch.transport import CommandResult
+from mmm_orch.schedulers.base import (
+    FIND_SLACK_S,
+    CommandScheduler,
+    JobRef,
+    Submission,
+    check_directive_path,
+)
 from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
-from mmm_orch.errors import MmmError
+from mmm_orch.transport import CommandResult
 
 
 class SlurmScheduler(CommandScheduler):
-    defaults = {"submit": "sbatch", "query": "squeue", "cancel": "scancel", "accounting": "sacct",
-                "control": "scontrol", "allocate": "salloc", "accounts": "sacctmgr"}
+    defaults = {
+        "submit": "sbatch",
+        "query": "squeue",
+        "cancel": "scancel",
+        "accounting": "sacct",
+        "control": "scontrol",
+        "allocate": "salloc",
+        "accounts": "sacctmgr",
+    }
 
     allocate_needs_terminal = False
 
-    def allocate_argv(self, account: str | None, walltime_hms: str, directives: list[str],
-                      command: list[str] | None = None, name: str = "",
-                      tag: str = "") -> list[str]:
+    def allocate_argv(
+        self,
+        account: str | None,
+        walltime_hms: str,
+        directives: list[str],
+        command: list[str] | None = None,
+        name: str = "",
+        tag: str = "",
+    ) -> list[str]:
         """An interactive allocation with the job's directives: salloc takes sbatch's options;
         with `command`, salloc runs it here, inside the allocation, instead of a shell; with
         `name` and `tag`, the job carries them as a batch job does (found again by find())."""
         named = [f"--job-name={name}", f"--comment={parse.tag_comment(tag)}"] if tag else []
-        return [self.cmd["allocate"], *(["-A", account] if account else []), *named,
-                *directives, "-t", walltime_hms, *(command or [])]
+        return [
+            self.cmd["allocate"],
+            *(["-A", account] if account else []),
+            *named,
+            *directives,
+            "-t",
+            walltime_hms,
+            *(command or []),
+        ]
+
     transient = parse.TRANSIENT_ERRORS
     unsent = parse.UNSENT_ERRORS
     refusal = parse.REFUSAL
@@ -51,18 +76,36 @@ class SlurmScheduler(CommandScheduler):
         reads a bounded set, the controller's jobs or that time window, never the whole
         accounting history."""
         comment = parse.tag_comment(submission.tag)
-        live = self._look([self.cmd["query"], "--me", "--noheader", "--states=all",
-                           f"--name={submission.name}", "--format=%i|%k"])
+        live = self._look(
+            [
+                self.cmd["query"],
+                "--me",
+                "--noheader",
+                "--states=all",
+                f"--name={submission.name}",
+                "--format=%i|%k",
+            ]
+        )
         if live is None or live.returncode != 0:
             return None
         found = parse.ids_with_comment(live.stdout, comment)
         if found or not self.cmd.get("accounting") or not submission.submitted_at:
             return found
-        since = time.strftime("%Y-%m-%dT%H:%M:%S",
-                              time.gmtime(submission.submitted_at - FIND_SLACK_S))
-        ended = self._look([self.cmd["accounting"], "--noheader", "--parsable2", "--allocations",
-                            f"--name={submission.name}", f"--starttime={since}",
-                            "--format=JobID,Comment"], {"TZ": "UTC"})
+        since = time.strftime(
+            "%Y-%m-%dT%H:%M:%S", time.gmtime(submission.submitted_at - FIND_SLACK_S)
+        )
+        ended = self._look(
+            [
+                self.cmd["accounting"],
+                "--noheader",
+                "--parsable2",
+                "--allocations",
+                f"--name={submission.name}",
+                f"--starttime={since}",
+                "--format=JobID,Comment",
+            ],
+            {"TZ": "UTC"},
+        )
         if ended is None:
             return None
         if ended.returncode != 0:
@@ -83,8 +126,10 @@ class SlurmScheduler(CommandScheduler):
         A backslash cannot be carried: Slurm then skips all expansion and drops it."""
         check_directive_path(path, "Slurm")
         if "\\" in path:
-            raise MmmError(f"path {path!r} cannot go into a Slurm directive: Slurm drops '\\' "
-                           "from output paths; use a path without backslashes")
+            raise MmmError(
+                f"path {path!r} cannot go into a Slurm directive: Slurm drops '\\' "
+                "from output paths; use a path without backslashes"
+            )
         return '"' + path.replace("%", "%%").replace('"', '\\"') + '"'
 
     def query(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
@@ -93,8 +138,15 @@ class SlurmScheduler(CommandScheduler):
         ids = [job.native_id for job in jobs]
         if not ids:
             return {}
-        live = self._run([self.cmd["query"], "--noheader", f"--format={parse.SQUEUE_FORMAT}",
-                          f"--jobs={','.join(ids)}"], "query")
+        live = self._run(
+            [
+                self.cmd["query"],
+                "--noheader",
+                f"--format={parse.SQUEUE_FORMAT}",
+                f"--jobs={','.join(ids)}",
+            ],
+            "query",
+        )
         if live.returncode == 0:
             found = parse.parse_squeue_format(live.stdout)
         elif parse.INVALID_JOB_ID.search(live.stderr):
@@ -104,18 +156,33 @@ class SlurmScheduler(CommandScheduler):
         final = [i for i in ids if i not in found or found[i].state.terminal]
         if final:
             found.update(self._final_states(final))
-        return {i: found.get(i) or JobStatus(native_id=i, state=JobState.UNKNOWN, native_state="",
-                                             reason="not in squeue, sacct or scontrol")
-                for i in ids}
+        return {
+            i: found.get(i)
+            or JobStatus(
+                native_id=i,
+                state=JobState.UNKNOWN,
+                native_state="",
+                reason="not in squeue, sacct or scontrol",
+            )
+            for i in ids
+        }
 
     def _final_states(self, ids: list[str]) -> dict[str, JobStatus]:
         if self.cmd.get("accounting"):
-            result = self._run([self.cmd["accounting"], "--noheader", "--parsable2",
-                                f"--format={','.join(parse.SACCT_FIELDS)}",
-                                f"--jobs={','.join(ids)}"], "query")
+            result = self._run(
+                [
+                    self.cmd["accounting"],
+                    "--noheader",
+                    "--parsable2",
+                    f"--format={','.join(parse.SACCT_FIELDS)}",
+                    f"--jobs={','.join(ids)}",
+                ],
+                "query",
+            )
             if result.returncode == 0:
-                return self._exact_exit_codes(parse.parse_sacct_parsable(result.stdout,
-                                                                         parse.SACCT_FIELDS))
+                return self._exact_exit_codes(
+                    parse.parse_sacct_parsable(result.stdout, parse.SACCT_FIELDS)
+                )
             if not parse.ACCOUNTING_DISABLED.search(result.message):
                 raise SchedulerError(f"{self.cmd['accounting']}: {result.message}")
         # No accounting: the controller remembers finished jobs for MinJobAge (300 s by default).
@@ -123,7 +190,9 @@ class SlurmScheduler(CommandScheduler):
         if result.returncode != 0:
             raise SchedulerError(f"{self.cmd['control']}: {result.message}")
         wanted = set(ids)
-        return {i: s for i, s in parse.parse_scontrol_show_job(result.stdout).items() if i in wanted}
+        return {
+            i: s for i, s in parse.parse_scontrol_show_job(result.stdout).items() if i in wanted
+        }
 
     def _exact_exit_codes(self, final: dict[str, JobStatus]) -> dict[str, JobStatus]:
         """sacct before Slurm 25.11 subtracts 128 from an exit code of 128 or more (143 reads 15,
@@ -143,8 +212,9 @@ class SlurmScheduler(CommandScheduler):
         user = self.user()
         jobs: dict[str, OpenJob] = {}  # a job of the user's in the project is listed twice
         for selector in [f"--user={user}"], *([[f"--account={account}"]] if account else []):
-            result = self._run([self.cmd["query"], "--noheader", parse.OPEN_JOBS_FORMAT,
-                                *selector], "query")
+            result = self._run(
+                [self.cmd["query"], "--noheader", parse.OPEN_JOBS_FORMAT, *selector], "query"
+            )
             if result.returncode != 0:
                 raise SchedulerError(f"{self.cmd['query']}: {result.message}")
             for job in parse.open_jobs(result.stdout, user):
@@ -156,8 +226,10 @@ class SlurmScheduler(CommandScheduler):
         partitions = self._run([self.cmd["control"], "show", "partition", "--oneliner"], "query")
         if partitions.returncode != 0:
             raise SchedulerError(f"scontrol show partition: {partitions.message}")
-        qos = self._run([self.cmd["accounts"], "--noheader", "--parsable2", "show", "qos",
-                         parse.QOS_FORMAT], "query")
+        qos = self._run(
+            [self.cmd["accounts"], "--noheader", "--parsable2", "show", "qos", parse.QOS_FORMAT],
+            "query",
+        )
         if qos.returncode != 0:
             raise SchedulerError(f"sacctmgr show qos: {qos.message}")
         return parse.parse_partitions(partitions.stdout) + parse.parse_qos(qos.stdout)

@@ -14,13 +14,36 @@ from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 from mmm_orch.walltime import duration
 
 _STATES = {
-    JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
-                       "CONFIGURING", "POWER_UP_NODE"},
-    JobState.RUNNING: {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED",
-                       "STOPPED", "UPDATE_DB"},
+    JobState.PENDING: {
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+        "CONFIGURING",
+        "POWER_UP_NODE",
+    },
+    JobState.RUNNING: {
+        "RUNNING",
+        "COMPLETING",
+        "STAGE_OUT",
+        "SIGNALING",
+        "RESIZING",
+        "SUSPENDED",
+        "STOPPED",
+        "UPDATE_DB",
+    },
     JobState.COMPLETED: {"COMPLETED"},
-    JobState.FAILED: {"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
-                      "SPECIAL_EXIT", "LAUNCH_FAILED"},
+    JobState.FAILED: {
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+        "LAUNCH_FAILED",
+    },
     JobState.CANCELLED: {"CANCELLED", "REVOKED"},
     JobState.TIMEOUT: {"TIMEOUT"},
 }
@@ -30,18 +53,25 @@ _BY_NAME = {name: state for state, names in _STATES.items() for name in names}
 TRANSIENT_ERRORS = re.compile(
     r"Socket timed out|Communication (connection )?failure|Unable to contact slurm controller|"
     r"Connection timed out|Connection refused|Resource temporarily unavailable|"
-    r"Problem talking to the database|slurm_persist_conn_open", re.I)
+    r"Problem talking to the database|slurm_persist_conn_open",
+    re.I,
+)
 # Of those, the ones that prove sbatch never got a job to the controller: no connection at all,
 # or the controller's own "try again" refusal. A timeout after sending is not among them.
 UNSENT_ERRORS = re.compile(
     r"Unable to contact slurm controller \(connect failure\)|Connection refused|"
-    r"Resource temporarily unavailable", re.I)
+    r"Resource temporarily unavailable",
+    re.I,
+)
 # sbatch's refusal: its error words, and status 1 (SLURM_EXIT_ERROR, when a site sets another,
 # only makes a refusal look ambiguous: the record then waits for `status`); or an option it does
 # not take (a directive of the script), refused as it parses them, before asking the controller
 # anything: status 255 and getopt's words.
-REFUSAL = re.compile(r"^sbatch: ((error|fatal): |unrecognized option |invalid option |option .* "
-                     r"requires an argument)", re.M)
+REFUSAL = re.compile(
+    r"^sbatch: ((error|fatal): |unrecognized option |invalid option |option .* "
+    r"requires an argument)",
+    re.M,
+)
 REFUSAL_CODES = frozenset({1, 255})
 # The job carries its submission tag as its comment (`#SBATCH --comment=...`).
 TAG_PREFIX = "mmm-orch:"
@@ -61,7 +91,7 @@ def ids_with_comment(text: str, comment: str) -> list[str]:
     return ids
 
 
-def slurm_state(text: str | list[str]) -> JobState:
+def slurm_state(text: object) -> JobState:
     """Map 'RUNNING', 'CANCELLED by 54386' or ['FAILED'] (23.11+) onto JobState."""
     names = text if isinstance(text, list) else [text]
     for name in names:
@@ -75,8 +105,9 @@ def parse_sbatch(stdout: str) -> str:
     """The job id from `sbatch --parsable` ('123;cluster'), plain or site-wrapped sbatch output."""
     for line in stdout.splitlines():
         line = line.strip()
-        match = (re.fullmatch(r"(\d+)(?:;\S+)?", line)
-                 or re.fullmatch(r"Submitted batch job (\d+)(?: on cluster \S+)?", line))
+        match = re.fullmatch(r"(\d+)(?:;\S+)?", line) or re.fullmatch(
+            r"Submitted batch job (\d+)(?: on cluster \S+)?", line
+        )
         if match:
             return match.group(1)
     raise ValueError(f"no job id in sbatch output: {stdout.strip()[:200]!r}")
@@ -115,9 +146,13 @@ def parse_squeue_json(text: str) -> dict[str, JobStatus]:
         code, sig = _json_exit(job.get("exit_code"))
         state = slurm_state(native)
         out[str(job["job_id"])] = JobStatus(
-            native_id=str(job["job_id"]), state=state, native_state=_label(native),
-            exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
-            reason=_reason(job.get("state_reason")))
+            native_id=str(job["job_id"]),
+            state=state,
+            native_state=_label(native),
+            exit_code=code if state.terminal else None,
+            signal=sig if state.terminal else None,
+            reason=_reason(job.get("state_reason")),
+        )
     return out
 
 
@@ -129,12 +164,19 @@ def parse_sacct_json(text: str) -> dict[str, JobStatus]:
         state = slurm_state(native)
         code, sig = _json_exit(job.get("exit_code"))
         derived, dsig = _json_exit(job.get("derived_exit_code"))
-        if state is JobState.FAILED and not code and not sig:  # contradictory 0: trust a step, or say unknown
+        if (
+            state is JobState.FAILED and not code and not sig
+        ):  # contradictory 0: trust a step, or say unknown
             code, sig = derived or None, dsig
         reason = _reason(raw.get("reason")) if isinstance(raw, dict) else ""
         out[str(job["job_id"])] = JobStatus(
-            native_id=str(job["job_id"]), state=state, native_state=_label(native),
-            exit_code=code if state.terminal else None, signal=sig, reason=reason)
+            native_id=str(job["job_id"]),
+            state=state,
+            native_state=_label(native),
+            exit_code=code if state.terminal else None,
+            signal=sig,
+            reason=reason,
+        )
     return out
 
 
@@ -149,7 +191,7 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
     jobs: dict[str, dict[str, str]] = {}
     steps: dict[str, list[dict[str, str]]] = {}
     for line in lines:
-        row = dict(zip(col, line.split("|")))
+        row = dict(zip(col, line.split("|"), strict=False))  # a short line: the fields it has
         row["id"] = row.get("jobidraw") or row.get("jobid") or ""
         base, dot, _ = row["id"].partition(".")
         if dot:
@@ -166,14 +208,22 @@ def parse_sacct_parsable(text: str, fields: list[str] | None = None) -> dict[str
             step_state = slurm_state(step.get("state", ""))
             if step_state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
                 reason = reason or f"step {step['id']}: {step['state']}"
-        if state is JobState.FAILED and not code and not sig:  # contradictory 0: trust a step, or say unknown
+        if (
+            state is JobState.FAILED and not code and not sig
+        ):  # contradictory 0: trust a step, or say unknown
             code = derived or None
-        out[job_id] = JobStatus(native_id=job_id, state=state, native_state=row.get("state", ""),
-                                exit_code=code if state.terminal else None,
-                                signal=sig if state.terminal else None, reason=reason,
-                                started_at=None if _never_ran(row) else epoch(row.get("start")),
-                                ended_at=epoch(row.get("end")), nodes=_count(row.get("allocnodes")),
-                                elapsed=_seconds(row.get("elapsedraw")))
+        out[job_id] = JobStatus(
+            native_id=job_id,
+            state=state,
+            native_state=row.get("state", ""),
+            exit_code=code if state.terminal else None,
+            signal=sig if state.terminal else None,
+            reason=reason,
+            started_at=None if _never_ran(row) else epoch(row.get("start")),
+            ended_at=epoch(row.get("end")),
+            nodes=_count(row.get("allocnodes")),
+            elapsed=_seconds(row.get("elapsedraw")),
+        )
     return out
 
 
@@ -205,13 +255,17 @@ def parse_scontrol_show_job(text: str) -> dict[str, JobStatus]:
         code, sig = parse_exit_code(fields.get("ExitCode", ""))
         reason = fields.get("Reason", "")
         out[fields["JobId"]] = JobStatus(
-            native_id=fields["JobId"], state=state, native_state=fields.get("JobState", ""),
-            exit_code=code if state.terminal else None, signal=sig if state.terminal else None,
+            native_id=fields["JobId"],
+            state=state,
+            native_state=fields.get("JobState", ""),
+            exit_code=code if state.terminal else None,
+            signal=sig if state.terminal else None,
             reason="" if reason == "None" else reason,
             started_at=epoch(fields.get("StartTime")) if state is not JobState.PENDING else None,
             ended_at=epoch(fields.get("EndTime")) if state.terminal else None,
             nodes=_count(fields.get("NumNodes")) if state.terminal else None,
-            elapsed=duration(fields.get("RunTime")) if state.terminal else None)
+            elapsed=duration(fields.get("RunTime")) if state.terminal else None,
+        )
     return out
 
 
@@ -236,8 +290,16 @@ def epoch(value: Any) -> float | None:
 # squeue's fixed format: job id, long state name, start time, reason; '|' never occurs in the
 # first three and the reason comes last.
 SQUEUE_FORMAT = "%A|%T|%S|%r"
-SACCT_FIELDS = ["JobIDRaw", "State", "ExitCode", "DerivedExitCode", "Start", "End", "AllocNodes",
-                "ElapsedRaw"]
+SACCT_FIELDS = [
+    "JobIDRaw",
+    "State",
+    "ExitCode",
+    "DerivedExitCode",
+    "Start",
+    "End",
+    "AllocNodes",
+    "ElapsedRaw",
+]
 ACCOUNTING_DISABLED = re.compile(r"accounting storage is disabled", re.I)
 INVALID_JOB_ID = re.compile(r"Invalid job id specified", re.I)
 
@@ -251,17 +313,22 @@ def parse_squeue_format(text: str) -> dict[str, JobStatus]:
             continue
         job_id, native, start, reason = parts
         state = slurm_state(native)
-        out[job_id] = JobStatus(native_id=job_id, state=state, native_state=native,
-                                reason=_reason(reason),
-                                started_at=epoch(start) if state is not JobState.PENDING else None)
+        out[job_id] = JobStatus(
+            native_id=job_id,
+            state=state,
+            native_state=native,
+            reason=_reason(reason),
+            started_at=epoch(start) if state is not JobState.PENDING else None,
+        )
     return out
 
 
 # squeue's format for queue counts: id, partition, QOS, state, user, account.
 OPEN_JOBS_FORMAT = "--format=%i|%P|%q|%T|%u|%a"
 # States of a job that has started (squeue(1) JOB STATE CODES).
-STARTED_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED",
-                            "SIGNALING", "STAGE_OUT"})
+STARTED_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+)
 
 
 def open_jobs(text: str, user: str) -> list[OpenJob]:
@@ -273,16 +340,27 @@ def open_jobs(text: str, user: str) -> list[OpenJob]:
         if len(fields) != 6:
             continue
         job_id, partition, qos, state, owner, account = fields
-        jobs.append(OpenJob(native_id=job_id, names=frozenset({partition, qos}) - {""},
-                            running=state in STARTED_STATES, mine=owner == user,
-                            account=account))
+        jobs.append(
+            OpenJob(
+                native_id=job_id,
+                names=frozenset({partition, qos}) - {""},
+                running=state in STARTED_STATES,
+                mine=owner == user,
+                account=account,
+            )
+        )
     return jobs
 
 
 # sacctmgr's QOS fields for job limits: (field, per, counts) (sacctmgr(1) "QOS ... LIMITS").
-QOS_LIMITS = (("MaxSubmitPU", "user", "any"), ("MaxJobsPU", "user", "running"),
-              ("MaxJobsAccruePU", "user", "eligible"), ("MaxSubmitPA", "project", "any"),
-              ("MaxJobsPA", "project", "running"), ("MaxJobsAccruePA", "project", "eligible"))
+QOS_LIMITS = (
+    ("MaxSubmitPU", "user", "any"),
+    ("MaxJobsPU", "user", "running"),
+    ("MaxJobsAccruePU", "user", "eligible"),
+    ("MaxSubmitPA", "project", "any"),
+    ("MaxJobsPA", "project", "running"),
+    ("MaxJobsAccruePA", "project", "eligible"),
+)
 QOS_FORMAT = "format=Name,MaxWall,MaxTRESPerJob," + ",".join(f for f, _, _ in QOS_LIMITS)
 
 
@@ -296,11 +374,16 @@ def parse_partitions(text: str) -> list[LiveQueue]:
             continue
         walltime = duration(fields.get("MaxTime"))
         qos = fields.get("QoS", "N/A")
-        out.append(LiveQueue(
-            name=fields["PartitionName"], kind="partition",
-            min_nodes=_bound(fields.get("MinNodes"), floor=1), max_nodes=_bound(fields.get("MaxNodes")),
-            max_walltime=int(walltime) if walltime is not None else None,
-            destinations=() if qos in ("N/A", "") else (qos,)))
+        out.append(
+            LiveQueue(
+                name=fields["PartitionName"],
+                kind="partition",
+                min_nodes=_bound(fields.get("MinNodes"), floor=1),
+                max_nodes=_bound(fields.get("MaxNodes")),
+                max_walltime=int(walltime) if walltime is not None else None,
+                destinations=() if qos in ("N/A", "") else (qos,),
+            )
+        )
     return out
 
 
@@ -315,11 +398,19 @@ def parse_qos(text: str) -> list[LiveQueue]:
         name, wall, tres, *counts = values
         tres_fields = dict(item.partition("=")[::2] for item in tres.split(",") if "=" in item)
         walltime = duration(wall) if wall else None
-        out.append(LiveQueue(
-            name=name, kind="qos", max_nodes=_bound(tres_fields.get("node")),
-            max_walltime=int(walltime) if walltime is not None else None,
-            limits=frozenset((int(value), per, kind) for value, (_, per, kind)
-                             in zip(counts, QOS_LIMITS) if value.isdigit())))
+        out.append(
+            LiveQueue(
+                name=name,
+                kind="qos",
+                max_nodes=_bound(tres_fields.get("node")),
+                max_walltime=int(walltime) if walltime is not None else None,
+                limits=frozenset(
+                    (int(value), per, kind)
+                    for value, (_, per, kind) in zip(counts, QOS_LIMITS, strict=False)
+                    if value.isdigit()
+                ),
+            )
+        )
     return out
 
 

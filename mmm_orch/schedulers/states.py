@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from mmm_orch.config.dataclass_code import dataclass
 
 
 class JobState(str, enum.Enum):
@@ -23,8 +24,16 @@ class JobState(str, enum.Enum):
         return self in TERMINAL
 
 
-TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-                      JobState.HUNG, JobState.NOT_STARTED})
+TERMINAL = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.HUNG,
+        JobState.NOT_STARTED,
+    }
+)
 _RANK = {JobState.UNKNOWN: 0, JobState.SUBMITTING: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
 
 

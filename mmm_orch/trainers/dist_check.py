@@ -26,8 +26,10 @@ from mmm_orch.runtime.options import parse
 class Config:
     """torch.distributed preflight: all-reduce correctness, latency and bandwidth."""
 
-    sizes: str = field(default="4,65536,1048576,16777216",
-                       metadata={"help": "all-reduce message sizes in bytes, comma-separated"})
+    sizes: str = field(
+        default="4,65536,1048576,16777216",
+        metadata={"help": "all-reduce message sizes in bytes, comma-separated"},
+    )
     iters: int = field(default=10, metadata={"help": "timed all-reduces per size"})
     warmup: int = field(default=2, metadata={"help": "untimed all-reduces per size"})
 
@@ -37,8 +39,10 @@ def check_allreduce(rt: runtime_dist.Runtime) -> bool:
     dist.all_reduce(tensor)
     expected = rt.world_size * (rt.world_size + 1) / 2
     ok = bool(torch.all(tensor == expected))
-    say(f"[dist_check] rank={rt.rank} all_reduce {'OK' if ok else 'FAILED'} "
-        f"(got {tensor[0].item():g}, expected {expected:g})")
+    say(
+        f"[dist_check] rank={rt.rank} all_reduce {'OK' if ok else 'FAILED'} "
+        f"(got {tensor[0].item():g}, expected {expected:g})"
+    )
     return ok
 
 
@@ -56,17 +60,27 @@ def time_allreduce(rt: runtime_dist.Runtime, nbytes: int, iters: int, warmup: in
     size = tensor.numel() * 4
     n = rt.world_size
     bus_factor = 2 * (n - 1) / n if n > 1 else 1.0  # ring all-reduce moves 2(n-1)/n of the data
-    return {"bytes": size, "latency_us": seconds * 1e6,
-            "algbw_gbps": size / seconds / 1e9, "busbw_gbps": size / seconds / 1e9 * bus_factor}
+    return {
+        "bytes": size,
+        "latency_us": seconds * 1e6,
+        "algbw_gbps": size / seconds / 1e9,
+        "busbw_gbps": size / seconds / 1e9 * bus_factor,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     sizes = [int(s) for s in cfg.sizes.split(",") if s.strip()]
     rt = runtime_dist.setup()
-    me = {"rank": rt.rank, "local_rank": rt.launch.local_rank, "node": rt.hostname,
-          "device": str(rt.device.torch), "backend": rt.device.backend,
-          "launcher": rt.launch.launcher, "python": sys.prefix}
+    me = {
+        "rank": rt.rank,
+        "local_rank": rt.launch.local_rank,
+        "node": rt.hostname,
+        "device": str(rt.device.torch),
+        "backend": rt.device.backend,
+        "launcher": rt.launch.launcher,
+        "python": sys.prefix,
+    }
     ranks: list = [None] * rt.world_size
     dist.all_gather_object(ranks, me)
     if rt.is_main:
@@ -79,14 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     all_ok = int(passed.item()) == rt.world_size
     if rt.is_main:
         for r in results:
-            say(f"[dist_check] all_reduce bytes={r['bytes']} latency_us={r['latency_us']:.1f} "
-                  f"algbw_gbps={r['algbw_gbps']:.3f} busbw_gbps={r['busbw_gbps']:.3f}")
+            say(
+                f"[dist_check] all_reduce bytes={r['bytes']} latency_us={r['latency_us']:.1f} "
+                f"algbw_gbps={r['algbw_gbps']:.3f} busbw_gbps={r['busbw_gbps']:.3f}"
+            )
         nodes = sorted({info["node"] for info in ranks})
         verdict = "PASS" if all_ok else "FAIL"
-        say(f"[dist_check] {verdict} world={rt.world_size} nodes={','.join(nodes)} "
-              f"backend={rt.device.backend}")
-        say(DIST_CHECK_JSON + json.dumps({"pass": all_ok, "ranks": ranks,
-                                                  "allreduce": results}))
+        say(
+            f"[dist_check] {verdict} world={rt.world_size} nodes={','.join(nodes)} "
+            f"backend={rt.device.backend}"
+        )
+        say(DIST_CHECK_JSON + json.dumps({"pass": all_ok, "ranks": ranks, "allreduce": results}))
     runtime_dist.teardown()
     return 0 if all_ok else 1
 

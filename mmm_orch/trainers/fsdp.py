@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+if (
+    __name__ == "__main__"
+):  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
+
     stop.catch()
 
 import torch
@@ -21,16 +24,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime.data import SyntheticImages, mnist, batch_indices
-from mmm_orch.runtime.loop import (adamw, autocast, classifier_step, draw_per_rank, mean_across,
-                                   mesh, param_dtype, run_dir)
+from mmm_orch.runtime.data import SyntheticImages, batch_indices, mnist
+from mmm_orch.runtime.loop import (
+    adamw,
+    autocast,
+    classifier_step,
+    draw_per_rank,
+    mesh,
+    param_dtype,
+    run_dir,
+)
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
 from mmm_orch.trainers.training import Training
 
 TEST_OFFSET = 10**9  # synthetic test images are samples nobody trains on
-TINY = {"train_samples": 512, "test_batch_size": 128}
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,10 @@ class Config(RunOptions):
 
     epochs: int = option(10, ge=1)
     batch_size: int = option(64, "per rank", ge=1)
-    test_batch_size: int = option(1000, ge=1)
+    test_batch_size: int = option(1000, ge=1, tiny=128)
     lr: float = option(1e-3, gt=0)
     gamma: float = option(0.7, "StepLR decay per epoch", gt=0, le=1)
-    train_samples: int = option(60000, "synthetic training images", ge=1)
+    train_samples: int = option(60000, "synthetic training images", ge=1, tiny=512)
     data_dir: str = option("", "MNIST IDX files; synthetic if empty", directory="existing")
     tiny: bool = option(False, "512 training, 256 test images")
 
@@ -58,14 +67,19 @@ def evaluate(model, test, rt, cfg: Config) -> tuple[float, float]:
         for start in range(0, len(test), stride):
             lo = min(start + rt.rank * cfg.test_batch_size, len(test))
             hi = min(lo + cfg.test_batch_size, len(test))
-            images, labels = test.batch(torch.arange(lo, hi) if hi > lo else torch.zeros(1, dtype=torch.long))
+            images, labels = test.batch(
+                torch.arange(lo, hi) if hi > lo else torch.zeros(1, dtype=torch.long)
+            )
             weight = 1.0 if hi > lo else 0.0
             logits = model(images.to(rt.device.torch)).float()
             labels = labels.to(rt.device.torch)
-            totals += weight * torch.stack([
-                F.cross_entropy(logits, labels, reduction="sum"),
-                (logits.argmax(1) == labels).sum().float(),
-                torch.tensor(float(len(labels)), device=rt.device.torch)])
+            totals += weight * torch.stack(
+                [
+                    F.cross_entropy(logits, labels, reduction="sum"),
+                    (logits.argmax(1) == labels).sum().float(),
+                    torch.tensor(float(len(labels)), device=rt.device.torch),
+                ]
+            )
     dist.all_reduce(totals)
     model.train()
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
@@ -92,12 +106,14 @@ def open_data(cfg: Config, rt):
         except (OSError, ValueError) as exc:  # every rank reads the same files: all stop
             runtime_dist.refuse(rt.is_main, "fsdp", f"--data-dir {cfg.data_dir}: {exc}")
     images = SyntheticImages((1, 28, 28), 10, cfg.seed)
-    return (_Slice(images, cfg.train_samples),
-            _Slice(images, 256 if cfg.tiny else 10000, TEST_OFFSET))
+    return (
+        _Slice(images, cfg.train_samples),
+        _Slice(images, 256 if cfg.tiny else 10000, TEST_OFFSET),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv, tiny=TINY)
+    cfg = parse(Config, argv)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
     train, test = open_data(cfg, rt)
@@ -105,24 +121,35 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(cfg.seed)
     model = MnistCNN().to(rt.device.torch)
-    parallelize.fsdp(model, [model.conv1, model.conv2, model.fc1, model.fc2], dp_mesh,
-                     param_dtype(rt, cfg.dtype))
+    parallelize.fsdp(
+        model, [model.conv1, model.conv2, model.fc1, model.fc2], dp_mesh, param_dtype(rt, cfg.dtype)
+    )
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
-    training = Training(rt, cfg, out, model, optimizer,
-                        {**dataclasses.asdict(cfg), "world_size": rt.world_size,
-                         "steps_per_epoch": steps_per_epoch}, scheduler)
+    training = Training(
+        rt,
+        cfg,
+        out,
+        model,
+        optimizer,
+        {
+            **dataclasses.asdict(cfg),
+            "world_size": rt.world_size,
+            "steps_per_epoch": steps_per_epoch,
+        },
+        scheduler,
+    )
     epoch = Epoch(cfg, rt, train, steps_per_epoch)
 
     def train_step(step: int) -> dict:
         training.timer.start()
-        loss, times = classifier_step(model, optimizer, training.timer, rt, cfg.dtype,
-                                      *epoch.batch(step))
+        loss, logged = classifier_step(
+            model, optimizer, training.timer, rt, cfg.dtype, *epoch.batch(step)
+        )
         epoch.add(loss)
-        return {"epoch": epoch.number, "loss": mean_across(loss), **times,
-                "samples_per_s": cfg.batch_size / times["dt"], "mem_gib": rt.device.memory_gib()}
+        return {"epoch": epoch.number, **logged}
 
     def after_step(step: int) -> None:
         """At an epoch's last step: its LR step, its test, and its line in the metrics."""
@@ -130,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             return
         scheduler.step()
         test_loss, test_acc = evaluate(model, test, rt, cfg)
-        training.logger.event("epoch", epoch=epoch.number, train_loss=epoch.mean_loss(),
-                              test_loss=test_loss, test_acc=test_acc)
+        training.logger.event(
+            "epoch",
+            epoch=epoch.number,
+            train_loss=epoch.mean_loss(),
+            test_loss=test_loss,
+            test_acc=test_acc,
+        )
         epoch.reset()
 
     # A run stopped at an epoch's last step resumes in that epoch, to finish its LR step and test.
@@ -147,7 +179,8 @@ class Epoch:
 
     def __init__(self, cfg: Config, rt, train, steps_per_epoch: int):
         self.cfg, self.rt, self.train, self.steps_per_epoch = cfg, rt, train, steps_per_epoch
-        self.number, self.order = 0, None
+        self.number = 0
+        self.order: torch.Tensor | None = None  # the epoch's, drawn on entering it
         self.reset()
 
     def enter(self, step: int) -> int:
@@ -155,15 +188,20 @@ class Epoch:
         number, within = divmod(step - 1, self.steps_per_epoch)
         if number + 1 != self.number:
             self.number = number + 1
-            self.order = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(
-                self.cfg.seed + self.number))
+            self.order = torch.randperm(
+                len(self.train),
+                generator=torch.Generator().manual_seed(self.cfg.seed + self.number),
+            )
         return within
 
     def batch(self, step: int):
         """Step N's batch of this rank."""
         within = self.enter(step)
-        picked = self.order[batch_indices(within, self.rt.rank, self.cfg.batch_size,
-                                          self.rt.world_size) % len(self.train)]
+        assert self.order is not None  # enter() drew it
+        picked = self.order[
+            batch_indices(within, self.rt.rank, self.cfg.batch_size, self.rt.world_size)
+            % len(self.train)
+        ]
         return self.train.batch(picked)
 
     def add(self, loss: torch.Tensor) -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+if (
+    __name__ == "__main__"
+):  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
+
     stop.catch()
 
-
+from mmm_orch import model_shapes
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import adamw, draw_per_rank, mean_across, mesh, param_dtype, run_dir
@@ -26,8 +29,7 @@ from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 from mmm_orch.trainers.training import Training
 
-TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "seq_len": 64,
-        "batch_size": 4}
+SMALL = model_shapes.TINY  # --tiny: llama3's tiny preset, the same model, batch and length
 
 
 @dataclass(frozen=True)
@@ -35,28 +37,34 @@ class Config(RunOptions):
     """Llama-style transformer with TP x FSDP2 on synthetic tokens."""
 
     tp: int = option(2, ge=1)
-    dim: int = option(256, ge=1)
-    n_layers: int = option(32, ge=1)
-    n_heads: int = option(32, ge=1)
-    n_kv_heads: int = option(4, ge=1)
-    vocab_size: int = option(32000, ge=2)
-    seq_len: int = option(2048, ge=1)
-    batch_size: int = option(24, "per data-parallel rank", ge=1)
+    dim: int = option(256, ge=1, tiny=SMALL.model.dim)
+    n_layers: int = option(32, ge=1, tiny=SMALL.model.n_layers)
+    n_heads: int = option(32, ge=1, tiny=SMALL.model.n_heads)
+    n_kv_heads: int = option(4, ge=1, tiny=SMALL.model.n_kv_heads)
+    vocab_size: int = option(32000, ge=2, tiny=SMALL.model.vocab_size)
+    seq_len: int = option(2048, ge=1, tiny=SMALL.seq_len)
+    batch_size: int = option(24, "per data-parallel rank", ge=1, tiny=SMALL.batch_size)
     steps: int = option(50, ge=1)
     lr: float = option(3e-3, gt=0)
     tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv, tiny=TINY)
+    cfg = parse(Config, argv)
     rt = runtime_dist.setup()
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "fsdp_tp", rt)
 
-    args = LlamaArgs(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                     n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size, max_seq_len=cfg.seq_len,
-                     multiple_of=32)
+    args = LlamaArgs(
+        dim=cfg.dim,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads,
+        vocab_size=cfg.vocab_size,
+        max_seq_len=cfg.seq_len,
+        multiple_of=32,
+    )
     model = Transformer(args)
     model.init_weights(cfg.seed)
     model.to(rt.device.torch)
@@ -65,27 +73,42 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
-    training = Training(rt, cfg, out, model, optimizer,
-                        {**dataclasses.asdict(cfg), "world_size": rt.world_size,
-                         "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()}})
+    training = Training(
+        rt,
+        cfg,
+        out,
+        model,
+        optimizer,
+        {
+            **dataclasses.asdict(cfg),
+            "world_size": rt.world_size,
+            "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()},
+        },
+    )
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
     timer = training.timer
 
     def train_step(step: int) -> dict:
         timer.start()
-        inputs, labels = data.batch(batch_indices(step - 1, dp_mesh.get_local_rank(),
-                                                  cfg.batch_size, dp_mesh.size()))
+        inputs, labels = data.batch(
+            batch_indices(step - 1, dp_mesh.get_local_rank(), cfg.batch_size, dp_mesh.size())
+        )
         with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
-            loss = token_losses(model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0,
-                                tp_mesh.size())
+            loss = token_losses(
+                model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0, tp_mesh.size()
+            )
             timer.forward_done()
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
         times = timer.stop()
         tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"] / rt.world_size
-        return {"loss": mean_across(loss, dp_mesh.get_group()), **times,
-                "tokens_per_s": tokens_per_s, "mem_gib": rt.device.memory_gib()}
+        return {
+            "loss": mean_across(loss, dp_mesh.get_group()),
+            **times,
+            "tokens_per_s": tokens_per_s,
+            "mem_gib": rt.device.memory_gib(),
+        }
 
     return training.run(cfg.steps, train_step)
 

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+if (
+    __name__ == "__main__"
+):  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
+
     stop.catch()
 
 import torch
@@ -28,8 +31,16 @@ from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.dataset import DatasetError, SampleLog, TokenDataset
 from mmm_orch.runtime.dist import refuse
 from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
-from mmm_orch.runtime.loop import (StepTimer, adamw, draw_per_rank, mean_across, mesh,
-                                   param_dtype, run_dir, warmup_cosine)
+from mmm_orch.runtime.loop import (
+    StepTimer,
+    adamw,
+    draw_per_rank,
+    mean_across,
+    mesh,
+    param_dtype,
+    run_dir,
+    warmup_cosine,
+)
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
@@ -50,32 +61,43 @@ class Config(RunOptions):
     seq_len: int | None = option(None, ge=1)
     n_layers: int | None = option(None, ge=1)
     vocab_size: int | None = option(
-        None, "the model's vocabulary (your tokenizer's size; the preset's if unset)", ge=2)
+        None, "the model's vocabulary (your tokenizer's size; the preset's if unset)", ge=2
+    )
     lr: float | None = option(None, gt=0)
     ac: Literal["none", "every_other", "full", "selective"] | None = option(
-        None, "activation checkpointing: every_other block (torchtitan's layer-wise selective "
-              "option 2) or every block (full); the preset's if unset (selective: every_other's "
-              "old name, for scripts written before the rename)")
+        None,
+        "activation checkpointing: every_other block (torchtitan's layer-wise selective "
+        "option 2) or every block (full); the preset's if unset (selective: every_other's "
+        "old name, for scripts written before the rename)",
+    )
     compile: bool = False
     async_save: bool = option(
-        False, "periodic checkpoints written in the background while training goes on")
+        False, "periodic checkpoints written in the background while training goes on"
+    )
     loss_chunk: int = option(
-        DEFAULT_LOSS_CHUNK, "tokens of a sequence whose logits exist at once without TP (0: all)",
-        ge=0)
+        DEFAULT_LOSS_CHUNK,
+        "tokens of a sequence whose logits exist at once without TP (0: all)",
+        ge=0,
+    )
     data_path: str = option(
-        "", "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
-            "synthetic tokens if empty")
+        "",
+        "a tokenized dataset (python -m mmm_orch.trainers.tokenize) or a flat token file; "
+        "synthetic tokens if empty",
+    )
     token_dtype: Literal["uint16", "uint32"] = option(
-        "uint32", "a flat token file's id type (a dataset's manifest says its own)")
+        "uint32", "a flat token file's id type (a dataset's manifest says its own)"
+    )
     global_batch: int = option(
-        0, "samples a step on any node count, by gradient accumulation (0: batch_size x dp)",
-        ge=0)
+        0, "samples a step on any node count, by gradient accumulation (0: batch_size x dp)", ge=0
+    )
     max_grad_norm: float = option(1.0, "clip to this norm (0: no clip)", ge=0)
     eval_every: int = option(0, "validation loss every N steps and at the last (0: never)", ge=0)
     eval_samples: int = option(
-        64, "held-out samples a validation reads (the same ones each time, on any layout)", ge=1)
+        64, "held-out samples a validation reads (the same ones each time, on any layout)", ge=1
+    )
     log_sample_ids: bool = option(
-        False, "write the samples and windows each rank trained on (samples/dp-R.jsonl)")
+        False, "write the samples and windows each rank trained on (samples/dp-R.jsonl)"
+    )
     tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
 
 
@@ -83,9 +105,12 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
     """(model args, batch size, seq len, lr, ac) from the preset and the overrides."""
     preset = TINY if cfg.tiny else PRESETS[cfg.config]
     seq_len = cfg.seq_len or preset.seq_len
-    model = dataclasses.replace(preset.model, n_layers=cfg.n_layers or preset.model.n_layers,
-                                vocab_size=cfg.vocab_size or preset.model.vocab_size,
-                                max_seq_len=max(seq_len, preset.model.max_seq_len))
+    model = dataclasses.replace(
+        preset.model,
+        n_layers=cfg.n_layers or preset.model.n_layers,
+        vocab_size=cfg.vocab_size or preset.model.vocab_size,
+        max_seq_len=max(seq_len, preset.model.max_seq_len),
+    )
     ac = "every_other" if cfg.ac == "selective" else cfg.ac or preset.ac
     return model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr, ac
 
@@ -114,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     world = mesh(rt, cfg.tp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
     try:
-        batches = GlobalBatch.of(cfg.global_batch, batch_size, dp_mesh.size(),
-                                 dp_mesh.get_local_rank())
+        batches = GlobalBatch.of(
+            cfg.global_batch, batch_size, dp_mesh.size(), dp_mesh.get_local_rank()
+        )
         train, val = open_data(cfg, args.vocab_size, seq_len)
     except ValueError as exc:  # every rank finds the same: the main one says it, all stop
         refuse(rt.is_main, "llama3", str(exc))
@@ -125,53 +151,101 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
-    training = Training(rt, cfg, out, model, optimizer,
-                        {**dataclasses.asdict(cfg), "model": dataclasses.asdict(args),
-                         "params": params, "world_size": rt.world_size, **batches.describe()},
-                        scheduler, cfg.async_save)
+    training = Training(
+        rt,
+        cfg,
+        out,
+        model,
+        optimizer,
+        {
+            **dataclasses.asdict(cfg),
+            "model": dataclasses.asdict(args),
+            "params": params,
+            "world_size": rt.world_size,
+            **batches.describe(),
+        },
+        scheduler,
+        cfg.async_save,
+    )
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
-    samples = SampleLog.where(cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches,
-                              step)
-    rate = TokenRate(transformer_flops_per_token(params, embedding_params, args.n_layers,
-                                                 args.n_heads, args.head_dim, seq_len),
-                     rt.device.name(), rt.world_size)
+    samples = SampleLog.where(
+        cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches, step
+    )
+    rate = TokenRate(
+        transformer_flops_per_token(
+            params, embedding_params, args.n_layers, args.n_heads, args.head_dim, seq_len
+        ),
+        rt.device.name(),
+        rt.world_size,
+    )
     timer, device = training.timer, rt.device.torch
     if step:
-        training.logger.event("resume", step=step, samples=consumed,
-                              checkpoint=str(training.checkpointer.root))
+        training.logger.event(
+            "resume", step=step, samples=consumed, checkpoint=str(training.checkpointer.root)
+        )
 
     def step_of_training(step: int) -> dict:
         nonlocal consumed
-        loss = train_step(model, train, batches, consumed, timer, device, step, samples,
-                          tp_mesh.size(), cfg.loss_chunk)
-        consumed, grad_norm = consumed + batches.size, torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.max_grad_norm or math.inf)
+        loss = train_step(
+            model,
+            train,
+            batches,
+            consumed,
+            timer,
+            device,
+            step,
+            samples,
+            tp_mesh.size(),
+            cfg.loss_chunk,
+        )
+        consumed, grad_norm = (
+            consumed + batches.size,
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf),
+        )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         times = timer.stop()
         validated = validate(cfg, step, model, val, batch_size, dp_mesh, tp_mesh.size(), device)
-        return {"loss": mean_across(loss, dp_mesh.get_group()), "grad_norm": _full(grad_norm),
-                "lr": scheduler.get_last_lr()[0], **times,
-                **rate(batches.size * seq_len, times["dt"]), "mem_gib": rt.device.memory_gib(),
-                **validated}
+        return {
+            "loss": mean_across(loss, dp_mesh.get_group()),
+            "grad_norm": _full(grad_norm),
+            "lr": scheduler.get_last_lr()[0],
+            **times,
+            **rate(batches.size * seq_len, times["dt"]),
+            "mem_gib": rt.device.memory_gib(),
+            **validated,
+        }
 
     return training.run(cfg.steps, step_of_training, lambda: {"samples": consumed})
 
 
-def validate(cfg: Config, step: int, model, val, batch_size: int, dp_mesh, tp: int,
-             device: torch.device) -> dict[str, float]:
+def validate(
+    cfg: Config, step: int, model, val, batch_size: int, dp_mesh, tp: int, device: torch.device
+) -> dict[str, float]:
     """{"val_loss": ...} at the steps --eval-every names and at the last; {} at the others."""
     if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
         return {}
-    return {"val_loss": validation_loss(model, val, cfg.eval_samples, batch_size, dp_mesh, tp,
-                                        cfg.loss_chunk, device)}
+    return {
+        "val_loss": validation_loss(
+            model, val, cfg.eval_samples, batch_size, dp_mesh, tp, cfg.loss_chunk, device
+        )
+    }
 
 
-def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTimer,
-               device: torch.device, step: int, samples: SampleLog | None, tp: int,
-               loss_chunk: int) -> torch.Tensor:
+def train_step(
+    model,
+    data,
+    batches: GlobalBatch,
+    consumed: int,
+    timer: StepTimer,
+    device: torch.device,
+    step: int,
+    samples: SampleLog | None,
+    tp: int,
+    loss_chunk: int,
+) -> torch.Tensor:
     """Forward and backward over the step's micro-batches; this rank's mean loss over its
     tokens. The timer's forward mark is at the last micro-batch's loss."""
     timer.start()
@@ -188,8 +262,10 @@ def train_step(model, data, batches: GlobalBatch, consumed: int, timer: StepTime
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
             # each micro-batch's gradients are reduced to their shards at once, which keeps the
             # gradients sharded between micro-batches).
-            loss = token_losses(model, inputs.to(device), labels.to(device), loss_chunk,
-                                tp) / batches.accumulation
+            loss = (
+                token_losses(model, inputs.to(device), labels.to(device), loss_chunk, tp)
+                / batches.accumulation
+            )
             if micro == batches.accumulation - 1:
                 timer.forward_done()
             loss.backward()
@@ -210,8 +286,10 @@ def open_data(cfg: Config, vocab_size: int, seq_len: int):
     if not cfg.eval_every:
         return train, None
     if not Path(cfg.data_path).is_dir():
-        raise ValueError(f"--eval-every {cfg.eval_every}: {cfg.data_path} is a flat token file "
-                         "with no validation split; tokenize the text into a dataset")
+        raise ValueError(
+            f"--eval-every {cfg.eval_every}: {cfg.data_path} is a flat token file "
+            "with no validation split; tokenize the text into a dataset"
+        )
     return train, TokenDataset(cfg.data_path, seq_len, vocab_size, split="val", shuffle=False)
 
 

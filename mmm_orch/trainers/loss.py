@@ -11,9 +11,12 @@ layer's matrix product four times a step rather than three, 6% of an 8-layer 8B 
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 
 def loss_context(tp: int):
@@ -21,13 +24,12 @@ def loss_context(tp: int):
     over the vocabulary)."""
     if tp == 1:
         return contextlib.nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
-
     return loss_parallel()
 
 
-def token_losses(model, inputs: torch.Tensor, labels: torch.Tensor, chunk: int, tp: int,
-                 reduction: str = "mean") -> torch.Tensor:
+def token_losses(
+    model, inputs: torch.Tensor, labels: torch.Tensor, chunk: int, tp: int, reduction: str = "mean"
+) -> torch.Tensor:
     """Cross-entropy of every token (`reduction` none: one per token, shaped as labels; sum; or
     mean), inside loss_context(tp). `chunk`: tokens of a sequence whose logits exist at once (0:
     the whole sequence); ignored under TP, where the logits are sharded instead."""
@@ -36,21 +38,25 @@ def token_losses(model, inputs: torch.Tensor, labels: torch.Tensor, chunk: int, 
         losses = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
         reduced = _reduce(losses, labels, reduction)
         # Under loss_parallel the losses come back replicated over the TP group: as a tensor.
-        return reduced.full_tensor() if tp > 1 else reduced
+        return cast(DTensor, reduced).full_tensor() if tp > 1 else reduced
     hidden = model(inputs, hidden_only=True)
     if torch.is_grad_enabled() and reduction != "none":
         total = _LinearCrossEntropy.apply(hidden, model.output.weight, labels, chunk)
         return total if reduction == "sum" else total / labels.numel()
-    parts = [_chunk_losses(model.output, hidden[:, start:start + chunk],
-                           labels[:, start:start + chunk])
-             for start in range(0, inputs.shape[1], chunk)]
+    parts = [
+        _chunk_losses(
+            model.output, hidden[:, start : start + chunk], labels[:, start : start + chunk]
+        )
+        for start in range(0, inputs.shape[1], chunk)
+    ]
     return _reduce(torch.cat(parts, dim=1).flatten(), labels, reduction)
 
 
 def _chunk_losses(output, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits = output(hidden)
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                           reduction="none").view(labels.shape)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(
+        labels.shape
+    )
 
 
 def _reduce(losses: torch.Tensor, labels: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -70,8 +76,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk):
-        dtype = (torch.get_autocast_dtype(hidden.device.type)
-                 if torch.is_autocast_enabled(hidden.device.type) else hidden.dtype)
+        dtype = (
+            torch.get_autocast_dtype(hidden.device.type)
+            if torch.is_autocast_enabled(hidden.device.type)
+            else hidden.dtype
+        )
         with torch.autocast(hidden.device.type, enabled=False):
             hidden_c, weight_c = hidden.to(dtype), weight.to(dtype)
             grad_hidden = torch.empty_like(hidden_c)
@@ -79,16 +88,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             exact = torch.promote_types(dtype, torch.float32)  # the softmax's dtype: fp32 at least
             total = torch.zeros((), dtype=exact, device=hidden.device)
             for start in range(0, hidden.shape[1], chunk):
-                part = hidden_c[:, start:start + chunk]
+                part = hidden_c[:, start : start + chunk]
                 tokens = part.flatten(0, 1)
-                targets = labels[:, start:start + chunk].flatten().unsqueeze(1)
+                targets = labels[:, start : start + chunk].flatten().unsqueeze(1)
                 logits = (tokens @ weight_c.T).to(exact)
                 norm = logits.logsumexp(dim=1, keepdim=True)
                 total += (norm - logits.gather(1, targets)).sum()
                 probs = logits.sub_(norm).exp_()  # in place: no second logits-sized buffer
                 probs.scatter_add_(1, targets, torch.full_like(targets, -1, dtype=probs.dtype))
                 grad_logits = probs.to(dtype)
-                grad_hidden[:, start:start + chunk] = (grad_logits @ weight_c).view_as(part)
+                grad_hidden[:, start : start + chunk] = (grad_logits @ weight_c).view_as(part)
                 grad_weight.addmm_(grad_logits.T, tokens)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
@@ -98,5 +107,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
-        return ((grad_hidden * grad_total).to(hidden_dtype),
-                (grad_weight * grad_total).to(weight_dtype), None, None)
+        return (
+            (grad_hidden * grad_total).to(hidden_dtype),
+            (grad_weight * grad_total).to(weight_dtype),
+            None,
+            None,
+        )

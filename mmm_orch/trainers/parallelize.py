@@ -4,8 +4,11 @@ TP that fails in torch 2.13's AOT autograd, so here the checkpoint wraps the com
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
@@ -17,35 +20,48 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from mmm_orch.trainers.models.llama import Transformer
 
-def tensor_parallel_llama(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+
+def tensor_parallel_llama(model: Transformer, tp_mesh: DeviceMesh) -> None:
     """Megatron-style TP with sequence-parallel norms: q/k/v and w1/w3 column-wise, wo and w2
     row-wise; activations between blocks stay sharded along the sequence."""
     if tp_mesh.size() == 1:
         return
-    parallelize_module(model, tp_mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        # Logits stay sharded over the vocabulary: the loss runs under loss_parallel (loss.py).
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
-                                  use_local_output=False),
-    })
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            # Logits stay sharded over the vocabulary: the loss runs under loss_parallel (loss.py).
+            "output": ColwiseParallel(
+                input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+            ),
+        },
+    )
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None),
-                                            desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                               desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
 
 
 def activation_checkpointing(blocks: nn.ModuleDict, mode: str) -> None:
@@ -54,8 +70,6 @@ def activation_checkpointing(blocks: nn.ModuleDict, mode: str) -> None:
     recompute for half the saved activations."""
     if mode == "none":
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
     for i, (name, block) in enumerate(list(blocks.items())):
         if mode == "full" or i % 2 == 0:
             blocks[name] = checkpoint_wrapper(block, preserve_rng_state=False)
@@ -63,7 +77,13 @@ def activation_checkpointing(blocks: nn.ModuleDict, mode: str) -> None:
 
 def compile_blocks(blocks: nn.ModuleDict) -> None:
     for name, block in list(blocks.items()):
-        blocks[name] = torch.compile(block, fullgraph=True)
+        blocks[name] = compiled(block, fullgraph=True)
+
+
+def compiled(module: nn.Module, **options: Any) -> nn.Module:
+    """torch.compile(module, **options): an OptimizedModule, itself a module."""
+    # torch's overloads type a compiled module as a plain callable.
+    return torch.compile(module, **options)  # type: ignore[return-value]
 
 
 def fsdp(model: nn.Module, blocks, dp_mesh: DeviceMesh, param_dtype: torch.dtype) -> None:

@@ -28,13 +28,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from mmm_orch.injob import protocol
-from mmm_orch.runtime.dataset import (FORMAT, MANIFEST, SHARD_FILE, SPLITS, dtype_for,
-                                      replacement_dirs, shard_name)
-from mmm_orch.runtime.options import parse
-from mmm_orch.runtime.text import (MAX_DOCUMENT_CHARS, TextError, documents, input_files,
-                                   load_tokenizer)
+import torch.distributed as dist
 
+from mmm_orch.injob import protocol
+from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime.dataset import (
+    FORMAT,
+    MANIFEST,
+    SHARD_FILE,
+    SPLITS,
+    dtype_for,
+    replacement_dirs,
+    shard_name,
+)
+from mmm_orch.runtime.options import parse
+from mmm_orch.runtime.text import (
+    MAX_DOCUMENT_CHARS,
+    TextError,
+    documents,
+    input_files,
+    load_tokenizer,
+)
 
 PROGRESS_EVERY = 60.0  # seconds between a rank's progress lines (workloads/tokenize.yaml)
 
@@ -43,15 +57,27 @@ PROGRESS_EVERY = 60.0  # seconds between a rank's progress lines (workloads/toke
 class Config:
     """Tokenize text into a mmm-orch token dataset (shards, manifest, validation split)."""
 
-    input: str = field(default="", metadata={
-        "help": "files or directories, comma-separated (.txt/.md: blank-line-separated "
-                "documents; .jsonl: one per line; .parquet: one per row); a document may have "
-                f"at most {MAX_DOCUMENT_CHARS} characters"})
-    tokenizer: str = field(default="", metadata={
-        "help": "tokenizer.json, a tiktoken BPE file (Llama 3's tokenizer.model) or a "
-                "SentencePiece model"})
-    out: str = field(default="", metadata={
-        "help": "the dataset directory to write (built beside it, then renamed into place)"})
+    input: str = field(
+        default="",
+        metadata={
+            "help": "files or directories, comma-separated (.txt/.md: blank-line-separated "
+            "documents; .jsonl: one per line; .parquet: one per row); a document may have "
+            f"at most {MAX_DOCUMENT_CHARS} characters"
+        },
+    )
+    tokenizer: str = field(
+        default="",
+        metadata={
+            "help": "tokenizer.json, a tiktoken BPE file (Llama 3's tokenizer.model) or a "
+            "SentencePiece model"
+        },
+    )
+    out: str = field(
+        default="",
+        metadata={
+            "help": "the dataset directory to write (built beside it, then renamed into place)"
+        },
+    )
     text_field: str = field(default="text", metadata={"help": "the JSON field or Parquet column"})
     val_fraction: float = field(default=0.01, metadata={"help": "documents held out, 0-0.5"})
     eos_token: str = field(default="", metadata={"help": "a Hugging Face tokenizer's EOS token"})
@@ -75,7 +101,7 @@ class ShardWriter:
     def __init__(self, path: Path, dtype: str):
         self.path, self.code = path, "H" if dtype == "uint16" else "I"
         try:
-            self.file = open(path, "xb")
+            self.file = open(path, "xb")  # noqa: SIM115 - closed by close() or abandon()
         except OSError as exc:
             raise OutputError(exc.strerror) from None
         self.digest = hashlib.sha256()
@@ -110,8 +136,12 @@ class ShardWriter:
             self.file.close()
         except OSError as exc:
             raise OutputError(exc.strerror) from None
-        return {"tokens": self.tokens, "documents": self.documents, "max_id": self.max_id,
-                "sha256": self.digest.hexdigest()}
+        return {
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "max_id": self.max_id,
+            "sha256": self.digest.hexdigest(),
+        }
 
     def abandon(self) -> None:
         with contextlib.suppress(OSError):  # the data still buffered cannot be written: dropped
@@ -163,19 +193,25 @@ def _output_dir(cfg: Config) -> Path:
     _restore_interrupted(out, cfg)
     existing = next(p for p in (out, *out.parents) if os.path.lexists(p))
     if not existing.is_dir():
-        _refuse(f"--out {cfg.out!r} is not a directory" if existing == out else
-                f"--out {cfg.out!r}: {existing} is a file, not a directory")
+        _refuse(
+            f"--out {cfg.out!r} is not a directory"
+            if existing == out
+            else f"--out {cfg.out!r}: {existing} is a file, not a directory"
+        )
     # The parent takes the new directory and the renames; --out itself loses the old files.
     for directory in {existing, out.parent} if existing == out else {existing}:
         if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
             _refuse(f"--out {cfg.out!r}: cannot write in {directory} (read-only, or not yours)")
     if existing == out:
-        foreign = sorted(name for name in os.listdir(out)
-                         if name != MANIFEST and not SHARD_FILE.fullmatch(name))
+        foreign = sorted(
+            name for name in os.listdir(out) if name != MANIFEST and not SHARD_FILE.fullmatch(name)
+        )
         if foreign:
-            _refuse(f"--out {cfg.out!r} holds files that are not a dataset's "
-                    f"({', '.join(foreign[:3])}): replacing it would delete them; choose another "
-                    "directory")
+            _refuse(
+                f"--out {cfg.out!r} holds files that are not a dataset's "
+                f"({', '.join(foreign[:3])}): replacing it would delete them; choose another "
+                "directory"
+            )
         if (out / MANIFEST).exists() and not cfg.overwrite:
             _refuse(f"--out {cfg.out!r} already holds a dataset: pass --overwrite to replace it")
     return out
@@ -192,8 +228,10 @@ def _restore_interrupted(out: Path, cfg: Config) -> None:
         os.rename(aside, out)
     except OSError as exc:
         if not os.path.lexists(out):
-            _refuse(f"--out {cfg.out!r}: a stopped run left its dataset in {aside}, and it "
-                    f"cannot be put back: {exc.strerror}")
+            _refuse(
+                f"--out {cfg.out!r}: a stopped run left its dataset in {aside}, and it "
+                f"cannot be put back: {exc.strerror}"
+            )
 
 
 def _prepare(out: Path, cfg: Config, created: list[Path]) -> str:
@@ -228,18 +266,15 @@ def _discard(new: Path, created: list[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = _options(argv)
     files, tokenizer, out = _checked(cfg)
-    import torch.distributed as dist
-
-    from mmm_orch.runtime import dist as runtime_dist
-
     os.environ.setdefault(protocol.DEVICE_VAR, "cpu")  # text work: no accelerator to hold
     rt = runtime_dist.setup()
     started = time.perf_counter()
     dtype = dtype_for(tokenizer.vocab_size)
     new, _ = replacement_dirs(out)
     created: list[Path] = []  # rank 0's, above --out
-    runtime_dist.refuse_if_main_says(rt, "tokenize",
-                                     _prepare(out, cfg, created) if rt.is_main else "")
+    runtime_dist.refuse_if_main_says(
+        rt, "tokenize", _prepare(out, cfg, created) if rt.is_main else ""
+    )
     writers: dict[str, ShardWriter] = {}
     failed, mine = "", {}  # what stopped this rank, for every rank to stop on (none left waiting)
     try:
@@ -269,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     runtime_dist.refuse_if_main_says(rt, "tokenize", stop)
     if rt.is_main:
         tokens = sum(r[split]["tokens"] for r in everyone for split in SPLITS)
-        print(f"[tokenize] {tokens} tokens from {len(files)} file(s) on {rt.world_size} rank(s) "
-              f"in {time.perf_counter() - started:.1f}s -> {cfg.out}", flush=True)
+        print(
+            f"[tokenize] {tokens} tokens from {len(files)} file(s) on {rt.world_size} rank(s) "
+            f"in {time.perf_counter() - started:.1f}s -> {cfg.out}",
+            flush=True,
+        )
     dist.barrier()
     runtime_dist.teardown()
     return 0
@@ -288,8 +326,9 @@ def _tokenize(files, cfg: Config, tokenizer, writers: dict, rank: int, world: in
                 print(f"[tokenize] rank {rank}: {index + 1} documents read", flush=True)
 
 
-def _finish(out: Path, cfg: Config, tokenizer, files, dtype: str, ranks: list[dict],
-            created: list[Path]) -> str:
+def _finish(
+    out: Path, cfg: Config, tokenizer, files, dtype: str, ranks: list[dict], created: list[Path]
+) -> str:
     """Rank 0: the manifest beside the shards (empty ones dropped), then the dataset put in the
     place of --out. What went wrong (nothing left behind then), or ""."""
     new, aside = replacement_dirs(out)
@@ -302,13 +341,22 @@ def _finish(out: Path, cfg: Config, tokenizer, files, dtype: str, ranks: list[di
                     shards.append({"file": shard_name(split, rank), **stats[split]})
                 else:
                     (new / shard_name(split, rank)).unlink()
-            splits[split] = {"tokens": sum(s["tokens"] for s in shards),
-                             "documents": sum(s["documents"] for s in shards), "shards": shards}
-        manifest = {"format": FORMAT, "tokenizer": tokenizer.describe(), "dtype": dtype,
-                    "max_token_id": max(r[s]["max_id"] for r in ranks for s in SPLITS),
-                    "val_fraction": cfg.val_fraction, "ranks": len(ranks),
-                    "inputs": [str(f) for f in files], "text_field": cfg.text_field,
-                    "splits": splits}
+            splits[split] = {
+                "tokens": sum(s["tokens"] for s in shards),
+                "documents": sum(s["documents"] for s in shards),
+                "shards": shards,
+            }
+        manifest = {
+            "format": FORMAT,
+            "tokenizer": tokenizer.describe(),
+            "dtype": dtype,
+            "max_token_id": max(r[s]["max_id"] for r in ranks for s in SPLITS),
+            "val_fraction": cfg.val_fraction,
+            "ranks": len(ranks),
+            "inputs": [str(f) for f in files],
+            "text_field": cfg.text_field,
+            "splits": splits,
+        }
         with open(new / MANIFEST, "xb") as handle:
             handle.write(json.dumps(manifest, indent=1).encode())
             handle.flush()
@@ -323,8 +371,12 @@ def _finish(out: Path, cfg: Config, tokenizer, files, dtype: str, ranks: list[di
         if os.path.lexists(aside):
             shutil.rmtree(aside)
     except OSError as exc:
-        print(f"[tokenize] warning: the replaced dataset is left in {aside} ({exc.strerror}): "
-              "the next tokenize removes it", file=sys.stderr, flush=True)
+        print(
+            f"[tokenize] warning: the replaced dataset is left in {aside} ({exc.strerror}): "
+            "the next tokenize removes it",
+            file=sys.stderr,
+            flush=True,
+        )
     return ""
 
 
@@ -356,6 +408,4 @@ def _sync(directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    from mmm_orch.runtime.dist import run_main
-
-    run_main(main)
+    runtime_dist.run_main(main)

@@ -6,8 +6,9 @@ stopped before the last step, having saved)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -24,23 +25,37 @@ class Training:
     after the model and the optimizer (the checkpoint restores them in place): `step` is where
     the run goes on from, `restored` the rest of the saved train state ({} on a fresh run)."""
 
-    def __init__(self, rt: Runtime, cfg: RunOptions, out: Path, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, describe: dict[str, Any],
-                 scheduler: Any = None, async_save: bool = False):
+    def __init__(
+        self,
+        rt: Runtime,
+        cfg: RunOptions,
+        out: Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        describe: dict[str, Any],
+        scheduler: Any = None,
+        async_save: bool = False,
+    ):
         self.rt, self.model, self.optimizer, self.scheduler = rt, model, optimizer, scheduler
-        self.checkpointer = Checkpointer(out, cfg.checkpoint_every, rt.device.torch, rt.is_main,
-                                         cfg.keep_checkpoints, async_save)
-        self.restored = self.checkpointer.restore(model, optimizer, cfg.resume,
-                                                  cfg.allow_fresh) or {}
+        self.checkpointer = Checkpointer(
+            out, cfg.checkpoint_every, rt.device.torch, rt.is_main, cfg.keep_checkpoints, async_save
+        )
+        self.restored = (
+            self.checkpointer.restore(model, optimizer, cfg.resume, cfg.allow_fresh) or {}
+        )
         self.step = self.restored.get("step", 0)
         if self.restored and scheduler is not None:
             scheduler.load_state_dict(self.restored["scheduler"])
         self.logger = MetricLogger(out, describe, enabled=rt.is_main, resumed_from=self.step)
         self.timer = StepTimer(rt)
 
-    def run(self, last_step: int, train_step: Callable[[int], dict[str, Any]],
-            train_state: Callable[[], dict[str, Any]] = dict,
-            after_step: Callable[[int], None] = lambda step: None) -> int:
+    def run(
+        self,
+        last_step: int,
+        train_step: Callable[[int], dict[str, Any]],
+        train_state: Callable[[], dict[str, Any]] = dict,
+        after_step: Callable[[int], None] = lambda step: None,
+    ) -> int:
         """Steps up to `last_step`: `train_step(N)` runs step N (starting the timer and
         stopping it) and returns what the step logs; `train_state()` is saved with each
         checkpoint beside the scheduler's; `after_step(N)` runs once step N is logged and the
@@ -48,10 +63,13 @@ class Training:
         while self.step < last_step:
             self.step += 1
             self.logger.step(self.step, **train_step(self.step))
-            state = {**({"scheduler": self.scheduler.state_dict()} if self.scheduler else {}),
-                     **train_state()}
-            if self.checkpointer.after_step(self.step, self.model, self.optimizer, state,
-                                            self.logger):
+            state = {
+                **({"scheduler": self.scheduler.state_dict()} if self.scheduler else {}),
+                **train_state(),
+            }
+            if self.checkpointer.after_step(
+                self.step, self.model, self.optimizer, state, self.logger
+            ):
                 break
             after_step(self.step)
         self.checkpointer.wait_pending(self.logger)

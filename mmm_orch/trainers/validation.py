@@ -24,8 +24,16 @@ class Offset:
 
 
 @torch.no_grad()
-def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int, dp_mesh,
-                    tp: int, loss_chunk: int, device: torch.device) -> float:
+def validation_loss(
+    model: torch.nn.Module,
+    data,
+    samples: int,
+    batch_size: int,
+    dp_mesh,
+    tp: int,
+    loss_chunk: int,
+    device: torch.device,
+) -> float:
     """Mean loss per token over held-out samples 0 .. samples - 1 of `data`, split over the
     data-parallel ranks in micro-batches (every rank of a TP group on the same ones): the same
     samples, so the same number, on any layout. Every rank runs the same number of forwards
@@ -39,8 +47,9 @@ def validation_loss(model: torch.nn.Module, data, samples: int, batch_size: int,
         kept = (indices < samples).to(device)
         inputs, labels = data.batch(torch.where(indices < samples, indices, 0))
         with loss_context(tp):
-            per_token = token_losses(model, inputs.to(device), labels.to(device), loss_chunk,
-                                     tp, "none")
+            per_token = token_losses(
+                model, inputs.to(device), labels.to(device), loss_chunk, tp, "none"
+            )
         totals[0] += (per_token.sum(1) * kept).sum()
         totals[1] += kept.sum() * labels.shape[1]
     dist.all_reduce(totals, group=dp_mesh.get_group())

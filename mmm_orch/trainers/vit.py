@@ -9,36 +9,35 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-if __name__ == "__main__":  # before torch loads: a stop during startup waits for step 1, see stop.py
+if (
+    __name__ == "__main__"
+):  # before torch loads: a stop during startup waits for step 1, see stop.py
     from mmm_orch.runtime import stop
+
     stop.catch()
 
 import torch
 
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
-from mmm_orch.runtime.loop import (adamw, classifier_step, draw_per_rank, mean_across, mesh,
-                                   param_dtype, run_dir)
+from mmm_orch.runtime.loop import adamw, classifier_step, draw_per_rank, mesh, param_dtype, run_dir
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
 from mmm_orch.trainers.training import Training
-
-TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "heads": 2, "head_dim": 16, "num_classes": 10,
-        "batch_size": 8}
 
 
 @dataclass(frozen=True)
 class Config(RunOptions):
     """Vision Transformer with FSDP2."""
 
-    img_size: int = option(224, ge=1)
-    patch_size: int = option(16, ge=1)
-    depth: int = option(24, ge=1)
-    heads: int = option(16, ge=1)
-    head_dim: int = option(64, ge=1)
-    num_classes: int = option(1000, ge=2)
-    batch_size: int = option(128, "per rank", ge=1)
+    img_size: int = option(224, ge=1, tiny=32)
+    patch_size: int = option(16, ge=1, tiny=8)
+    depth: int = option(24, ge=1, tiny=2)
+    heads: int = option(16, ge=1, tiny=2)
+    head_dim: int = option(64, ge=1, tiny=16)
+    num_classes: int = option(1000, ge=2, tiny=10)
+    batch_size: int = option(128, "per rank", ge=1, tiny=8)
     steps: int = option(100, ge=1)
     lr: float = option(3e-4, gt=0)
     compile: bool = False
@@ -46,30 +45,36 @@ class Config(RunOptions):
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(Config, argv, tiny=TINY)
+    cfg = parse(Config, argv)
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "vit", rt)
-    args = VitArgs(img_size=cfg.img_size, patch_size=cfg.patch_size, depth=cfg.depth,
-                   heads=cfg.heads, head_dim=cfg.head_dim, num_classes=cfg.num_classes)
+    args = VitArgs(
+        img_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        depth=cfg.depth,
+        heads=cfg.heads,
+        head_dim=cfg.head_dim,
+        num_classes=cfg.num_classes,
+    )
 
     torch.manual_seed(cfg.seed)
     model = VisionTransformer(args).to(rt.device.torch)
     if cfg.compile:
-        model.blocks = torch.nn.ModuleList(torch.compile(b) for b in model.blocks)
+        model.blocks = torch.nn.ModuleList(parallelize.compiled(b) for b in model.blocks)
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
-    training = Training(rt, cfg, out, model, optimizer,
-                        {**dataclasses.asdict(cfg), "world_size": rt.world_size})
+    training = Training(
+        rt, cfg, out, model, optimizer, {**dataclasses.asdict(cfg), "world_size": rt.world_size}
+    )
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
 
     def train_step(step: int) -> dict:
         training.timer.start()
         batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
-        loss, times = classifier_step(model, optimizer, training.timer, rt, cfg.dtype, *batch)
-        return {"loss": mean_across(loss), **times, "samples_per_s": cfg.batch_size / times["dt"],
-                "mem_gib": rt.device.memory_gib()}
+        _, logged = classifier_step(model, optimizer, training.timer, rt, cfg.dtype, *batch)
+        return logged
 
     return training.run(cfg.steps, train_step)
 

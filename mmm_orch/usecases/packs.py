@@ -10,37 +10,68 @@ launcher, which reads the recorded plans and runs them. What was reviewed is wha
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.jobs.db import db_path, open_db
-from mmm_orch.jobs.record import PACK_INDEX, JobRecord
+from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, PREFIX
 from mmm_orch.planning import Plan, Request, cost
-from mmm_orch.render import render
-from mmm_orch.usecases import Prepared, _counted_plan, bad_nodes, prepare_plan, resuming, target
+from mmm_orch.planning.model import ChainLink, JobPlace
+from mmm_orch.planning.store import stored_plan
+from mmm_orch.records.db import db_path, open_db
+from mmm_orch.records.record import PACK_INDEX, JobRecord
+from mmm_orch.rendering import render
+from mmm_orch.schedulers.states import JobState
+from mmm_orch.submission import submit, sweeps
+from mmm_orch.submission.pack import walltime_for
+from mmm_orch.usecases import (
+    Prepared,
+    _counted_plan,
+    bad_nodes,
+    inside,
+    prepare_plan,
+    resuming,
+    target,
+)
+from mmm_orch.walltime import format_walltime
+
+EXIT_STOPPED = EXIT_STOPPED_BY_TERM  # `pack-run` stopped by the scheduler's SIGTERM
+
+
+def in_the_log(text: str) -> str:
+    """A line `pack-run` says in its job's log, marked as mmm-orch's own."""
+    return f"{PREFIX} pack: {text}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Pack:
     swept: dict[str, list[str]]
-    points: list  # jobs/sweeps.Point, in order
+    points: list  # submission/sweeps.Point, in order
     job: Prepared  # the pack job, its program to be named once the sweep is recorded
 
 
-def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes: int | None,
-                pack_walltime: str | None = None, db: str | None = None,
-                template: str | None = None, host: str | None = None, env_check: bool = True,
-                review: bool = False, devices: str | None = None) -> Pack:
+def pack_points(
+    request: Request,
+    nodes: str | None,
+    sets: list[str],
+    pack_nodes: int | None,
+    pack_walltime: str | None = None,
+    db: str | None = None,
+    template: str | None = None,
+    host: str | None = None,
+    env_check: bool = True,
+    review: bool = False,
+    devices: str | None = None,
+) -> Pack:
     """The sweep's points and the pack job that runs them, all checked: every point fits the
     pack's nodes and renders, the pack job has a queue with room (its user's jobs counted where
     it goes, `review`: offline) and keeps to the budgets."""
-    from mmm_orch.jobs import sweeps
-
     remote = None if review else target(request.machine, host)
     if remote:
-        raise MmmError(f"--pack submits from {request.machine}'s login node, not through "
-                       f"--host/login_hosts ({remote}): the pack job records its points in this "
-                       "job database, which it must reach; run the sweep there")
+        raise MmmError(
+            f"--pack submits from {request.machine}'s login node, not through "
+            f"--host/login_hosts ({remote}): the pack job records its points in this "
+            "job database, which it must reach; run the sweep there"
+        )
     swept = sweeps.axes(nodes, sets, devices)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     points = sweeps.points(shared, swept, new_jobs=False)  # no queue: they run in the pack
@@ -49,8 +80,12 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
         if pack_nodes < 1:
             raise InvalidValue("--pack-nodes", pack_nodes, "a whole number of nodes, 1 or more")
         if largest.nodes > pack_nodes:
-            raise InvalidValue("--pack-nodes", pack_nodes, f"at least the {largest.nodes} nodes "
-                               f"of sweep point {largest.index} ({largest.label})")
+            raise InvalidValue(
+                "--pack-nodes",
+                pack_nodes,
+                f"at least the {largest.nodes} nodes "
+                f"of sweep point {largest.index} ({largest.label})",
+            )
     # A template of the user's is tried on every point before the machine is contacted; the
     # packaged ones on the first (as for one job): each point renders again where it runs.
     for point in points if template is not None else points[:1]:
@@ -61,58 +96,74 @@ def pack_points(request: Request, nodes: str | None, sets: list[str], pack_nodes
     except MmmError as exc:
         if pack_walltime:
             raise
-        raise MmmError(f"{exc}: the pack's walltime, {asked.walltime}, is its points' waves on "
-                       f"{asked.nodes} node(s); give --pack-walltime (points it leaves no time "
-                       "for are recorded `not started`) or more --pack-nodes") from None
+        raise MmmError(
+            f"{exc}: the pack's walltime, {asked.walltime}, is its points' waves on "
+            f"{asked.nodes} node(s); give --pack-walltime (points it leaves no time "
+            "for are recorded `not started`) or more --pack-nodes"
+        ) from None
     job = _runs_once(job, _program(job, db, "<sweep id>"))
-    return Pack(swept, points, prepare_plan(job, template, None, env_check and not review, db=db,
-                                            load=load))
+    return Pack(
+        swept, points, prepare_plan(job, template, None, env_check and not review, db=db, load=load)
+    )
 
 
 def _pack_request(shared: Request, points: list, nodes: int, walltime: str | None) -> Request:
     """The pack job: `nodes` nodes for `walltime`, by default for the waves its points run in
-    at most (jobs/pack.walltime_for)."""
-    from mmm_orch.jobs.pack import walltime_for
-    from mmm_orch.walltime import format_walltime
-
+    at most (submission/pack.walltime_for)."""
     walltime = walltime or format_walltime(walltime_for(points, nodes))
-    return dataclasses.replace(shared, workload="command", command=("true",), sets=(),
-                               nodes=nodes, spare_nodes=0, walltime=walltime,
-                               name=shared.name or f"{points[0].plan.name}-pack")
+    return dataclasses.replace(
+        shared,
+        workload="command",
+        command=("true",),
+        sets=(),
+        nodes=nodes,
+        spare_nodes=0,
+        walltime=walltime,
+        name=shared.name or f"{points[0].plan.name}-pack",
+    )
 
 
 def _runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
     """`job` running `program` once, on the allocation's first node (where the script runs),
     without the launcher or the watchdog: each point has its own."""
-    return dataclasses.replace(job.with_launch(launcher=(), hosts="", command=program),
-                               guard=dataclasses.replace(job.guard, first_step_timeout=0,
-                                                         step_timeout=0))
+    return dataclasses.replace(
+        job.with_launch(launcher=(), hosts="", command=program),
+        guard=dataclasses.replace(job.guard, first_step_timeout=0, step_timeout=0),
+    )
 
 
 def _program(job: Plan, db: str | None, sweep: str) -> tuple[str, ...]:
     """What the pack job runs: its sweep's points, recorded in the job database `db`."""
-    return (job.launch.python, "-m", "mmm_orch", "--db", str(db_path(db).resolve()), "pack-run",
-            sweep)
+    return (
+        job.launch.python,
+        "-m",
+        "mmm_orch",
+        "--db",
+        str(db_path(db).resolve()),
+        "pack-run",
+        sweep,
+    )
 
 
-def submit_pack(pack: Pack, db: str | None = None,
-                rerun_of: int | None = None) -> tuple[int, JobRecord]:
+def submit_pack(
+    pack: Pack, db: str | None = None, rerun_of: int | None = None
+) -> tuple[int, JobRecord]:
     """Record the sweep with its points' plans, then submit the pack job that runs them; a
     refused submission leaves no sweep behind."""
-    from mmm_orch.jobs import sweeps
-    from mmm_orch.jobs import submit as jobs
-
     where = db_path(db)
     opened = open_db(str(where), create=True)
     template = pack.job.template
     sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={"template": template})
     job = _runs_once(pack.job.plan, _program(pack.job.plan, db, str(sweep_id)))
-    links = {"group_id": sweep_id, "group_index": PACK_INDEX,
-             **({"rerun_of": rerun_of} if rerun_of is not None else {})}
+    links = {
+        "group_id": sweep_id,
+        "group_index": PACK_INDEX,
+        **({"rerun_of": rerun_of} if rerun_of is not None else {}),
+    }
     try:
-        record = jobs.submit(job, where, template, links=links)
+        record = submit.submit(job, where, template, links=links)
     except BaseException:
-        opened.delete_empty_group(sweep_id)
+        opened.groups.delete_empty(sweep_id)
         raise
     return sweep_id, record
 
@@ -121,29 +172,30 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
     """`rerun` of a pack job: a new pack of the points that did not complete, on as many nodes
     for as long; `resume`: a point that ran goes on from its run's latest checkpoint (one that
     never started, fresh)."""
-    from mmm_orch.jobs import sweeps
-    from mmm_orch.planning.model import ChainLink, JobPlace
-    from mmm_orch.planning.store import stored_plan
-    from mmm_orch.schedulers.states import JobState
-
     opened = open_db(str(db_path(db)))
+    if opened is None or old.group_id is None:  # (a pack job is recorded in its sweep's group)
+        raise MmmError(f"rerun: job {old.id} is no pack job in {db_path(db)}")
     group, ran = sweeps.sweep_jobs(opened, old.group_id)
     by_index = {record.group_index: record for record in ran}
-    left = []
+    left: list[sweeps.Point] = []
     for point in _recorded(opened, group):
         record = by_index.get(point.index)
         if record is not None and record.state is JobState.COMPLETED:
             continue
-        left.append(sweeps.Point(len(left) + 1, point.values,
-                                 _again(opened, point.plan, record, resume)))
+        left.append(
+            sweeps.Point(len(left) + 1, point.values, _again(opened, point.plan, record, resume))
+        )
     if not left:
-        raise MmmError(f"rerun: every point of sweep {group['id']} completed; nothing is left "
-                       "to run")
-    job = dataclasses.replace(stored_plan(old.plan, f"job {old.id}'s recorded plan"),
-                              submission=JobPlace(), chain=ChainLink())
+        raise MmmError(
+            f"rerun: every point of sweep {group['id']} completed; nothing is left to run"
+        )
+    job = dataclasses.replace(
+        stored_plan(old.plan, f"job {old.id}'s recorded plan"),
+        submission=JobPlace(),
+        chain=ChainLink(),
+    )
     job = job.with_launch(workdir_given=True)
-    prepared = prepare_plan(job, group["spec"]["pack"].get("template"), None, env_check=True,
-                            db=db)
+    prepared = prepare_plan(job, group["spec"]["pack"].get("template"), None, env_check=True, db=db)
     return submit_pack(Pack(group["spec"]["axes"], left, prepared), db, rerun_of=old.id)
 
 
@@ -151,20 +203,29 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
     """`rerun` of one point of a pack: a new pack of that point alone, sized for it (its nodes,
     its walltime), in a queue picked as for one job; `resume`: from its run's latest
     checkpoint."""
-    from mmm_orch.jobs import sweeps
-    from mmm_orch.planning.store import stored_plan
-
     opened = open_db(str(db_path(db)))
+    if opened is None or old.group_id is None or old.group_index is None:
+        raise MmmError(f"rerun: job {old.id} is no point of a pack in {db_path(db)}")
     group, _ = sweeps.sweep_jobs(opened, old.group_id)
     point = _recorded(opened, group)[old.group_index - 1]
     again = sweeps.Point(1, point.values, _again(opened, point.plan, old, resume))
-    pack_id = sweeps.pack_job(opened, group).id
-    pack = stored_plan(opened.get(pack_id).plan, f"job {pack_id}'s recorded plan")
-    asked = _pack_request(Request(pack.machine, "command", account=pack.queue.account,
-                                  name=pack.name), [again], point.nodes, None)
+    pack_job = sweeps.pack_job(opened, group)
+    if pack_job is None:
+        raise MmmError(f"rerun: sweep {group['id']} is not a pack")
+    pack_id = pack_job.id
+    # The listing leaves plans out: the whole record has it.
+    pack = stored_plan(opened.get_existing(pack_id).plan, f"job {pack_id}'s recorded plan")
+    asked = _pack_request(
+        Request(pack.machine, "command", account=pack.queue.account, name=pack.name),
+        [again],
+        point.nodes,
+        None,
+    )
     job, load = _counted_plan(asked, db, "")
-    job = _runs_once(job.with_launch(workdir=pack.launch.workdir, workdir_given=True),
-                     _program(job, db, "<sweep id>"))
+    job = _runs_once(
+        job.with_launch(workdir=pack.launch.workdir, workdir_given=True),
+        _program(job, db, "<sweep id>"),
+    )
     template = group["spec"]["pack"].get("template")
     prepared = prepare_plan(job, template, None, env_check=True, db=db, load=load)
     return submit_pack(Pack(group["spec"]["axes"], [again], prepared), db, rerun_of=old.id)
@@ -173,55 +234,61 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
 def _again(opened, planned: Plan, record: JobRecord | None, resume: bool) -> Plan:
     """A point's recorded plan to run again; `resume`: one that ran goes on from its run's
     latest checkpoint (one that never started, fresh)."""
-    from mmm_orch.planning.store import stored_plan
-    from mmm_orch.schedulers.states import JobState
-
     if record is None or record.state is JobState.NOT_STARTED or not resume:
         return planned
     earlier = stored_plan(opened.get(record.id).plan, f"job {record.id}'s recorded plan")
-    return resuming(planned.with_launch(args={**planned.launch.args,
-                                              "run_name": earlier.launch.args.get("run_name")}))
+    return resuming(
+        planned.with_launch(
+            args={**planned.launch.args, "run_name": earlier.launch.args.get("run_name")}
+        )
+    )
 
 
-def run_pack(sweep_id: int, db: str | None = None,
-             said: Callable[[str], None] = lambda text: None) -> list[JobRecord]:
+def run_pack(
+    sweep_id: int, db: str | None = None, said: Callable[[str], None] = lambda text: None
+) -> list[JobRecord]:
     """Inside the pack job: its sweep's recorded points run side by side on its nodes."""
-    from mmm_orch.usecases import inside
-
     opened = open_db(str(db_path(db)))
-    group = opened.group(sweep_id) if opened is not None else None
+    group = opened.groups.get(sweep_id) if opened is not None else None
     if group is None or not isinstance(group["spec"].get("pack"), dict):
         raise MmmError(f"sweep {sweep_id} is not a pack in {db_path(db)}")
-    return inside.run_points(_recorded(opened, group), sweep_id, db, group["spec"]["pack"].get("template"),
-                             said)
+    return inside.run_points(
+        _recorded(opened, group), sweep_id, db, group["spec"]["pack"].get("template"), said
+    )
 
 
 def _recorded(opened, group: dict) -> list:
-    """A pack's points (jobs/sweeps.Point) with the plans recorded when it was submitted."""
-    from mmm_orch.jobs import sweeps
-    from mmm_orch.planning.store import stored_plan
-
+    """A pack's points (submission/sweeps.Point) with the plans recorded when it was submitted."""
     values = sweeps.recorded_points(group)
-    plans = opened.group_plans(group["id"])
+    plans = opened.groups.plans(group["id"])
     if len(plans) != len(values):
-        raise MmmError(f"sweep {group['id']}'s recorded plans are damaged ({len(plans)} for "
-                       f"{len(values)} points, not one a point as mmm-orch writes them): it was "
-                       "changed by hand")
-    return [sweeps.Point(index, point, stored_plan(plan, f"sweep {group['id']}'s point {index}"))
-            for index, (point, plan) in enumerate(zip(values, plans), start=1)]
+        raise MmmError(
+            f"sweep {group['id']}'s recorded plans are damaged ({len(plans)} for "
+            f"{len(values)} points, not one a point as mmm-orch writes them): it was "
+            "changed by hand"
+        )
+    return [
+        sweeps.Point(index, point, stored_plan(plan, f"sweep {group['id']}'s point {index}"))
+        for index, (point, plan) in enumerate(zip(values, plans, strict=True), start=1)
+    ]
 
 
 def review_lines(pack: Pack) -> list[str]:
     """What `sweep --pack --dry-run` says after the pack job's script."""
     job = pack.job.plan
-    lines = [f"pack of {len(pack.points)} points of {pack.points[0].plan.workload} on "
-             f"{job.machine}: one job of {job.layout.nodes} node(s), queue "
-             f"{job.queue.name or '-'}, walltime {job.queue.walltime_hms}"
-             + (f", at most {cost.hours(job.cost.most)} {job.cost.unit}" if job.cost else "")
-             + " (nothing submitted)"]
+    lines = [
+        f"pack of {len(pack.points)} points of {pack.points[0].plan.workload} on "
+        f"{job.machine}: one job of {job.layout.nodes} node(s), queue "
+        f"{job.queue.name or '-'}, walltime {job.queue.walltime_hms}"
+        + (f", at most {cost.hours(job.cost.most)} {job.cost.unit}" if job.cost else "")
+        + " (nothing submitted)"
+    ]
     for point in pack.points:
         layout, share = point.plan.layout, point.plan.devices.share
-        held = (f"{point.devices} of a node's {len(share.ids)} devices" if share else
-                f"{layout.nodes} nodes x {layout.ranks_per_node}")
+        held = (
+            f"{point.devices} of a node's {len(share.ids)} devices"
+            if share
+            else f"{layout.nodes} nodes x {layout.ranks_per_node}"
+        )
         lines.append(f"  {point.index:>3}  {point.label:<32} {held} = {layout.ranks} ranks")
     return lines

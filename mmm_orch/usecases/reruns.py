@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from mmm_orch.errors import MmmError
-from mmm_orch.jobs.db import db_path, open_db
-from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning.model import ChainLink, JobPlace
+from mmm_orch.planning.store import stored_plan
+from mmm_orch.records.db import db_path, open_db
+from mmm_orch.records.record import JobRecord
+from mmm_orch.submission import submit
+from mmm_orch.submission.sweeps import pack_job
 from mmm_orch.usecases import _ready, check_room, resuming, within_budgets
 from mmm_orch.usecases.packs import rerun_pack, rerun_point
 
@@ -17,27 +20,31 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     """Submit `old`'s recorded plan again where it ran before (the same run directory), as a new
     job linked to it; `resume`: from the run's latest checkpoint. A pack job's rerun is a new
     pack of its points that did not complete (usecases/packs.py)."""
-    from mmm_orch.jobs import submit as jobs
-    from mmm_orch.jobs.sweeps import pack_job
-    from mmm_orch.planning.store import stored_plan
-
     opened = open_db(db)
-    group = opened.group(old.group_id) if opened is not None and old.group_id else None
-    pack = pack_job(opened, group) if group is not None and group["kind"] == "sweep" else None
+    group = opened.groups.get(old.group_id) if opened is not None and old.group_id else None
+    pack = (
+        pack_job(opened, group)
+        if opened is not None and group is not None and group["kind"] == "sweep"
+        else None
+    )
     if pack is not None:
         return (rerun_pack if pack.id == old.id else rerun_point)(old, resume, db)[1]
 
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
     if old.scheduler == "local" and recorded.scheduler != "local":
-        raise MmmError(f"rerun: job {old.id} ran inside a {recorded.scheduler} allocation, on "
-                       "nodes it no longer has (`launch`, `sweep --within`): launch it again "
-                       "inside one, or submit it as a job of its own (`mmm-orch submit`)")
+        raise MmmError(
+            f"rerun: job {old.id} ran inside a {recorded.scheduler} allocation, on "
+            "nodes it no longer has (`launch`, `sweep --within`): launch it again "
+            "inside one, or submit it as a job of its own (`mmm-orch submit`)"
+        )
     if resume:
         recorded = resuming(recorded)
-    again = dataclasses.replace(recorded.with_launch(workdir_given=True),
-                                submission=JobPlace(), chain=ChainLink())
+    again = dataclasses.replace(
+        recorded.with_launch(workdir_given=True), submission=JobPlace(), chain=ChainLink()
+    )
     within_budgets(again, db, "this rerun")
     check_room(again, 1, old.remote, db)
     prepared = _ready(again, None, old.remote, env_check=True)
-    return jobs.submit(prepared.plan, db_path(db), remote=prepared.remote,
-                       links={"rerun_of": old.id})
+    return submit.submit(
+        prepared.plan, db_path(db), remote=prepared.remote, links={"rerun_of": old.id}
+    )

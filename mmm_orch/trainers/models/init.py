@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import zlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 Init = Callable[[torch.Tensor, torch.Generator], object]  # fills a tensor in place
 
@@ -16,9 +18,6 @@ def draw_whole(param: torch.Tensor, seed: int, name: str, init: Init) -> None:
     whole, so a model starts from the same weights on any mesh as on one process: the same
     global batch then gives the same loss curve on any number of nodes. One whole parameter at a
     time is drawn on the device (the largest, Llama 3's output layer: 2-8 GB in fp32)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     generator_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
     with torch.no_grad():
         if not isinstance(param, DTensor):
@@ -27,6 +26,7 @@ def draw_whole(param: torch.Tensor, seed: int, name: str, init: Init) -> None:
         local = param.to_local()
         whole = torch.empty(param.shape, dtype=param.dtype, device=local.device)
         init(whole, torch.Generator(whole.device).manual_seed(generator_seed))
-        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh,
-                                                              param.placements)
-        local.copy_(whole[tuple(slice(o, o + s) for o, s in zip(offset, shape))])
+        shape, offset = compute_local_shape_and_global_offset(
+            param.shape, param.device_mesh, param.placements
+        )
+        local.copy_(whole[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))])

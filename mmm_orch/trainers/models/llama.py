@@ -7,6 +7,8 @@ built on the meta device can be materialised after it has been parallelised.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,13 +17,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from mmm_orch.model_shapes import LlamaArgs
 from mmm_orch.trainers.models.init import draw_whole
 
-
 # Fused kernels first, cuDNN's before FlashAttention-2's, as torchtitan orders them: on Hopper
 # cuDNN's is the faster (benchmarks/README.md). Grouped-query heads are shared inside the kernel
 # (enable_gqa) rather than copied. A backend the device lacks (cuDNN on ROCm and
 # XPU) is passed over; the CPU has its own kernels.
-ATTENTION_KERNELS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+ATTENTION_KERNELS = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
 
 
 def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
@@ -54,9 +59,13 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, freqs), apply_rope(k, freqs)
         with sdpa_kernel(ATTENTION_KERNELS, set_priority=True):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                 v.transpose(1, 2), is_causal=True,
-                                                 enable_gqa=self.repeats > 1)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=self.repeats > 1,
+            )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -86,6 +95,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    freqs: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args
@@ -93,15 +104,19 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(args, i) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.register_buffer("freqs", rope_frequencies(args.head_dim, args.max_seq_len,
-                                                       args.rope_theta), persistent=False)
+        self.register_buffer(
+            "freqs",
+            rope_frequencies(args.head_dim, args.max_seq_len, args.rope_theta),
+            persistent=False,
+        )
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """Every parameter drawn whole from its own generator (models/init.py): the same weights
         on any mesh."""
-        self.freqs = rope_frequencies(self.args.head_dim, self.args.max_seq_len,
-                                      self.args.rope_theta).to(self.freqs.device)
+        self.freqs = rope_frequencies(
+            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta
+        ).to(self.freqs.device)
 
         def normal(std: float, bound: float | None = None):
             if bound is None:
@@ -111,22 +126,40 @@ class Transformer(nn.Module):
         def ones(t: torch.Tensor, _: torch.Generator) -> None:
             nn.init.ones_(t)
 
-        draw_whole(self.tok_embeddings.weight, seed, "tok_embeddings.weight",
-                   lambda t, g: nn.init.normal_(t, std=1.0, generator=g))
-        for index, block in self.layers.items():
+        draw_whole(
+            self.tok_embeddings.weight,
+            seed,
+            "tok_embeddings.weight",
+            lambda t, g: nn.init.normal_(t, std=1.0, generator=g),
+        )
+        for index, layer in self.layers.items():
+            block = cast(Block, layer)  # or a wrapper (checkpoint, compile): its attributes pass
             prefix = f"layers.{index}."
             draw_whole(block.attention_norm.weight, seed, prefix + "attention_norm.weight", ones)
             draw_whole(block.ffn_norm.weight, seed, prefix + "ffn_norm.weight", ones)
-            for name, std in (("attention.wq", 0.02), ("attention.wk", 0.02),
-                              ("attention.wv", 0.02), ("feed_forward.w1", 0.02),
-                              ("attention.wo", block.init_std), ("feed_forward.w2", block.init_std),
-                              ("feed_forward.w3", block.init_std)):
+            for name, std in (
+                ("attention.wq", 0.02),
+                ("attention.wk", 0.02),
+                ("attention.wv", 0.02),
+                ("feed_forward.w1", 0.02),
+                ("attention.wo", block.init_std),
+                ("feed_forward.w2", block.init_std),
+                ("feed_forward.w3", block.init_std),
+            ):
                 module, linear = name.split(".")
-                draw_whole(getattr(getattr(block, module), linear).weight, seed,
-                           f"{prefix}{name}.weight", normal(std))
+                draw_whole(
+                    getattr(getattr(block, module), linear).weight,
+                    seed,
+                    f"{prefix}{name}.weight",
+                    normal(std),
+                )
         draw_whole(self.norm.weight, seed, "norm.weight", ones)
-        draw_whole(self.output.weight, seed, "output.weight",
-                   normal(self.args.dim ** -0.5, 3 / self.args.dim ** 0.5))
+        draw_whole(
+            self.output.weight,
+            seed,
+            "output.weight",
+            normal(self.args.dim**-0.5, 3 / self.args.dim**0.5),
+        )
 
     def forward(self, tokens: torch.Tensor, hidden_only: bool = False) -> torch.Tensor:
         """The logits; with `hidden_only`, the final norm's output, which trainers/loss.py turns

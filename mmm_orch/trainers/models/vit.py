@@ -37,12 +37,16 @@ class VitBlock(nn.Module):
         self.proj = nn.Linear(args.dim, args.dim)
         self.norm2 = nn.LayerNorm(args.dim)
         hidden = int(args.dim * args.mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(args.dim, hidden), nn.GELU(), nn.Linear(hidden, args.dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(args.dim, hidden), nn.GELU(), nn.Linear(hidden, args.dim)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, dim = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(batch, tokens, 3, self.heads, -1).unbind(2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, tokens, dim))
         return x + self.mlp(self.norm2(x))
 

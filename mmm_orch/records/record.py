@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
-from mmm_orch.jobs.dbfile import DatabaseError
+from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.records.dbfile import DatabaseError
 from mmm_orch.schedulers.states import JobState
-
 
 # The group_index of a pack's own job in its sweep (the points are numbered from 1).
 PACK_INDEX = 0
@@ -79,7 +79,9 @@ class JobRecord:
 
 
 # A listing's columns: all but the large ones, which only get() reads.
-LIST_COLUMNS = ", ".join(f.name for f in fields(JobRecord) if f.name not in ("script", "plan", "events"))
+LIST_COLUMNS = ", ".join(
+    f.name for f in fields(JobRecord) if f.name not in ("script", "plan", "events")
+)
 
 
 def from_row(row: sqlite3.Row) -> JobRecord:
@@ -90,9 +92,11 @@ def from_row(row: sqlite3.Row) -> JobRecord:
     try:
         data["state"] = JobState(data["state"])
     except ValueError:
-        raise DatabaseError(f"job {data['id']}'s state {str(data['state'])[:40]!r} is not one "
-                            "mmm-orch writes: the job database was changed by hand; "
-                            "`mmm-orch db check` says more") from None
+        raise DatabaseError(
+            f"job {data['id']}'s state {str(data['state'])[:40]!r} is not one "
+            "mmm-orch writes: the job database was changed by hand; "
+            "`mmm-orch db check` says more"
+        ) from None
     return JobRecord(**data)
 
 
@@ -103,7 +107,9 @@ def stored_json(text: Any, kind: type, what: str) -> Any:
     except (TypeError, ValueError, RecursionError):
         value = None
     if not isinstance(value, kind):
-        raise DatabaseError(f"{what} in the job database is damaged (not the JSON {kind.__name__} "
-                            "mmm-orch writes): it was changed by hand; `mmm-orch db check` says "
-                            "more")
+        raise DatabaseError(
+            f"{what} in the job database is damaged (not the JSON {kind.__name__} "
+            "mmm-orch writes): it was changed by hand; `mmm-orch db check` says "
+            "more"
+        )
     return value

@@ -1,6 +1,6 @@
 """Nodes remembered as bad, per machine: failover retires them and diagnose blames them (with
 the log line as evidence); submissions keep them out until they expire or `mmm-orch nodes
-forget` says they were repaired. A part of the job database (JobDB), in its own table."""
+forget` says they were repaired. A table of the job database (`db.bad_nodes`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from mmm_orch.config.common import NODE_NAME
 from mmm_orch.errors import MmmError
+from mmm_orch.records.access import Access
 
 MAX_BAD_NODE_DAYS = 3650
 
@@ -22,39 +23,47 @@ def bad_node_days() -> float:
     except ValueError:
         days = -1.0
     if not 0 <= days <= MAX_BAD_NODE_DAYS:  # also nan, inf and 1e308 (a date past year 9999)
-        raise MmmError(f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number from 0 to "
-                       f"{MAX_BAD_NODE_DAYS}")
+        raise MmmError(
+            f"MMM_ORCH_BAD_NODE_DAYS {text!r} is invalid: days, a number from 0 to "
+            f"{MAX_BAD_NODE_DAYS}"
+        )
     return days
 
 
 class BadNodes:
-    """JobDB's bad_nodes table (JobDB gives the connection and its write transaction)."""
+    """The job database's bad_nodes table, through the database's connection and transactions."""
 
-    def blame_node(self, machine: str, node: str, evidence: str, job_id: int | None) -> None:
+    def __init__(self, db: Access):
+        self.db = db
+
+    def blame(self, machine: str, node: str, evidence: str, job_id: int | None) -> None:
         """Remember `node` as bad on `machine`; the same job blaming it again changes nothing
         (its expiry runs from the first time). A name that is not a host name is not kept: it
         goes into later jobs' directives."""
         if not NODE_NAME.match(node):
             return
-        with self._write():
-            self.conn.execute(
+        with self.db.write():
+            self.db.conn.execute(
                 "INSERT INTO bad_nodes VALUES (?, ?, ?, ?, ?) ON CONFLICT (machine, node) DO UPDATE "
                 "SET at = excluded.at, job_id = excluded.job_id, evidence = excluded.evidence "
                 "WHERE bad_nodes.job_id IS NOT excluded.job_id",
-                (machine, node, time.time(), job_id, evidence[:500]))
+                (machine, node, time.time(), job_id, evidence[:500]),
+            )
 
-    def bad_node_rows(self, machine: str | None = None) -> list[dict[str, Any]]:
+    def rows(self, machine: str | None = None) -> list[dict[str, Any]]:
         """Unexpired entries (MMM_ORCH_BAD_NODE_DAYS, 7 by default), newest first."""
         since = time.time() - bad_node_days() * 86400
         sql = "SELECT * FROM bad_nodes WHERE at >= ?" + (" AND machine = ?" if machine else "")
-        with self._errors("read"):
-            rows = self.conn.execute(sql + " ORDER BY at DESC", (since, machine) if machine else (since,))
+        with self.db.errors("read"):
+            rows = self.db.conn.execute(
+                sql + " ORDER BY at DESC", (since, machine) if machine else (since,)
+            )
             return [dict(row) for row in rows]
 
-    def bad_nodes(self, machine: str) -> list[str]:
-        return sorted(row["node"] for row in self.bad_node_rows(machine))
+    def of(self, machine: str) -> list[str]:
+        return sorted(row["node"] for row in self.rows(machine))
 
-    def forget_node(self, node: str, machine: str | None = None) -> int:
+    def forget(self, node: str, machine: str | None = None) -> int:
         sql = "DELETE FROM bad_nodes WHERE node = ?" + (" AND machine = ?" if machine else "")
-        with self._write():
-            return self.conn.execute(sql, (node, machine) if machine else (node,)).rowcount
+        with self.db.write():
+            return self.db.conn.execute(sql, (node, machine) if machine else (node,)).rowcount

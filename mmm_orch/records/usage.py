@@ -11,15 +11,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mmm_orch.errors import ConfigError, InvalidValue
-from mmm_orch.jobs.db import JobDB
-from mmm_orch.jobs.dbfile import DatabaseError
-from mmm_orch.jobs.record import PACK_INDEX, JobRecord
-from mmm_orch.jobs.startup import MAX_EPOCH
+from mmm_orch.config.registry import load_machine
+from mmm_orch.errors import ConfigError, InvalidValue, MmmError
+from mmm_orch.limits import MAX_EPOCH, MAX_INT
 from mmm_orch.planning.checks import bounded
-from mmm_orch.limits import MAX_INT
 from mmm_orch.planning.cost import MAX_NODE_HOURS, hours, most_of
 from mmm_orch.planning.model import Plan
+from mmm_orch.records.db import JobDB
+from mmm_orch.records.dbfile import DatabaseError
+from mmm_orch.records.record import PACK_INDEX, JobRecord
 
 GROUPINGS = ("workload", "sweep", "chain", "day")
 BUDGETS_FILE = "budgets.yaml"
@@ -44,8 +44,9 @@ def parse_since(text: str | None) -> float | None:
     try:
         return dt.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise InvalidValue("--since", text, "a date, YYYY-MM-DD, or a date and time, "
-                           "YYYY-MM-DDTHH:MM") from None
+        raise InvalidValue(
+            "--since", text, "a date, YYYY-MM-DD, or a date and time, YYYY-MM-DDTHH:MM"
+        ) from None
 
 
 # A record's times: the local date of MAX_EPOCH's last day can be in year 10000 east of UTC.
@@ -53,13 +54,15 @@ _LATEST = MAX_EPOCH - 86400
 # The numbers of a record that usage and budgets read: name, least, most, whole, may be None,
 # what is allowed.
 _TIME = "seconds since 1970, before the year 9999"
-_NUMBERS = (("submitted_at", 0, _LATEST, False, False, _TIME),
-            ("ended_at", 0, _LATEST, False, True, _TIME),
-            ("nodes", 0, MAX_INT, True, False, "a whole number >= 0"),
-            ("spares", 0, MAX_INT, True, False, "a whole number >= 0"),
-            ("charged_nodes", 0, MAX_INT, True, True, "a whole number >= 0"),
-            ("charged_seconds", 0, _LATEST, False, True, "a number of seconds >= 0"),
-            ("charge", 0, MAX_NODE_HOURS, False, True, f"a number from 0 to {MAX_NODE_HOURS:g}"))
+_NUMBERS = (
+    ("submitted_at", 0, _LATEST, False, False, _TIME),
+    ("ended_at", 0, _LATEST, False, True, _TIME),
+    ("nodes", 0, MAX_INT, True, False, "a whole number >= 0"),
+    ("spares", 0, MAX_INT, True, False, "a whole number >= 0"),
+    ("charged_nodes", 0, MAX_INT, True, True, "a whole number >= 0"),
+    ("charged_seconds", 0, _LATEST, False, True, "a number of seconds >= 0"),
+    ("charge", 0, MAX_NODE_HOURS, False, True, f"a number from 0 to {MAX_NODE_HOURS:g}"),
+)
 
 
 def checked(record: JobRecord) -> JobRecord:
@@ -73,8 +76,10 @@ def checked(record: JobRecord) -> JobRecord:
         try:
             bounded(f"job {record.id}'s {name}", value, least, most, allowed, whole)
         except InvalidValue as exc:
-            raise DatabaseError(f"{exc}; the job database was changed by hand (mmm-orch writes "
-                                "no such value): set it right with sqlite3") from None
+            raise DatabaseError(
+                f"{exc}; the job database was changed by hand (mmm-orch writes "
+                "no such value): set it right with sqlite3"
+            ) from None
     return record
 
 
@@ -82,7 +87,9 @@ def _group(record: JobRecord, by: str | None, kinds: dict[int, str]) -> str:
     if by == "workload":
         return record.workload
     if by == "day":
-        return dt.datetime.fromtimestamp(record.ended_at or record.submitted_at).strftime("%Y-%m-%d")
+        return dt.datetime.fromtimestamp(record.ended_at or record.submitted_at).strftime(
+            "%Y-%m-%d"
+        )
     if by in ("sweep", "chain"):
         if record.group_id is not None and kinds.get(record.group_id) == by:
             return f"{'s' if by == 'sweep' else 'chain '}{record.group_id}"
@@ -90,22 +97,38 @@ def _group(record: JobRecord, by: str | None, kinds: dict[int, str]) -> str:
     return ""
 
 
-def usage(db: JobDB, machine: str | None = None, account: str | None = None,
-          since: float | None = None, by: str | None = None) -> list[UsageRow]:
+def usage(
+    db: JobDB,
+    machine: str | None = None,
+    account: str | None = None,
+    since: float | None = None,
+    by: str | None = None,
+) -> list[UsageRow]:
     """The rows of `mmm-orch usage`, from the records as last refreshed."""
     if by is not None and by not in GROUPINGS:
         raise InvalidValue("--by", by, "one of " + ", ".join(GROUPINGS))
-    records = [checked(r) for r in db.list() if (machine is None or r.machine == machine)
-               and (account is None or r.account == account)]
+    records = [
+        checked(r)
+        for r in db.list()
+        if (machine is None or r.machine == machine) and (account is None or r.account == account)
+    ]
     if account is not None and not records and account not in db.accounts():
         known = sorted(db.accounts())
-        raise InvalidValue("--account", account, "an account jobs were charged to: "
-                           + (", ".join(a or "(none)" for a in known) if known
-                              else "none recorded yet"))
-    kinds = {group_id: kind for group_id, kind in db.group_kinds().items()}
+        raise InvalidValue(
+            "--account",
+            account,
+            "an account jobs were charged to: "
+            + (", ".join(a or "(none)" for a in known) if known else "none recorded yet"),
+        )
+    kinds = {group_id: kind for group_id, kind in db.groups.kinds().items()}
     # A pack's points ran in its job, which is charged: their shares are not counted again.
-    packs = {r.group_id for r in records if r.group_index == PACK_INDEX
-             and kinds.get(r.group_id) == "sweep"}
+    packs = {
+        r.group_id
+        for r in records
+        if r.group_index == PACK_INDEX
+        and r.group_id is not None
+        and kinds.get(r.group_id) == "sweep"
+    }
     rows: dict[tuple[str, str, str], UsageRow] = {}
     for record in records:
         if record.group_id in packs and record.group_index != PACK_INDEX:
@@ -113,8 +136,9 @@ def usage(db: JobDB, machine: str | None = None, account: str | None = None,
         if since is not None and _when(record) < since:
             continue
         key = (record.machine, record.account, _group(record, by, kinds))
-        row = rows.setdefault(key, UsageRow(*key, jobs=0, node_hours=0.0, charged=0.0,
-                                            unit=_unit(record), open=0))
+        row = rows.setdefault(
+            key, UsageRow(*key, jobs=0, node_hours=0.0, charged=0.0, unit=_unit(record), open=0)
+        )
         if record.charge is None:
             row.open += not record.terminal
             continue
@@ -130,9 +154,6 @@ def _when(record: JobRecord) -> float:
 
 
 def _unit(record: JobRecord) -> str:
-    from mmm_orch.config.registry import load_machine
-    from mmm_orch.errors import MmmError
-
     try:
         return load_machine(record.machine).charging.unit
     except MmmError:  # a profile since removed
@@ -144,21 +165,44 @@ def as_dicts(rows: list[UsageRow]) -> list[dict[str, Any]]:
 
 
 def text(rows: list[UsageRow], by: str | None) -> str:
-    head = ["MACHINE", "ACCOUNT", *([by.upper()] if by else []), "JOBS", "NODE-HOURS", "CHARGED",
-            "UNIT", "OPEN"]
-    cells = [head] + [[r.machine, r.account or "-", *([r.group] if by else []), str(r.jobs),
-                       hours(r.node_hours), hours(r.charged), r.unit, str(r.open or "")]
-                      for r in rows]
+    head = [
+        "MACHINE",
+        "ACCOUNT",
+        *([by.upper()] if by else []),
+        "JOBS",
+        "NODE-HOURS",
+        "CHARGED",
+        "UNIT",
+        "OPEN",
+    ]
+    cells = [head] + [
+        [
+            r.machine,
+            r.account or "-",
+            *([r.group] if by else []),
+            str(r.jobs),
+            hours(r.node_hours),
+            hours(r.charged),
+            r.unit,
+            str(r.open or ""),
+        ]
+        for r in rows
+    ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    out = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    ]
     units = {r.unit for r in rows}
     if len(rows) > 1 and len(units) == 1:
-        out.append(f"total: {sum(r.jobs for r in rows)} jobs, {hours(sum(r.charged for r in rows))} "
-                   f"{units.pop()}")
+        out.append(
+            f"total: {sum(r.jobs for r in rows)} jobs, {hours(sum(r.charged for r in rows))} "
+            f"{units.pop()}"
+        )
     return "\n".join(out) + "\n"
 
 
 # -- budgets -----------------------------------------------------------------------------------
+
 
 def budgets_file() -> Path:
     config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -172,6 +216,7 @@ def account_budget(account: str | None, machine: str) -> tuple[float, float | No
     path = budgets_file()
     if not account or not path.is_file():
         return None
+    # PyYAML costs ~12 ms at start-up, and the use cases (render's among them) import this module
     from mmm_orch.config.yamlio import load_yaml
 
     data = load_yaml(path).data or {}
@@ -181,19 +226,33 @@ def account_budget(account: str | None, machine: str) -> tuple[float, float | No
     found = None
     for i, entry in enumerate(entries):
         where = f"{path}: budgets[{i}]"
-        if not isinstance(entry, dict) or set(entry) - {"account", "machine", "node_hours", "since"} \
-                or not isinstance(entry.get("account"), str) \
-                or not isinstance(entry.get("machine", ""), str):
-            raise ConfigError(f"{where}: keys account (a name), node_hours, and machine (a name) "
-                              "and since (YYYY-MM-DD) if wanted")
-        amount = bounded(f"{where}.node_hours", entry.get("node_hours"), 0, MAX_NODE_HOURS,
-                         f"a number >= 0, at most {MAX_NODE_HOURS:g}")
+        if (
+            not isinstance(entry, dict)
+            or set(entry) - {"account", "machine", "node_hours", "since"}
+            or not isinstance(entry.get("account"), str)
+            or not isinstance(entry.get("machine", ""), str)
+        ):
+            raise ConfigError(
+                f"{where}: keys account (a name), node_hours, and machine (a name) "
+                "and since (YYYY-MM-DD) if wanted"
+            )
+        amount = bounded(
+            f"{where}.node_hours",
+            entry.get("node_hours"),
+            0,
+            MAX_NODE_HOURS,
+            f"a number >= 0, at most {MAX_NODE_HOURS:g}",
+        )
         since = entry.get("since")
         try:
             start = parse_since(str(since)) if since is not None else None
         except InvalidValue:
             raise ConfigError(f"{where}.since {since!r} is invalid: YYYY-MM-DD") from None
-        if found is None and entry["account"] == account and entry.get("machine", machine) == machine:
+        if (
+            found is None
+            and entry["account"] == account
+            and entry.get("machine", machine) == machine
+        ):
             found = float(amount), start, "machine" not in entry
     return found
 
@@ -208,7 +267,8 @@ def account_left(db: JobDB | None, plan: Plan) -> tuple[float, str] | None:
         return None
     amount, since, everywhere = budget
     spent = committed = 0.0
-    for record in (db.list(machine=None if everywhere else plan.machine) if db is not None else []):
+    records = [] if db is None else db.list(machine=None if everywhere else plan.machine)
+    for record in records:
         if record.account != plan.queue.account:
             continue
         checked(record)
@@ -217,10 +277,13 @@ def account_left(db: JobDB | None, plan: Plan) -> tuple[float, str] | None:
         if record.charge is not None:
             spent += record.charge
         elif not record.terminal:
+            assert db is not None  # there are records only when there is a database
             committed += _most(db.get(record.id, events=False) or record)
     left = max(0.0, amount - spent - committed)
-    return left, (f"{hours(spent)} spent and up to {hours(committed)} held by open jobs leave "
-                  f"{hours(left)} of its budget of {hours(amount)} ({budgets_file()})")
+    return left, (
+        f"{hours(spent)} spent and up to {hours(committed)} held by open jobs leave "
+        f"{hours(left)} of its budget of {hours(amount)} ({budgets_file()})"
+    )
 
 
 def check_account_budget(db: JobDB | None, plan: Plan, most: float, what: str) -> float | None:
@@ -231,9 +294,13 @@ def check_account_budget(db: JobDB | None, plan: Plan, most: float, what: str) -
     left, why = found
     if most > left:
         unit = plan.cost.unit if plan.cost else "node-hours"
-        raise InvalidValue("account", plan.queue.account, "a plan within its budget",
-                           f"account {plan.queue.account!r} on {plan.machine}: {what} can be "
-                           f"charged up to {hours(most)} {unit}; {why}")
+        raise InvalidValue(
+            "account",
+            plan.queue.account,
+            "a plan within its budget",
+            f"account {plan.queue.account!r} on {plan.machine}: {what} can be "
+            f"charged up to {hours(most)} {unit}; {why}",
+        )
     return left
 
 

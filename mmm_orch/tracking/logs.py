@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from mmm_orch.errors import MmmError
 
@@ -43,9 +44,15 @@ def tail(host: Host, path: str, lines: int, block: int = 1 << 16) -> tuple[bytes
     return b"".join(kept), end
 
 
-def follow(host: Host, path: str, is_done: Callable[[], bool], start: int = 0,
-           poll: float = 0.25, done_every: float = 2.0,
-           on_wait: Callable[[], None] | None = None) -> Iterator[bytes]:
+def follow(
+    host: Host,
+    path: str,
+    is_done: Callable[[], bool],
+    start: int = 0,
+    poll: float = 0.25,
+    done_every: float = 2.0,
+    on_wait: Callable[[], None] | None = None,
+) -> Iterator[bytes]:
     """New bytes of `path` from `start` as they are written. Waits while the file does not exist;
     stops once `is_done()` (checked every `done_every` seconds) and everything was read."""
     offset = start

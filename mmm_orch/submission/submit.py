@@ -13,8 +13,8 @@ any instant:
    Anything else (the submit command killed, timed out, cut off) leaves the record
    `submitting`, and its copy without an id unless this process was killed outright.
 
-A process killed during 3 leaves a `submitting` record; the next `status` finds the job by its
-tag (or by the id the job wrote at its start into its log) and writes the copy, or removes the
+A process killed during 3 leaves a `submitting` record; the next `status` (settle.py) finds the
+job by its tag (or by the id the job wrote at its start into its log) and writes the copy, or removes the
 record once the scheduler says it has no such job. So every job started is recorded exactly
 once.
 """
@@ -32,36 +32,48 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psutil
 
+from mmm_orch import envs
+from mmm_orch.config.failures import signatures_json
 from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import RECORD_FILE
-from mmm_orch.jobs.db import JobDB, open_db
-from mmm_orch.jobs.dbfile import jobs_root_for
-from mmm_orch.jobs.record import JobRecord
 from mmm_orch.planning import Plan
-from mmm_orch.render import render
+from mmm_orch.records.db import JobDB, open_db
+from mmm_orch.records.dbfile import jobs_root_for
+from mmm_orch.records.record import JobRecord
+from mmm_orch.rendering import render
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef, Submission
+from mmm_orch.schedulers.states import JobState
 from mmm_orch.transport import Retry
 
 
 def git_commit(directory: str) -> str | None:
     """HEAD of the git work tree holding `directory`, with '-dirty' for uncommitted changes."""
-    if not any((Path(up) / ".git").exists() for up in (directory, *Path(directory).parents)):
+    if not any((up / ".git").exists() for up in (Path(directory), *Path(directory).parents)):
         return None  # in no work tree: no git to start (a submit loop pays nothing for it)
     try:
-        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", directory, "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", directory, "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", directory, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
@@ -70,45 +82,57 @@ def git_commit(directory: str) -> str | None:
 def target_for(plan: Plan, host: str | None) -> str:
     """The SSH target to submit through, '' for here: --host when given; else here when the
     machine's submit command is on PATH (we are on its login node); else its first login host."""
-    return login_target(plan.machine, plan.scheduler, plan.scheduler_commands, plan.transport.login_hosts,
-                        host)
+    return login_target(
+        plan.machine, plan.scheduler, plan.scheduler_commands, plan.transport.login_hosts, host
+    )
 
 
-def login_target(machine: str, kind: str, commands: dict[str, str], login_hosts, host: str | None
-                 ) -> str:
+def login_target(
+    machine: str, kind: str, commands: dict[str, str], login_hosts, host: str | None
+) -> str:
     if host is not None:
         if kind == "local":
-            raise MmmError(f"--host {host!r}: machine {machine} runs jobs on this computer; "
-                           "--host is for machines with a batch scheduler")
+            raise MmmError(
+                f"--host {host!r}: machine {machine} runs jobs on this computer; "
+                "--host is for machines with a batch scheduler"
+            )
         return host
     submit_command = scheduler_for(kind, commands).submit_command
     if not submit_command or shutil.which(submit_command):
         return ""
     if login_hosts:
         return login_hosts[0]
-    raise MmmError(f"machine {machine}: {submit_command} is not on PATH here and the profile "
-                   "lists no login_hosts; run on its login node or give --host HOST")
+    raise MmmError(
+        f"machine {machine}: {submit_command} is not on PATH here and the profile "
+        "lists no login_hosts; run on its login node or give --host HOST"
+    )
 
 
 def check_job_python(plan: Plan, remote: str) -> None:
     """Before anything reaches the scheduler: the job's own interpreter (the setup lines and the
     environment's activation, run where the job is submitted) imports mmm_orch at this version.
     A success is remembered per environment and mmm-orch build, so it costs nothing next time."""
-    from mmm_orch import envs
-
     if plan.launch.python_is_submitters:
         return  # the job runs the very interpreter that is submitting it
-    key = envs.check_key(plan.machine, remote, plan.environment.setup, plan.environment.path, plan.launch.python)
+    key = envs.check_key(
+        plan.machine, remote, plan.environment.setup, plan.environment.path, plan.launch.python
+    )
     if envs.checked_before(key):
         return
     activate = envs.activation(plan.environment.path) if plan.environment.path else ""
     result = host_for(remote).run(
-        ["bash", "-lc", envs.check_script(plan.environment.setup, activate, plan.launch.python, quick=True)],
-        timeout=300)
+        [
+            "bash",
+            "-lc",
+            envs.check_script(plan.environment.setup, activate, plan.launch.python, quick=True),
+        ],
+        timeout=300,
+    )
     report = envs.read_report(result.stdout)
     if report is None or report["mmm_orch"] != plan.mmm_orch_version:
-        raise MmmError(envs.missing_message(plan.machine, report, remote,
-                                            result.stderr or result.stdout))
+        raise MmmError(
+            envs.missing_message(plan.machine, report, remote, result.stderr or result.stdout)
+        )
     envs.remember_check(key)
 
 
@@ -123,26 +147,16 @@ def submitter() -> str:
     pid = os.getpid()
     if _submitter.get("pid") != pid:
         me = psutil.Process(pid)
-        _submitter.update(pid=pid, text=json.dumps(
-            {"host": socket.gethostname(), "pid": pid, "started": me.create_time()}))
+        _submitter.update(
+            pid=pid,
+            text=json.dumps(
+                {"host": socket.gethostname(), "pid": pid, "started": me.create_time()}
+            ),
+        )
     return _submitter["text"]
 
 
 _submitter: dict[str, Any] = {}
-
-
-def submitter_alive(text: str) -> bool | None:
-    """Whether the process that wrote a `submitting` record still runs (None: another host)."""
-    try:
-        info = json.loads(text)
-    except ValueError:
-        return False
-    if info.get("host") != socket.gethostname():
-        return None
-    try:
-        return abs(psutil.Process(info["pid"]).create_time() - info["started"]) < 1
-    except (psutil.Error, KeyError, TypeError):
-        return False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -197,12 +211,20 @@ def _check_workdir(host: Host, plan: Plan) -> None:
         return
     result = host.run(["test", "-d", plan.launch.workdir], timeout=30)
     if result.returncode != 0:
-        raise MmmError(f"--workdir {plan.launch.workdir!r} is invalid: no such directory"
-                       + (f" on {host.name}" if host.name != "local" else ""))
+        raise MmmError(
+            f"--workdir {plan.launch.workdir!r} is invalid: no such directory"
+            + (f" on {host.name}" if host.name != "local" else "")
+        )
 
 
-def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str = "",
-           links: dict[str, Any] | None = None, here: bool = False) -> JobRecord:
+def submit(
+    plan: Plan,
+    db_file: Path,
+    template: str | None = None,
+    remote: str = "",
+    links: dict[str, Any] | None = None,
+    here: bool = False,
+) -> JobRecord:
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun).
     `here`: the script runs on this computer under the local executor's supervisor instead
@@ -217,7 +239,6 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
     log_directive = scheduler.directive_path(posixpath.join(job_dir, protocol.LOG_FILE))
     _check_workdir(host, plan)
     db = open_db(str(db_file), create=True)  # checked (and created) before anything is written
-    assert db is not None
 
     created_here = host_for("").make_private_dir(str(local_dir))
     created_there = host.make_private_dir(job_dir) if remote else []
@@ -232,18 +253,28 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
 
     try:
         # A remote job runs in its job directory unless --workdir named one there.
-        plan = plan.placed(job_dir, tag, log_directive,
-                           job_dir if remote and not plan.launch.workdir_given else None)
+        plan = plan.placed(
+            job_dir,
+            tag,
+            log_directive,
+            job_dir if remote and not plan.launch.workdir_given else None,
+        )
         script = render(plan, template)
         script_path = posixpath.join(job_dir, "job.sh")
         host.write_file(script_path, script, 0o700)
-        values = {**record_values(plan, remote, script_path, script), **(links or {}),
-                  **({"scheduler": kind, "commands": commands} if here else {})}
-        if plan.placement.failover:  # what the failover loop inside the job classifies failures with
-            from mmm_orch.config.failures import signatures_json
-
-            host.write_file(posixpath.join(job_dir, protocol.FAILURES_FILE),
-                            signatures_json(plan.machine), 0o600)
+        values = {
+            **record_values(plan, remote, script_path, script),
+            **(links or {}),
+            **({"scheduler": kind, "commands": commands} if here else {}),
+        }
+        if (
+            plan.placement.failover
+        ):  # what the failover loop inside the job classifies failures with
+            host.write_file(
+                posixpath.join(job_dir, protocol.FAILURES_FILE),
+                signatures_json(plan.machine),
+                0o600,
+            )
         with signals_as_interrupts():
             job_id = db.insert(**values)
     except OSError as exc:  # a full disk, a read-only place: nothing was asked of the scheduler
@@ -253,27 +284,40 @@ def submit(plan: Plan, db_file: Path, template: str | None = None, remote: str =
         undo()
         raise
 
-    submission = Submission(script=Path(script_path), workdir=plan.launch.workdir,
-                            job_dir=Path(job_dir), log_path=Path(plan.submission.log_path),
-                            walltime=plan.queue.walltime, name=plan.name, tag=tag,
-                            submitted_at=values["submitted_at"], stop_signal=plan.launch.stop_signal,
-                            held_by=os.getpid() if here else 0)
+    assert plan.submission.log_path is not None  # plan.placed above set it
+    submission = Submission(
+        script=Path(script_path),
+        workdir=plan.launch.workdir,
+        job_dir=Path(job_dir),
+        log_path=Path(plan.submission.log_path),
+        walltime=plan.queue.walltime,
+        name=plan.name,
+        tag=tag,
+        submitted_at=values["submitted_at"],
+        stop_signal=plan.launch.stop_signal,
+        held_by=os.getpid() if here else 0,
+    )
     keep = copy_keeper(local_dir, {"id": job_id, **values})
     native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
     keep(native_id)
-    return db.accepted(job_id, native_id) or db.get(job_id)
+    return db.accepted(job_id, native_id) or db.get_existing(job_id)
 
 
 def record_not_started(plan: Plan, db_file: Path, links: dict[str, Any], reason: str) -> int:
     """The record of a packed point its allocation ended before: it never ran, so it has no
     script, log or scheduler id; `rerun --resume` of its pack runs it."""
-    from mmm_orch.schedulers.states import JobState
-
     db = open_db(str(db_file), create=True)
-    assert db is not None
-    return db.insert(**{**record_values(plan, "", "", ""), **links, "scheduler": "local",
-                        "commands": {}, "log_path": "", "state": JobState.NOT_STARTED.value,
-                        "reason": reason})
+    return db.insert(
+        **{
+            **record_values(plan, "", "", ""),
+            **links,
+            "scheduler": "local",
+            "commands": {},
+            "log_path": "",
+            "state": JobState.NOT_STARTED.value,
+            "reason": reason,
+        }
+    )
 
 
 def copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None]:
@@ -281,9 +325,11 @@ def copy_keeper(directory: Path, record: dict[str, Any]) -> Callable[[str], None
     the record is settled (a process killed between the two leaves it `submitting`, for `status`
     to settle and copy again). A copy the disk refuses only leaves `db recover` less to rebuild
     from."""
+
     def keep(native_id: str) -> None:
         with contextlib.suppress(OSError):
             write_record(directory, {**record, "native_id": native_id})
+
     return keep
 
 
@@ -293,23 +339,41 @@ def job_dirs(plan: Plan, db_file: Path, remote: str, home: str) -> tuple[str, Pa
     tag = new_tag()
     leaf = f"{tag}-{plan.machine}-{plan.workload}"
     local_dir = jobs_root_for(db_file) / leaf
-    return tag, local_dir, (posixpath.join(home, plan.transport.remote_jobs_dir, leaf) if remote
-                            else str(local_dir))
+    return (
+        tag,
+        local_dir,
+        (posixpath.join(home, plan.transport.remote_jobs_dir, leaf) if remote else str(local_dir)),
+    )
 
 
 def record_values(plan: Plan, remote: str, script_path: str, script: str) -> dict[str, Any]:
     """The new record's fields, from the placed plan and its script."""
     workdir = plan.launch.workdir
     return dict(
-        machine=plan.machine, host=remote or socket.gethostname(), remote=remote,
-        scheduler=plan.scheduler, commands=plan.scheduler_commands, workload=plan.workload,
-        name=plan.name, nodes=plan.layout.nodes, ranks=plan.layout.ranks, native_id="",
-        job_dir=plan.submission.job_dir, script_path=script_path, script=script,
-        plan=plan.to_dict(), submit_dir=workdir,
-        git_commit=None if remote else git_commit(workdir), log_path=plan.submission.log_path,
-        submitted_at=time.time(), tag=plan.submission.tag, submitter=submitter(),
-        run_dir=plan.launch.run_dir, spares=plan.placement.spare_nodes,
-        account=plan.queue.account or "")
+        machine=plan.machine,
+        host=remote or socket.gethostname(),
+        remote=remote,
+        scheduler=plan.scheduler,
+        commands=plan.scheduler_commands,
+        workload=plan.workload,
+        name=plan.name,
+        nodes=plan.layout.nodes,
+        ranks=plan.layout.ranks,
+        native_id="",
+        job_dir=plan.submission.job_dir,
+        script_path=script_path,
+        script=script,
+        plan=plan.to_dict(),
+        submit_dir=workdir,
+        git_commit=None if remote else git_commit(workdir),
+        log_path=plan.submission.log_path,
+        submitted_at=time.time(),
+        tag=plan.submission.tag,
+        submitter=submitter(),
+        run_dir=plan.launch.run_dir,
+        spares=plan.placement.spare_nodes,
+        account=plan.queue.account or "",
+    )
 
 
 def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, keep) -> str:
@@ -327,8 +391,9 @@ def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, 
         raise
     except BaseException:
         keep("")
-        db.note(job_id, "submission interrupted; `mmm-orch status` finds out whether it went "
-                        "through")
+        db.note(
+            job_id, "submission interrupted; `mmm-orch status` finds out whether it went through"
+        )
         raise
 
 
@@ -337,61 +402,3 @@ def cancel(db: JobDB, record: JobRecord) -> None:
     scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
     scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
     db.cancel_sent(record.id)
-
-
-def forget(db: JobDB, record: JobRecord) -> None:
-    """Remove the record of a submission the scheduler never took, and its directories."""
-    db.delete(record.id)
-    host_for(record.remote).run(["rm", "-rf", "--", record.job_dir], timeout=30)
-    shutil.rmtree(_local_dir(db, record), ignore_errors=True)
-
-
-def _local_dir(db: JobDB, record: JobRecord) -> Path:
-    """The job's directory beside the database (the twin of a remote job's one)."""
-    return jobs_root_for(db.path) / posixpath.basename(record.job_dir)
-
-
-def job_id_from_log(host: Host, log_path: str) -> str | None:
-    """The scheduler's id the job wrote at its start (protocol.JOB_START ... job=ID)."""
-    head = host.read_from(log_path, 0, 8192)
-    for line in (head or b"").decode(errors="replace").splitlines():
-        if match := protocol.JOB_ID.search(line):
-            return match[1] if match[1] != "local" else None
-    return None
-
-
-def reconcile(db: JobDB, record: JobRecord) -> str | None:
-    """Settle a `submitting` record whose submitter is gone: the job's native id when the
-    scheduler (or the job's own log) shows it, or the record removed once the scheduler answered
-    that it has no such job and no submit command can still be running. Returns a warning, or
-    None."""
-    alive = submitter_alive(record.submitter)
-    if alive:
-        return None
-    # A dead submitter's scheduler command may outlive it by one command timeout; a submitter on
-    # another host may be anywhere in its retries.
-    retry = Retry.from_env("submit")
-    grace = retry.timeout + 10 if alive is False else retry.deadline + 60
-    host = host_for(record.remote)
-    scheduler = scheduler_for(record.scheduler, record.commands, host)
-    found = scheduler.find(Submission(
-        script=Path(record.script_path), workdir=record.submit_dir, job_dir=Path(record.job_dir),
-        log_path=Path(record.log_path), walltime=0, name=record.name, tag=record.tag,
-        submitted_at=record.submitted_at))
-    if found is None:
-        return f"job {record.id}: still submitting (the scheduler could not be asked)"
-    if not found and (from_log := job_id_from_log(host, record.log_path)):
-        found = [from_log]
-    if found:
-        # The copy first, as submit does: a `status` killed between the two leaves the record
-        # `submitting`, and the next one writes both again.
-        whole = db.get(record.id, events=False)
-        if whole is not None:
-            copy_keeper(_local_dir(db, record), record_copy(whole))(found[0])
-        db.accepted(record.id, found[0], "found by its tag after an interrupted submission")
-        return None
-    if time.time() - record.submitted_at < grace:
-        return None  # a submitter on another host, or its scheduler command, may still be at it
-    forget(db, record)
-    return (f"job {record.id} removed: its submission was interrupted before "
-            f"{record.scheduler} took it (no job carries its tag {record.tag})")

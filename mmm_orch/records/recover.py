@@ -19,18 +19,29 @@ from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import RECORD_FILE
-from mmm_orch.jobs.db import JobDB
-from mmm_orch.jobs.dbfile import (SQLITE_HEADER, backup_path, check_file, describe,
-                                  earlier_records, held_jobs, identify, job_records, jobs_root_for,
-                                  read_mark, recorded_job_dirs, write_mark)
+from mmm_orch.records.db import JobDB
+from mmm_orch.records.dbfile import (
+    SQLITE_HEADER,
+    backup_path,
+    check_file,
+    describe,
+    earlier_records,
+    held_jobs,
+    identify,
+    job_records,
+    jobs_root_for,
+    read_mark,
+    recorded_job_dirs,
+    write_mark,
+)
 from mmm_orch.schedulers.states import JobState
 
 
 @dataclass
 class Report:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # job_dir -> row
-    events: dict[str, list[tuple]] = field(default_factory=dict)   # job_dir -> events
-    sources: dict[str, int] = field(default_factory=dict)          # where rows came from
+    events: dict[str, list[tuple]] = field(default_factory=dict)  # job_dir -> events
+    sources: dict[str, int] = field(default_factory=dict)  # where rows came from
 
 
 def _readable_rows(file: Path) -> tuple[list[dict[str, Any]], dict[int, list[tuple]], str]:
@@ -56,7 +67,9 @@ def _readable_rows(file: Path) -> tuple[list[dict[str, Any]], dict[int, list[tup
         except sqlite3.Error as exc:
             problem, top = describe(exc), 0
             with contextlib.suppress(sqlite3.Error):
-                top = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()[0]
+                top = conn.execute(
+                    "SELECT seq FROM sqlite_sequence WHERE name = 'jobs'"
+                ).fetchone()[0]
         for job_id in range(1, top + 1):
             try:
                 row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -66,9 +79,13 @@ def _readable_rows(file: Path) -> tuple[list[dict[str, Any]], dict[int, list[tup
             if row is not None:
                 rows.append(dict(row))
                 with contextlib.suppress(sqlite3.Error):
-                    events[job_id] = [tuple(e) for e in conn.execute(
-                        "SELECT at, state, native_state, reason FROM events WHERE job_id = ?",
-                        (job_id,))]
+                    events[job_id] = [
+                        tuple(e)
+                        for e in conn.execute(
+                            "SELECT at, state, native_state, reason FROM events WHERE job_id = ?",
+                            (job_id,),
+                        )
+                    ]
     finally:
         conn.close()
     return rows, events, problem
@@ -92,7 +109,9 @@ def gather(db_file: Path, read_db: bool = True) -> Report:
     for record in job_records(jobs_root_for(db_file)):
         if record.get("job_dir") and record["job_dir"] not in report.rows:
             row = {k: v for k, v in record.items()}
-            row["state"] = JobState.PENDING.value if row.get("native_id") else JobState.SUBMITTING.value
+            row["state"] = (
+                JobState.PENDING.value if row.get("native_id") else JobState.SUBMITTING.value
+            )
             row["commands"] = json.dumps(row["commands"])
             row["plan"] = json.dumps(row["plan"])
             row["checked_at"] = row.get("submitted_at", time.time())
@@ -154,8 +173,9 @@ def check(db_file: Path) -> list[str]:
     if missing:
         healthy = False
         lines.append(f"{len(missing)} job directories have a {RECORD_FILE} but no database record")
-    lines.insert(0, f"{db_file}: " + ("healthy" if healthy else
-                                      "NEEDS RECOVERY: run `mmm-orch db recover`"))
+    lines.insert(
+        0, f"{db_file}: " + ("healthy" if healthy else "NEEDS RECOVERY: run `mmm-orch db recover`")
+    )
     return lines
 
 
@@ -163,31 +183,38 @@ def recover(db_file: Path) -> tuple[Path | None, Report]:
     """Rebuild the database; returns where the old file was moved and what was found."""
     report = gather(db_file, read_db=_accept(db_file)[0] == "mmm-orch")
     if not report.rows:
-        raise MmmError(f"nothing to recover for {db_file}: no readable database rows, no backup "
-                       f"and no {RECORD_FILE} in {jobs_root_for(db_file)}")
+        raise MmmError(
+            f"nothing to recover for {db_file}: no readable database rows, no backup "
+            f"and no {RECORD_FILE} in {jobs_root_for(db_file)}"
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     fresh = db_file.with_name(f".{db_file.name}.recovering-{stamp}")
     new = JobDB(fresh)
     used: set[int] = set()
-    rows = sorted(report.rows.values(), key=lambda r: (r.get("submitted_at") or 0))
+    rows = sorted(report.rows.values(), key=lambda r: r.get("submitted_at") or 0)
     columns = {row["name"] for row in new.conn.execute("PRAGMA table_info(jobs)")}
-    with new._write():
+    with new.write():
         for row in rows:
             values = {k: v for k, v in row.items() if k in columns}
             if values.get("id") in used or values.get("id") is None:
                 values.pop("id", None)
             cur = new.conn.execute(
                 f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
-                list(values.values()))
+                list(values.values()),
+            )
+            assert cur.lastrowid is not None  # set by the INSERT just made
             used.add(cur.lastrowid)
             events = report.events.get(row["job_dir"]) or [
-                (values.get("submitted_at") or time.time(), values["state"], "", "recovered")]
-            new.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                                 [(cur.lastrowid, *e) for e in events])
+                (values.get("submitted_at") or time.time(), values["state"], "", "recovered")
+            ]
+            new.conn.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)", [(cur.lastrowid, *e) for e in events]
+            )
         # Ids continue above every id given before (refused submissions' too), none reused.
         mark = read_mark(db_file) or 0
-        new.conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs' AND seq < ?",
-                         (mark, mark))
+        new.conn.execute(
+            "UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs' AND seq < ?", (mark, mark)
+        )
     last = new.last_id()
     new.close()
     moved = None

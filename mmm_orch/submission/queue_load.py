@@ -11,10 +11,10 @@ import subprocess
 from mmm_orch.config.registry import load_machine
 from mmm_orch.errors import MmmError, QueueFull, one_line
 from mmm_orch.hosts import host_for
-from mmm_orch.jobs.db import JobDB
 from mmm_orch.planning.model import Plan
-from mmm_orch.planning.resolve import queues_with_room
 from mmm_orch.planning.occupancy import QueueLoad, past_limit, queue_names, way_out
+from mmm_orch.planning.resolve import queues_with_room
+from mmm_orch.records.db import JobDB
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.states import JobState, OpenJob
 
@@ -34,17 +34,21 @@ def read(planned: Plan, remote: str | None, db: JobDB | None) -> QueueLoad:
     """The user's (and the plan's project's) unfinished jobs on its machine, from its scheduler
     on `remote` ('' here); None: a review, which asks only a scheduler on this computer and
     reads the records otherwise (it contacts no login node)."""
-    scheduler = scheduler_for(planned.scheduler, planned.scheduler_commands,
-                              host_for(remote) if remote else None)
+    scheduler = scheduler_for(
+        planned.scheduler, planned.scheduler_commands, host_for(remote) if remote else None
+    )
     if remote is None and not shutil.which(scheduler.submit_command):
-        return QueueLoad(recorded(db, planned.machine),
-                         f"from mmm-orch's records: {scheduler.submit_command} is not on this "
-                         "computer")
+        return QueueLoad(
+            recorded(db, planned.machine),
+            f"from mmm-orch's records: {scheduler.submit_command} is not on this computer",
+        )
     try:
         jobs = scheduler.open_jobs(planned.queue.account)
     except (MmmError, OSError, subprocess.TimeoutExpired) as exc:
-        return QueueLoad(recorded(db, planned.machine),
-                         f"from mmm-orch's records: the scheduler did not answer ({one_line(str(exc))})")
+        return QueueLoad(
+            recorded(db, planned.machine),
+            f"from mmm-orch's records: the scheduler did not answer ({one_line(str(exc))})",
+        )
     return QueueLoad(tuple(jobs), f"{planned.scheduler} on {remote or 'this computer'}")
 
 
@@ -58,8 +62,14 @@ def check_room(planned: Plan, jobs: int, load: QueueLoad) -> None:
         return  # a recorded queue the profile no longer lists: the scheduler decides
     full = past_limit(machine, queue, planned.queue.directives, load, planned.queue.account, jobs)
     if full:
-        room = queues_with_room(machine, planned.layout.nodes + planned.placement.spare_nodes,
-                                planned.queue.walltime, load, planned.queue.account, jobs)
+        room = queues_with_room(
+            machine,
+            planned.layout.nodes + planned.placement.spare_nodes,
+            planned.queue.walltime,
+            load,
+            planned.queue.account,
+            jobs,
+        )
         raise QueueFull(f"queue {queue.name!r} is full for you: {full}. {way_out(room)}")
 
 
@@ -70,11 +80,20 @@ def recorded(db: JobDB | None, machine: str) -> tuple[OpenJob, ...]:
         return ()
     jobs = []
     for row in db.list(open_only=True, machine=machine):
-        queue = (db.get(row.id, events=False).plan or {}).get("queue") or {}
+        record = db.get(row.id, events=False)
+        if record is None:  # removed since the listing: a submission the scheduler never took
+            continue
+        queue = (record.plan or {}).get("queue") or {}
         names = queue_names(tuple(d for d in queue.get("directives") or () if isinstance(d, str)))
         if isinstance(queue.get("tier"), str):
             names |= {queue["tier"]}
-        jobs.append(OpenJob(native_id=row.native_id or f"job {row.id}", names=names,
-                            running=row.state is JobState.RUNNING, mine=True,
-                            account=row.account))
+        jobs.append(
+            OpenJob(
+                native_id=row.native_id or f"job {row.id}",
+                names=names,
+                running=row.state is JobState.RUNNING,
+                mine=True,
+                account=row.account,
+            )
+        )
     return tuple(jobs)

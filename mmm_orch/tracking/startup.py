@@ -18,13 +18,18 @@ from datetime import datetime
 from typing import Any
 
 from mmm_orch.injob import protocol
+from mmm_orch.limits import MAX_EPOCH
 
 # The markers the timeline is made of (the staging markers are there for a reader of the log).
-_TIMED = {name: protocol.ONCE[name] for name in
-          ("job_start", "launch_start", "first_step", "launch_end", "walltime_stop")}
-MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: time.localtime ends there
+_TIMED = {
+    name: protocol.ONCE[name]
+    for name in ("job_start", "launch_start", "first_step", "launch_end", "walltime_stop")
+}
+
 _JOB_STARTED = re.compile(r"Job started at: (\d{4}-\d{2}-\d{2}-\d{6})(?: on (\S+))?")
-_STAMPED_STEP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+")
+_STAMPED_STEP = re.compile(
+    r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?\].*\bstep=\d+"
+)
 _FILE_LAYOUT = re.compile(r"nhosts(\d{1,9})-ngpu(\d{1,9})")
 
 
@@ -54,9 +59,11 @@ class Markers:
 
 
 # What timeline and report say of a job whose program reports no steps.
-NO_STEPS = (f"its program reported no steps (no `step=N` line, no {protocol.METRICS_FILE}), so "
-            "there is no startup time or step metric to show; mmm_orch.runtime.report_step "
-            "reports them (docs/runtime.md)")
+NO_STEPS = (
+    f"its program reported no steps (no `step=N` line, no {protocol.METRICS_FILE}), so "
+    "there is no startup time or step metric to show; mmm_orch.runtime.report_step "
+    "reports them (docs/runtime.md)"
+)
 
 
 def _local_time(text: str, layout: str) -> float | None:
@@ -103,11 +110,17 @@ def parse_markers(text: str) -> Markers:
 
 
 def _repeated(line: str) -> list[tuple[float, str]]:
-    if (match := protocol.REPEATED["attempt"].search(line)) and (at := _epoch(match[2])) is not None:
+    if (match := protocol.REPEATED["attempt"].search(line)) and (
+        at := _epoch(match[2])
+    ) is not None:
         return [(at, f"attempt {match[1]} on {match[3]}")]
-    if (match := protocol.REPEATED["retired"].search(line)) and (at := _epoch(match[2])) is not None:
+    if (match := protocol.REPEATED["retired"].search(line)) and (
+        at := _epoch(match[2])
+    ) is not None:
         return [(at, f"retired {match[1]}")]
-    if (match := protocol.REPEATED["resumed"].search(line)) and (at := _epoch(match[1])) is not None:
+    if (match := protocol.REPEATED["resumed"].search(line)) and (
+        at := _epoch(match[1])
+    ) is not None:
         return [(at, f"resumed at step {match[2]}")]
     return []
 
@@ -121,18 +134,26 @@ def from_file_name(name: str, markers: Markers) -> Markers:
     return markers
 
 
-def timeline(submitted: float | None, markers: Markers, ended: float | None) -> list[dict[str, Any]]:
+def timeline(
+    submitted: float | None, markers: Markers, ended: float | None
+) -> list[dict[str, Any]]:
     """The job's events in order, each with the gap to the one before it (failover attempts,
     retired nodes and resumes go where their times put them)."""
-    events = [("submitted", submitted), ("job start", markers.job_start),
-              ("launch start", markers.launch_start), ("first step", markers.first_step),
-              ("walltime stop", markers.walltime_stop), ("launch end", markers.launch_end),
-              ("ended", ended)]
-    events = [(name, at) for name, at in events if at is not None]
+    known: list[tuple[str, float | None]] = [
+        ("submitted", submitted),
+        ("job start", markers.job_start),
+        ("launch start", markers.launch_start),
+        ("first step", markers.first_step),
+        ("walltime stop", markers.walltime_stop),
+        ("launch end", markers.launch_end),
+        ("ended", ended),
+    ]
+    events = [(name, at) for name, at in known if at is not None]
     for at, name in markers.repeated:  # before the first fixed event that comes later
         where = next((i for i, (_, t) in enumerate(events) if t > at), len(events))
         events.insert(where, (name, at))
-    rows, previous = [], None
+    rows: list[dict[str, Any]] = []
+    previous: float | None = None
     for name, at in events:
         rows.append({"event": name, "at": at, "gap_s": None if previous is None else at - previous})
         previous = at
@@ -145,5 +166,12 @@ def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[st
     for row in rows:
         if row["startup_s"] is not None:
             groups.setdefault(tuple(row[k] for k in keys), []).append(row["startup_s"])
-    return [{**dict(zip(keys, key)), "runs": len(values), "median_s": statistics.median(values),
-             "worst_s": max(values)} for key, values in sorted(groups.items(), key=str)]
+    return [
+        {
+            **dict(zip(keys, key, strict=True)),
+            "runs": len(values),
+            "median_s": statistics.median(values),
+            "worst_s": max(values),
+        }
+        for key, values in sorted(groups.items(), key=str)
+    ]

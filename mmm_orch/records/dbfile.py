@@ -1,7 +1,7 @@
 """The job database file: what a path holds (ours, an earlier version of ours, a newer one,
 someone else's, nothing), creating it marked as ours, its high-water mark beside it, and the
 job directories that know every job it recorded. Nothing here writes to a file that is not
-mmm-orch's own; jobs/db.py works on the database once it has been found to be ours.
+mmm-orch's own; records/db.py works on the database once it has been found to be ours.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import os
 import sqlite3
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import RECORD_FILE
+from mmm_orch.planning.cost import ended_charge
+from mmm_orch.planning.store import section
+from mmm_orch.schedulers.states import TERMINAL
 
 SCHEMA_VERSION = 6  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
 # 5: account and the charge; 6: group_plans
@@ -26,8 +30,10 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 # be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
 APPLICATION_ID = 0x6D6D6D6F
 MARK_SUFFIX = ".last-id"  # beside the database: the highest job id it ever recorded
-ALLOWED = ("--db and $MMM_ORCH_DB must name an mmm-orch job database, or a path where none exists "
-           "yet (the first `mmm-orch submit` creates it there)")
+ALLOWED = (
+    "--db and $MMM_ORCH_DB must name an mmm-orch job database, or a path where none exists "
+    "yet (the first `mmm-orch submit` creates it there)"
+)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -89,30 +95,57 @@ CREATE TABLE IF NOT EXISTS group_plans (  -- a pack's points' plans, read only w
 """
 # Columns added after the first schema, created on older databases by build().
 _ADDED_COLUMNS = {
-    "remote": "TEXT NOT NULL DEFAULT ''",     # SSH target the job went through, '' for here
-    "tag": "TEXT NOT NULL DEFAULT ''",        # the mark the scheduler shows (comment, variable)
+    "remote": "TEXT NOT NULL DEFAULT ''",  # SSH target the job went through, '' for here
+    "tag": "TEXT NOT NULL DEFAULT ''",  # the mark the scheduler shows (comment, variable)
     "submitter": "TEXT NOT NULL DEFAULT ''",  # JSON: host, pid, start of the submitting process
-    "run_dir": "TEXT NOT NULL DEFAULT ''",    # where the trainer writes metrics and checkpoints
-    "group_id": "INTEGER",                    # the chain or sweep the job belongs to
-    "group_index": "INTEGER",                 # its link (chains) or point (sweeps), from 1
-    "rerun_of": "INTEGER",                    # the job this one reruns
-    "spares": "INTEGER NOT NULL DEFAULT 0",   # spare nodes the job holds for failover
-    "account": "TEXT NOT NULL DEFAULT ''",    # the project charged ('' where the machine has none)
+    "run_dir": "TEXT NOT NULL DEFAULT ''",  # where the trainer writes metrics and checkpoints
+    "group_id": "INTEGER",  # the chain or sweep the job belongs to
+    "group_index": "INTEGER",  # its link (chains) or point (sweeps), from 1
+    "rerun_of": "INTEGER",  # the job this one reruns
+    "spares": "INTEGER NOT NULL DEFAULT 0",  # spare nodes the job holds for failover
+    "account": "TEXT NOT NULL DEFAULT ''",  # the project charged ('' where the machine has none)
     # Set once the job ended, from the scheduler's own accounting (planning/cost.py's rules):
-    "charged_nodes": "INTEGER",               # the nodes it held
-    "charged_seconds": "REAL",                # the time charged
-    "charge": "REAL",                         # in the machine's unit (node-hours)
+    "charged_nodes": "INTEGER",  # the nodes it held
+    "charged_seconds": "REAL",  # the time charged
+    "charge": "REAL",  # in the machine's unit (node-hours)
 }
 # What a database of mmm-orch 0.1.0 (before APPLICATION_ID) holds at least, and at most.
 _FIRST_JOB_COLUMNS = {
-    "id", "machine", "host", "scheduler", "commands", "workload", "name", "nodes", "ranks",
-    "native_id", "job_dir", "script_path", "script", "plan", "submit_dir", "git_commit", "log_path",
-    "state", "native_state", "reason", "exit_code", "signal", "submitted_at", "started_at",
-    "ended_at", "checked_at"}
+    "id",
+    "machine",
+    "host",
+    "scheduler",
+    "commands",
+    "workload",
+    "name",
+    "nodes",
+    "ranks",
+    "native_id",
+    "job_dir",
+    "script_path",
+    "script",
+    "plan",
+    "submit_dir",
+    "git_commit",
+    "log_path",
+    "state",
+    "native_state",
+    "reason",
+    "exit_code",
+    "signal",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "checked_at",
+}
 _EVENT_COLUMNS = {"job_id", "at", "state", "native_state", "reason"}
 _OUR_TABLES = {"jobs", "events", "bad_nodes", "groups", "group_plans"}
-_SPECIAL_FILES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket",
-                  stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+_SPECIAL_FILES = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 class DatabaseError(MmmError):
@@ -173,23 +206,31 @@ def identify(file: Path) -> tuple[str, str]:
 
 def by_version(version: int) -> tuple[str, str]:
     if version > SCHEMA_VERSION:
-        return "newer", (f"a job database of a newer mmm-orch (schema {version}; this one knows "
-                         f"up to {SCHEMA_VERSION})")
+        return "newer", (
+            f"a job database of a newer mmm-orch (schema {version}; this one knows "
+            f"up to {SCHEMA_VERSION})"
+        )
     return "mmm-orch", ""
 
 
 def by_tables(conn: sqlite3.Connection) -> tuple[str, str]:
     """A database without mmm-orch's mark: one of an earlier mmm-orch has its tables, only them."""
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-              if not row[0].startswith("sqlite_")}
+    tables = {
+        row[0]
+        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        if not row[0].startswith("sqlite_")
+    }
     if not tables:
         return "foreign", "an SQLite database with no tables that mmm-orch did not create"
 
     def columns(table: str) -> set[str]:
         return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
-    if not ({"jobs", "events"} <= tables <= _OUR_TABLES and _FIRST_JOB_COLUMNS <= columns("jobs")
-            and _EVENT_COLUMNS <= columns("events")):
+    if not (
+        {"jobs", "events"} <= tables <= _OUR_TABLES
+        and columns("jobs") >= _FIRST_JOB_COLUMNS
+        and columns("events") >= _EVENT_COLUMNS
+    ):
         shown = ", ".join(sorted(tables)[:6]) + (", ..." if len(tables) > 6 else "")
         return "foreign", f"an SQLite database of another program (tables: {shown})"
     return by_version(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -206,19 +247,26 @@ def check_file(file: Path) -> str:
     if kind in ("missing", "mmm-orch"):
         return kind
     if kind == "newer":
-        raise DatabaseError(f"job database {file} is {what}; it was left as it is: use that newer "
-                            "mmm-orch, or name another file with --db")
+        raise DatabaseError(
+            f"job database {file} is {what}; it was left as it is: use that newer "
+            "mmm-orch, or name another file with --db"
+        )
     if kind == "empty" and (evidence := earlier_records(file)):
         raise DatabaseError(
             f"job database {file} is empty (0 bytes) but {evidence}: it was truncated. "
             f"Nothing was written; `mmm-orch db recover` rebuilds it from the backup and "
-            f"the job directories (the empty file is kept aside)")
+            f"the job directories (the empty file is kept aside)"
+        )
     lost = len(recorded_job_dirs(file)) if held_jobs(file) else 0
     raise DatabaseError(
         f"job database {file} is {what}, not an mmm-orch job database; it was left as it is. "
-        + (f"It lacks the {lost} jobs recorded in {jobs_root_for(file)}: if it replaced the job "
-           "database, `mmm-orch db recover` sets it aside unchanged and rebuilds the database"
-           if lost else ALLOWED))
+        + (
+            f"It lacks the {lost} jobs recorded in {jobs_root_for(file)}: if it replaced the job "
+            "database, `mmm-orch db recover` sets it aside unchanged and rebuilds the database"
+            if lost
+            else ALLOWED
+        )
+    )
 
 
 def held_jobs(file: Path) -> bool:
@@ -253,11 +301,15 @@ def job_records(root: Path) -> list[dict[str, Any]]:
 
 
 def recorded_job_dirs(file: Path) -> set[str]:
-    return {r["job_dir"] for r in job_records(jobs_root_for(file))
-            if isinstance(r, dict) and isinstance(r.get("job_dir"), str)}
+    return {
+        r["job_dir"]
+        for r in job_records(jobs_root_for(file))
+        if isinstance(r, dict) and isinstance(r.get("job_dir"), str)
+    }
 
 
 # -- the high-water mark: a replaced or rolled-back database is noticed ------------------------
+
 
 def mark_path(db_file: Path) -> Path:
     return db_file.with_name(db_file.name + MARK_SUFFIX)
@@ -307,12 +359,14 @@ def refuse_lost_jobs(file: Path, last_id: int, known: Callable[[], set[str]]) ->
     recorded = recorded_job_dirs(file)
     lost = len(recorded - known()) if recorded else 0
     if lost:
-        where = f"job database {file} " + ("is missing" if last_id == 0 and not file.exists()
-                                             else "was replaced or rolled back")
+        where = f"job database {file} " + (
+            "is missing" if last_id == 0 and not file.exists() else "was replaced or rolled back"
+        )
         raise DatabaseError(
             f"{where}: it lacks {lost} of the jobs recorded in {jobs_root_for(file)} (its jobs "
             f"reached id {mark}). Nothing was written; `mmm-orch db recover` rebuilds it from its "
-            f"backup and the job directories (the current file is kept aside)")
+            f"backup and the job directories (the current file is kept aside)"
+        )
 
 
 def create_file(file: Path) -> None:
@@ -321,8 +375,9 @@ def create_file(file: Path) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        raise DatabaseError(f"job database {file}: cannot create {file.parent}: "
-                            f"{exc.strerror}") from None
+        raise DatabaseError(
+            f"job database {file}: cannot create {file.parent}: {exc.strerror}"
+        ) from None
     tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
     try:
         tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
@@ -339,9 +394,12 @@ def create_file(file: Path) -> None:
     except sqlite3.Error as exc:
         raise DatabaseError(f"job database {file}: cannot create: {describe(exc)}") from None
     except OSError as exc:
-        reason = {errno.ENOSPC: "the disk is full",
-                  errno.EROFS: "cannot write there (read-only place)",
-                  errno.EACCES: "cannot write there (no permission)"}.get(exc.errno, exc.strerror)
+        reasons: dict[int | None, str] = {
+            errno.ENOSPC: "the disk is full",  # (errno may be None)
+            errno.EROFS: "cannot write there (read-only place)",
+            errno.EACCES: "cannot write there (no permission)",
+        }
+        reason = reasons.get(exc.errno, exc.strerror)
         raise DatabaseError(f"job database {file}: cannot create: {reason}") from None
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
@@ -369,22 +427,25 @@ def _price_earlier_jobs(conn: sqlite3.Connection) -> None:
     """Schema 5 on jobs recorded before it: the account from each plan, and for those that
     ended, a charge from the times and nodes on record (their plans hold no charging rules:
     plain node-hours)."""
-    from mmm_orch.planning.cost import ended_charge
-    from mmm_orch.planning.store import section
-    from mmm_orch.schedulers.states import TERMINAL
-
     ended = {state.value for state in TERMINAL}
-    rows = conn.execute("SELECT id, plan, state, nodes, spares, started_at, ended_at "
-                        "FROM jobs").fetchall()
+    rows = conn.execute(
+        "SELECT id, plan, state, nodes, spares, started_at, ended_at FROM jobs"
+    ).fetchall()
     for job_id, plan, state, nodes, spares, started, finished in rows:
         try:
             account = section(json.loads(plan), "queue").get("account") or ""
         except (ValueError, AttributeError):
             account = ""
-        charged = (ended_charge(plan, nodes + (spares or 0), None, None, started,
-                                finished or started or 0) if state in ended else (None, None, None))
-        conn.execute("UPDATE jobs SET account = ?, charged_nodes = ?, charged_seconds = ?, "
-                     "charge = ? WHERE id = ?", (str(account), *charged, job_id))
+        charged = (
+            ended_charge(plan, nodes + (spares or 0), None, None, started, finished or started or 0)
+            if state in ended
+            else (None, None, None)
+        )
+        conn.execute(
+            "UPDATE jobs SET account = ?, charged_nodes = ?, charged_seconds = ?, "
+            "charge = ? WHERE id = ?",
+            (str(account), *charged, job_id),
+        )
 
 
 def describe(exc: sqlite3.Error) -> str:
@@ -395,8 +456,10 @@ def describe(exc: sqlite3.Error) -> str:
     if "readonly" in text or "unable to open" in text or "access permission" in text:
         return f"cannot write there (read-only place or no permission: {text})"
     if "not a database" in text or "malformed" in text or "corrupt" in text:
-        return (f"the database is damaged ({text}); `mmm-orch db check` says more and "
-                "`mmm-orch db recover` rebuilds it from its backup and the job directories")
+        return (
+            f"the database is damaged ({text}); `mmm-orch db check` says more and "
+            "`mmm-orch db recover` rebuilds it from its backup and the job directories"
+        )
     if "locked" in text or "busy" in text:
         return f"another mmm-orch holds it for too long ({text}); try again"
     return text

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from mmm_orch.jobs.record import JobRecord
+from mmm_orch.records.record import JobRecord
 
 # Between two looks at the running points: short next to any run, cheap (a file read each).
 POLL_S = 0.3
@@ -55,7 +56,7 @@ def order(points: Sequence[Sized], per_node: int = 1) -> list[Sized]:
 
 
 def walltime_for(points: Sequence[Any], nodes: int) -> int:
-    """Seconds that run every point (jobs/sweeps.Point) on `nodes` nodes: the waves they take at
+    """Seconds that run every point (submission/sweeps.Point) on `nodes` nodes: the waves they take at
     most (their devices over the allocation's), each as long as the longest point's walltime,
     and the pack's start-up and the slack before its end."""
     per_node = devices_per_node(points)
@@ -84,28 +85,31 @@ class Room:
             node = next((n for n in shared_first if len(self.free[n]) >= point.devices), None)
             if node is None:
                 return None
-            held = tuple(sorted(self.free[node])[:point.devices])
+            held = tuple(sorted(self.free[node])[: point.devices])
             self.free[node] -= set(held)
             return Slot((node,), held)
         whole = [node for node in self.pool if len(self.free[node]) == self.per_node]
         if len(whole) < point.nodes:
             return None
-        for node in whole[:point.nodes]:
+        for node in whole[: point.nodes]:
             self.free[node] = set()
-        return Slot(tuple(whole[:point.nodes]))
+        return Slot(tuple(whole[: point.nodes]))
 
     def give_back(self, slot: Slot) -> None:
         for node in slot.nodes:
             self.free[node] |= set(slot.devices or range(self.per_node))
 
 
-def run(points: Sequence[Sized], pool: Sequence[str],
-        start: Callable[[Sized, Slot], JobRecord],
-        ended: Callable[[list[JobRecord]], list[JobRecord]],
-        stop: Callable[[list[JobRecord]], None],
-        never_started: Callable[[list[Sized]], None] = lambda points: None,
-        in_time: Callable[[Sized], bool] = lambda point: True,
-        per_node: int = 1) -> list[JobRecord]:
+def run(
+    points: Sequence[Sized],
+    pool: Sequence[str],
+    start: Callable[[Sized, Slot], JobRecord],
+    ended: Callable[[list[JobRecord]], list[JobRecord]],
+    stop: Callable[[list[JobRecord]], None],
+    never_started: Callable[[list[Sized]], None] = lambda points: None,
+    in_time: Callable[[Sized], bool] = lambda point: True,
+    per_node: int = 1,
+) -> list[JobRecord]:
     """Run every point in `pool`'s nodes (of `per_node` devices each): `start` records and starts
     one in the slot given, `ended` returns those of the running records that have ended, `stop`
     cancels the running ones when this is interrupted. A waiting point the allocation has no

@@ -24,15 +24,32 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Literal, overload
 
-from mmm_orch.jobs.bad_nodes import BadNodes
-from mmm_orch.jobs.groups import Groups
-from mmm_orch.jobs.dbfile import (ALLOWED, APPLICATION_ID, SCHEMA_VERSION, DatabaseError, backup_path,
-                                  build, by_tables, by_version, check_file, create_file, describe,
-                                  read_mark, refuse_lost_jobs, write_mark)
-from mmm_orch.jobs.record import LIST_COLUMNS, JobRecord, from_row
+from mmm_orch.errors import MmmError
+from mmm_orch.paths import default_db_path
+from mmm_orch.planning.cost import ended_charge
+from mmm_orch.records.bad_nodes import BadNodes
+from mmm_orch.records.dbfile import (
+    ALLOWED,
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    DatabaseError,
+    backup_path,
+    build,
+    by_tables,
+    by_version,
+    check_file,
+    create_file,
+    describe,
+    read_mark,
+    refuse_lost_jobs,
+    write_mark,
+)
+from mmm_orch.records.groups import Groups
+from mmm_orch.records.record import LIST_COLUMNS, JobRecord, from_row
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
 BACKUP_EVERY = 600.0
@@ -42,8 +59,6 @@ _OPEN_STATES = tuple(s.value for s in JobState if not s.terminal)
 
 def db_path(path: str | None = None) -> Path:
     """`path`, else $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
-    from mmm_orch.paths import default_db_path
-
     return Path(path) if path else default_db_path()
 
 
@@ -51,6 +66,10 @@ _open: dict[Path, JobDB] = {}
 _connected: collections.Counter[Path] = collections.Counter()  # live connections per file
 
 
+@overload
+def open_db(path: str | None = None, *, create: Literal[True]) -> JobDB: ...
+@overload
+def open_db(path: str | None = None, create: bool = False) -> JobDB | None: ...
 def open_db(path: str | None = None, create: bool = False) -> JobDB | None:
     """The checked job database; None when there is none yet and `create` is False (commands
     that only read never create one). One connection per file and process: SQLite's locks are
@@ -59,11 +78,11 @@ def open_db(path: str | None = None, create: bool = False) -> JobDB | None:
     key = file.absolute()
     if key in _open:
         return _open[key]
-    if not _connected[key]:  # else already open here, and reading it again would drop the locks
-        if check_file(file) == "missing":
-            refuse_lost_jobs(file, 0, set)
-            if not create:
-                return None
+    # Checked only when not already open here: reading it again would drop the locks.
+    if not _connected[key] and check_file(file) == "missing":
+        refuse_lost_jobs(file, 0, set)
+        if not create:
+            return None
     db = JobDB(file)
     try:
         db.check_complete()
@@ -79,21 +98,27 @@ def close_all() -> None:
         _open.popitem()[1].close()
 
 
-class JobDB(BadNodes, Groups):
+class JobDB:
     def __init__(self, path: Path):
         """Open the job database at `path`, creating it where there is none; a file that is not
         an mmm-orch database is refused before anything is written to it."""
         self.path = path
         if not path.exists():
             create_file(path)
-        with self._errors("open"):
+        with self.errors("open"):
             # mode=rw: never creates a file (a path removed since would be an empty, unmarked one)
-            self.conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True,
-                                        timeout=60, isolation_level=None,
-                                        check_same_thread=False)  # the API: threads take turns
+            self.conn = sqlite3.connect(
+                f"{path.absolute().as_uri()}?mode=rw",
+                uri=True,
+                timeout=60,
+                isolation_level=None,
+                check_same_thread=False,
+            )  # the API: threads take turns
             _connected[path.absolute()] += 1
+        self.bad_nodes = BadNodes(self)
+        self.groups = Groups(self)
         try:
-            with self._errors("open"):
+            with self.errors("open"):
                 self._prepare()
         except BaseException:
             self.close()
@@ -105,18 +130,25 @@ class JobDB(BadNodes, Groups):
         app = self.conn.execute("PRAGMA application_id").fetchone()[0]
         kind, what = by_version(self.conn.execute("PRAGMA user_version").fetchone()[0])
         if app != APPLICATION_ID:
-            kind, what = ("foreign", f"an SQLite database of another program (application id "
-                          f"{app:#x})") if app else by_tables(self.conn)
+            kind, what = (
+                ("foreign", f"an SQLite database of another program (application id {app:#x})")
+                if app
+                else by_tables(self.conn)
+            )
         if kind != "mmm-orch":
-            raise DatabaseError(f"job database {self.path} is {what}, not one this mmm-orch "
-                                f"can use; it was left as it is. {ALLOWED}")
+            raise DatabaseError(
+                f"job database {self.path} is {what}, not one this mmm-orch "
+                f"can use; it was left as it is. {ALLOWED}"
+            )
         if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA foreign_keys = ON")
-        if app != APPLICATION_ID or self.conn.execute(
-                "PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-            with self._write():  # one of an earlier mmm-orch: upgraded, and marked as ours
+        if (
+            app != APPLICATION_ID
+            or self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION
+        ):
+            with self.write():  # one of an earlier mmm-orch: upgraded, and marked as ours
                 build(self.conn)
 
     def check_complete(self) -> None:
@@ -130,30 +162,33 @@ class JobDB(BadNodes, Groups):
 
     def last_id(self) -> int:
         """The highest job id ever given (refused submissions' ids included: never reused)."""
-        with self._errors("read"):
+        with self.errors("read"):
             row = self.conn.execute(
-                "SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+                "SELECT seq FROM sqlite_sequence WHERE name = 'jobs'"
+            ).fetchone()
         return row[0] if row else 0
 
     def job_dirs(self) -> set[str]:
-        with self._errors("read"):
+        with self.errors("read"):
             return {row[0] for row in self.conn.execute("SELECT job_dir FROM jobs")}
 
     @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
+    def errors(self, doing: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
-            raise DatabaseError(f"job database {self.path}: cannot {doing}: {describe(exc)}") from None
+            raise DatabaseError(
+                f"job database {self.path}: cannot {doing}: {describe(exc)}"
+            ) from None
 
     def close(self) -> None:
         self.conn.close()
         _connected[self.path.absolute()] -= 1
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): take the write lock up front."""
-        with self._errors("write"):
+        with self.errors("write"):
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
@@ -167,17 +202,25 @@ class JobDB(BadNodes, Groups):
     def insert(self, **values: Any) -> int:
         """A new record (state `submitting` unless given); returns its id."""
         now = time.time()
-        values = {**values, "commands": json.dumps(values["commands"]),
-                  "plan": json.dumps(values["plan"]), "checked_at": now,
-                  "state": values.get("state", JobState.SUBMITTING.value)}
+        values = {
+            **values,
+            "commands": json.dumps(values["commands"]),
+            "plan": json.dumps(values["plan"]),
+            "checked_at": now,
+            "state": values.get("state", JobState.SUBMITTING.value),
+        }
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        with self._write():
-            cur = self.conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})",
-                                    list(values.values()))
-            job_id = int(cur.lastrowid)
-            self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                              (job_id, now, values["state"], "", "recorded before submission"))
+        with self.write():
+            cur = self.conn.execute(
+                f"INSERT INTO jobs ({columns}) VALUES ({marks})", list(values.values())
+            )
+            assert cur.lastrowid is not None  # set by the INSERT just made
+            job_id = cur.lastrowid
+            self.conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (job_id, now, values["state"], "", "recorded before submission"),
+            )
             write_mark(self.path, job_id)  # under the write lock: marks only ever rise
         self._refresh_backup()
         return job_id
@@ -188,15 +231,18 @@ class JobDB(BadNodes, Groups):
         longer `submitting` (someone settled it first). UPDATE then SELECT, not RETURNING: the
         SQLite of many facilities' Pythons predates it (3.35)."""
         now = time.time()
-        with self._write():
-            settled = self.conn.execute("UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
-                                        "WHERE id = ? AND state = ?",
-                                        (native_id, JobState.PENDING.value, now, job_id,
-                                         JobState.SUBMITTING.value)).rowcount
+        with self.write():
+            settled = self.conn.execute(
+                "UPDATE jobs SET native_id = ?, state = ?, checked_at = ? "
+                "WHERE id = ? AND state = ?",
+                (native_id, JobState.PENDING.value, now, job_id, JobState.SUBMITTING.value),
+            ).rowcount
             if not settled:
                 return None
-            self.conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                              (job_id, now, JobState.PENDING.value, "", note))
+            self.conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (job_id, now, JobState.PENDING.value, "", note),
+            )
             row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
             events = self._events(job_id)
         record = from_row(row)  # after COMMIT: a damaged row never undoes the settling
@@ -206,32 +252,39 @@ class JobDB(BadNodes, Groups):
     def cancel_sent(self, job_id: int) -> None:
         """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
         can after a server restart, is read as cancelled: see track)."""
-        with self._write():
-            self.conn.execute("INSERT INTO events SELECT id, ?, state, '', ? FROM jobs WHERE id = ?",
-                              (time.time(), CANCEL_SENT, job_id))
+        with self.write():
+            self.conn.execute(
+                "INSERT INTO events SELECT id, ?, state, '', ? FROM jobs WHERE id = ?",
+                (time.time(), CANCEL_SENT, job_id),
+            )
 
     def cancels_sent(self, job_ids: list[int]) -> set[int]:
         """Which of `job_ids` mmm-orch asked the scheduler to cancel."""
         marks = ", ".join("?" for _ in job_ids)
-        return {row[0] for row in self.conn.execute(
-            f"SELECT DISTINCT job_id FROM events WHERE reason = ? AND job_id IN ({marks})",
-            (CANCEL_SENT, *job_ids))}
+        return {
+            row[0]
+            for row in self.conn.execute(
+                f"SELECT DISTINCT job_id FROM events WHERE reason = ? AND job_id IN ({marks})",
+                (CANCEL_SENT, *job_ids),
+            )
+        }
 
     def note(self, job_id: int, reason: str) -> None:
         """Say why a record is as it is (e.g. a submission whose outcome is not known yet)."""
-        with self._write():
+        with self.write():
             self.conn.execute("UPDATE jobs SET reason = ? WHERE id = ?", (reason, job_id))
 
     def delete(self, job_id: int) -> None:
         """Remove the record of a job the scheduler never took (rejected, or never asked)."""
-        with self._write():
+        with self.write():
             self.conn.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
-            self.conn.execute("DELETE FROM jobs WHERE id = ? AND state = ?",
-                              (job_id, JobState.SUBMITTING.value))
+            self.conn.execute(
+                "DELETE FROM jobs WHERE id = ? AND state = ?", (job_id, JobState.SUBMITTING.value)
+            )
 
     def accounts(self) -> set[str]:
         """The accounts jobs were charged to ('' where the machine has none)."""
-        with self._errors("read"):
+        with self.errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT account FROM jobs")}
 
     def apply(self, updates: dict[int, JobStatus], now: float | None = None) -> None:
@@ -240,11 +293,16 @@ class JobDB(BadNodes, Groups):
             return
         now = now or time.time()
         changes, events = [], []
-        with self._write():
-            rows = {row["id"]: row for row in self.conn.execute(
-                "SELECT id, state, native_state, reason, started_at, ended_at, nodes, spares, "
-                "scheduler "
-                f"FROM jobs WHERE id IN ({','.join('?' * len(updates))})", list(updates))}
+        with self.write():
+            rows = {
+                row["id"]: row
+                for row in self.conn.execute(
+                    "SELECT id, state, native_state, reason, started_at, ended_at, nodes, spares, "
+                    "scheduler "
+                    f"FROM jobs WHERE id IN ({','.join('?' * len(updates))})",
+                    list(updates),
+                )
+            }
             charges = []
             for job_id, status in updates.items():
                 row = rows.get(job_id)
@@ -271,30 +329,48 @@ class JobDB(BadNodes, Groups):
                 code = status.exit_code if new.terminal else None
                 if new in (JobState.CANCELLED, JobState.TIMEOUT) and not code:
                     code = None
-                changes.append((new.value, native, reason, code,
-                                status.signal if new.terminal else None, started, ended, now, job_id))
+                changes.append(
+                    (
+                        new.value,
+                        native,
+                        reason,
+                        code,
+                        status.signal if new.terminal else None,
+                        started,
+                        ended,
+                        now,
+                        job_id,
+                    )
+                )
                 if new is not current or native != row["native_state"] or reason != row["reason"]:
                     events.append((job_id, now, new.value, native, reason))
             self.conn.executemany(
                 "UPDATE jobs SET state = ?, native_state = ?, reason = ?, exit_code = ?, "
-                "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?", changes)
+                "signal = ?, started_at = ?, ended_at = ?, checked_at = ? WHERE id = ?",
+                changes,
+            )
             self.conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
-            self.conn.executemany("UPDATE jobs SET charged_nodes = ?, charged_seconds = ?, "
-                                  "charge = ? WHERE id = ?", charges)
+            self.conn.executemany(
+                "UPDATE jobs SET charged_nodes = ?, charged_seconds = ?, charge = ? WHERE id = ?",
+                charges,
+            )
 
-    def _charged(self, job_id: int, row: sqlite3.Row, status: JobStatus, started: float | None,
-                 ended: float) -> tuple:
+    def _charged(
+        self, job_id: int, row: sqlite3.Row, status: JobStatus, started: float | None, ended: float
+    ) -> tuple:
         """(nodes, seconds, charge, id) of a job that ended (planning/cost.py's `ended_charge`)."""
-        from mmm_orch.planning.cost import ended_charge
-
         plan = self.conn.execute("SELECT plan FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-        return (*ended_charge(plan, row["nodes"] + row["spares"], status.nodes,
-                              status.elapsed, started, ended), job_id)
+        return (
+            *ended_charge(
+                plan, row["nodes"] + row["spares"], status.nodes, status.elapsed, started, ended
+            ),
+            job_id,
+        )
 
     # -- reads -------------------------------------------------------------------------------
 
     def get(self, job_id: int, events: bool = True) -> JobRecord | None:
-        with self._errors("read"):
+        with self.errors("read"):
             row = self.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 return None
@@ -303,14 +379,37 @@ class JobDB(BadNodes, Groups):
                 record.events.extend(self._events(job_id))
         return record
 
-    def _events(self, job_id: int) -> list[dict[str, Any]]:
-        return [dict(e) for e in self.conn.execute(
-            "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
-            (job_id,))]
+    def get_existing(self, job_id: int, events: bool = True) -> JobRecord:
+        """The record of a job this process recorded or listed; an error where it is gone
+        meanwhile (another mmm-orch removed it)."""
+        record = self.get(job_id, events)
+        if record is None:
+            raise MmmError(
+                f"job {job_id}: its record is gone from {self.path} (another mmm-orch "
+                "removed it meanwhile)"
+            )
+        return record
 
-    def list(self, *, ids: Iterable[int] = (), open_only: bool = False, limit: int | None = None,
-             machine: str | None = None, group_id: int | None = None) -> list[JobRecord]:
-        where, args = [], []
+    def _events(self, job_id: int) -> list[dict[str, Any]]:
+        return [
+            dict(e)
+            for e in self.conn.execute(
+                "SELECT at, state, native_state, reason FROM events WHERE job_id = ? ORDER BY at",
+                (job_id,),
+            )
+        ]
+
+    def list(
+        self,
+        *,
+        ids: Iterable[int] = (),
+        open_only: bool = False,
+        limit: int | None = None,
+        machine: str | None = None,
+        group_id: int | None = None,
+    ) -> list[JobRecord]:
+        where: list[str] = []
+        args: list[int | str] = []
         ids = list(ids)
         if ids:
             where.append(f"id IN ({','.join('?' * len(ids))})")
@@ -324,23 +423,25 @@ class JobDB(BadNodes, Groups):
         if group_id is not None:
             where.append("group_id = ?")
             args.append(group_id)
-        sql = f"SELECT {LIST_COLUMNS} FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql = f"SELECT {LIST_COLUMNS} FROM jobs" + (
+            f" WHERE {' AND '.join(where)}" if where else ""
+        )
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        with self._errors("read"):
+        with self.errors("read"):
             return [from_row(row) for row in self.conn.execute(sql, args)][::-1]
 
     def count(self) -> int:
-        with self._errors("read"):
+        with self.errors("read"):
             return self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
     def id_range(self) -> tuple[int, int] | None:
         """The lowest and highest job id recorded (ids of refused submissions are not reused)."""
-        with self._errors("read"):
+        with self.errors("read"):
             low, high = self.conn.execute("SELECT MIN(id), MAX(id) FROM jobs").fetchone()
         return None if low is None else (low, high)
 
     def machines(self) -> set[str]:
-        with self._errors("read"):
+        with self.errors("read"):
             return {row[0] for row in self.conn.execute("SELECT DISTINCT machine FROM jobs")}
 
     # -- safety copies -----------------------------------------------------------------------

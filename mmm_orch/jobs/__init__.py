@@ -1,1 +1,0 @@
-"""Submitted jobs: the database (db), submission (submit), state refresh (track), logs (logs)."""

@@ -1,0 +1,74 @@
+"""The machine profiles and workload specs as data (`mmm-orch machines`, `workloads`, `show`,
+`schema`): a row each to list, one whole to show, the JSON schema a file is checked against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmm_orch.config import registry
+from mmm_orch.config.machine import Machine
+from mmm_orch.config.workload import Workload
+from mmm_orch.config.yamlio import adapter
+from mmm_orch.walltime import format_walltime
+
+
+def machine_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in registry.names("machines"):
+        m = registry.load_machine(name)
+        rows.append(
+            {
+                "name": m.name,
+                "facility": m.facility,
+                "scheduler": m.scheduler.kind,
+                "max_nodes": m.max_nodes,
+                "gpus_per_node": m.node.gpus,
+                "device": m.node.device,
+                "queues": [q.name for q in m.queues],
+            }
+        )
+    return rows
+
+
+def workload_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in registry.names("workloads"):
+        w = registry.load_workload(name)
+        layout = ", ".join(
+            f"{k}={w.layout_value(k, w.args)}" for k in ("tp", "pp") if k in w.options
+        )
+        rows.append(
+            {
+                "name": w.name,
+                "trainer": w.trainer.rsplit(".", 1)[-1] if w.trainer else "(your command after --)",
+                "parallelism": (
+                    f"FSDP2{' x TP' if 'tp' in w.options else ''}"
+                    + (f" ({layout})" if layout else "")
+                    if w.trainer
+                    else "yours"
+                ),
+                "default_nodes": w.defaults.nodes,
+                "default_walltime": format_walltime(w.defaults.walltime),
+                "description": w.description,
+            }
+        )
+    return rows
+
+
+def show(kind: str, name: str, whole: bool) -> Any:
+    """Profile or spec `name` (`kind`: "machine" or "workload") as plain data; without `whole`,
+    only the values that differ from the defaults."""
+    obj = registry.load_machine(name) if kind == "machine" else registry.load_workload(name)
+    # As `type`: mypy reads a dataclass's `__hash__ = None` as the class object's, which is
+    # hashable (by its metaclass) and is the adapter cache's key.
+    cls: type = type(obj)
+    return adapter(cls).dump_python(obj, mode="json", exclude_defaults=not whole)
+
+
+def schema(kind: str) -> dict[str, Any]:
+    """The JSON schema of a machine profile or a workload spec."""
+    return adapter(Machine if kind == "machine" else Workload).json_schema()
+
+
+def is_machine(name: str) -> bool:
+    return name in registry.names("machines")
