@@ -116,6 +116,15 @@ def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None 
     return cls(**vars(parser.parse_args(argv)))
 
 
+def model_args(cls: type, options: Any, **given: Any) -> Any:
+    """`cls` (a model's arguments) made from the trainer's options of the same names, and
+    `given` for those the options name otherwise or leave out."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+    return cls(
+        **{name: getattr(options, name) for name in names if hasattr(options, name)}, **given
+    )
+
+
 def tiny_defaults(cls: type) -> dict[str, Any]:
     """The defaults --tiny swaps in: each option's `tiny=`."""
     return {f.name: f.metadata["tiny"] for f in dataclasses.fields(cls) if "tiny" in f.metadata}

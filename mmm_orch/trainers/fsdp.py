@@ -9,7 +9,6 @@ tests on its own slice of the test set.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 if (
@@ -129,17 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
     training = Training(
-        rt,
-        cfg,
-        out,
-        model,
-        optimizer,
-        {
-            **dataclasses.asdict(cfg),
-            "world_size": rt.world_size,
-            "steps_per_epoch": steps_per_epoch,
-        },
-        scheduler,
+        rt, cfg, out, model, optimizer, scheduler, described={"steps_per_epoch": steps_per_epoch}
     )
     epoch = Epoch(cfg, rt, train, steps_per_epoch)
 

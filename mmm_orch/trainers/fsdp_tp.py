@@ -9,7 +9,6 @@ any mesh starts from the same weights as a single-process run (tests compare the
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 if (
@@ -23,7 +22,7 @@ from mmm_orch import model_shapes
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import adamw, draw_per_rank, mean_across, mesh, param_dtype, run_dir
-from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.options import RunOptions, model_args, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
@@ -56,15 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     dp_mesh, tp_mesh = world["dp"], world["tp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "fsdp_tp", rt)
 
-    args = LlamaArgs(
-        dim=cfg.dim,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        n_kv_heads=cfg.n_kv_heads,
-        vocab_size=cfg.vocab_size,
-        max_seq_len=cfg.seq_len,
-        multiple_of=32,
-    )
+    args = model_args(LlamaArgs, cfg, max_seq_len=cfg.seq_len, multiple_of=32)
     model = Transformer(args)
     model.init_weights(cfg.seed)
     model.to(rt.device.torch)
@@ -73,18 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
-    training = Training(
-        rt,
-        cfg,
-        out,
-        model,
-        optimizer,
-        {
-            **dataclasses.asdict(cfg),
-            "world_size": rt.world_size,
-            "mesh": {"dp": dp_mesh.size(), "tp": tp_mesh.size()},
-        },
-    )
+    mesh_sizes = {"dp": dp_mesh.size(), "tp": tp_mesh.size()}
+    training = Training(rt, cfg, out, model, optimizer, described={"mesh": mesh_sizes})
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
     timer = training.timer
 

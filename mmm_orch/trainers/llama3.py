@@ -151,22 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
-    training = Training(
-        rt,
-        cfg,
-        out,
-        model,
-        optimizer,
-        {
-            **dataclasses.asdict(cfg),
-            "model": dataclasses.asdict(args),
-            "params": params,
-            "world_size": rt.world_size,
-            **batches.describe(),
-        },
-        scheduler,
-        cfg.async_save,
-    )
+    described = {"model": dataclasses.asdict(args), "params": params, **batches.describe()}
+    training = Training(rt, cfg, out, model, optimizer, scheduler, cfg.async_save, described)
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(

@@ -6,6 +6,7 @@ stopped before the last step, having saved)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,11 @@ class Training:
         out: Path,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        describe: dict[str, Any],
         scheduler: Any = None,
         async_save: bool = False,
+        described: dict[str, Any] | None = None,
     ):
+        """`described`: what the run's metrics header says beside its options and world size."""
         self.rt, self.model, self.optimizer, self.scheduler = rt, model, optimizer, scheduler
         self.checkpointer = Checkpointer(
             out, cfg.checkpoint_every, rt.device.torch, rt.is_main, cfg.keep_checkpoints, async_save
@@ -46,7 +48,8 @@ class Training:
         self.step = self.restored.get("step", 0)
         if self.restored and scheduler is not None:
             scheduler.load_state_dict(self.restored["scheduler"])
-        self.logger = MetricLogger(out, describe, enabled=rt.is_main, resumed_from=self.step)
+        header = {**dataclasses.asdict(cfg), "world_size": rt.world_size, **(described or {})}
+        self.logger = MetricLogger(out, header, enabled=rt.is_main, resumed_from=self.step)
         self.timer = StepTimer(rt)
 
     def run(

@@ -6,7 +6,6 @@ bf16 autocast and optional torch.compile; reports samples/s.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 if (
@@ -21,7 +20,7 @@ import torch
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
 from mmm_orch.runtime.loop import adamw, classifier_step, draw_per_rank, mesh, param_dtype, run_dir
-from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.options import RunOptions, model_args, option, parse
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
 from mmm_orch.trainers.training import Training
@@ -49,14 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime_dist.setup()
     dp_mesh = mesh(rt)["dp"]
     out = run_dir(cfg.output_dir, cfg.run_name, "vit", rt)
-    args = VitArgs(
-        img_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        depth=cfg.depth,
-        heads=cfg.heads,
-        head_dim=cfg.head_dim,
-        num_classes=cfg.num_classes,
-    )
+    args = model_args(VitArgs, cfg)
 
     torch.manual_seed(cfg.seed)
     model = VisionTransformer(args).to(rt.device.torch)
@@ -65,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
-    training = Training(
-        rt, cfg, out, model, optimizer, {**dataclasses.asdict(cfg), "world_size": rt.world_size}
-    )
+    training = Training(rt, cfg, out, model, optimizer)
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
 
     def train_step(step: int) -> dict:
