@@ -172,17 +172,17 @@ def resumable_step(seen: int | None) -> int | None:
 
 
 def outcome(launch: Launch) -> files.Outcome:
-    """How the launch ended, for the job's outcome file: a success first, then the watchdog's own
-    stop of a hang, then the scheduler's stop (a save it caused included), as failover's
-    classify reads them."""
+    """How the launch ended, for the job's outcome file: the watchdog's own stop of a hang, then
+    the scheduler's stop (a save it caused included, and a launcher that exits 0 once its ranks
+    were stopped: MPICH's mpiexec does), then a success."""
     code = _code(launch)
     stops = [signal.Signals(s).name for s in launch.received if s in STOPS]
-    if code == 0:
-        why, detail = files.WHY_COMPLETED, "the launch finished"
-    elif launch.hung:
+    if launch.hung:
         why, detail = files.WHY_HUNG, launch.hung_reason
     elif stops:
         why, detail = files.WHY_STOPPED, f"stopped by {stops[0]}"
+    elif code == 0:
+        why, detail = files.WHY_COMPLETED, "the launch finished"
     elif launch.checkpointed or code == protocol.EXIT_CHECKPOINTED:
         why, detail = files.WHY_CHECKPOINTED, "saved a checkpoint before the walltime"
     else:
