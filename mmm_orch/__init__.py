@@ -15,28 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-_API = (
-    "Job",
-    "Sweep",
-    "balance",
-    "job",
-    "jobs",
-    "plan",
-    "refresh",
-    "render",
-    "report",
-    "submit",
-    "sweep",
-    "usage",
-)
-_ERRORS = (
-    "MmmError",
-    "InvalidValue",
-    "UnknownName",
-    "ConfigError",
-    "SchedulerError",
-    "SchedulerUnavailable",
-)
 __all__ = [
     "ConfigError",
     "InvalidValue",
@@ -58,6 +36,17 @@ __all__ = [
     "sweep",
     "usage",
 ]
+_ERRORS = frozenset(
+    {
+        "MmmError",
+        "InvalidValue",
+        "UnknownName",
+        "ConfigError",
+        "SchedulerError",
+        "SchedulerUnavailable",
+    }
+)
+_API = frozenset(__all__) - _ERRORS - {"__version__"}  # mmm_orch/api.py's names
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from mmm_orch.api import (

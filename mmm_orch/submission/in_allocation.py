@@ -26,7 +26,6 @@ from mmm_orch.planning import Plan
 from mmm_orch.records.db import open_db
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.allocation import Allocation
-from mmm_orch.schedulers.base import Submission
 from mmm_orch.schedulers.pbs import PbsScheduler
 from mmm_orch.schedulers.slurm import SlurmScheduler
 from mmm_orch.submission.settle import forget
@@ -36,6 +35,7 @@ from mmm_orch.submission.submit import (
     job_dirs,
     record_values,
     signals_as_interrupts,
+    submission_of,
 )
 from mmm_orch.transport import LocalRunner
 
@@ -181,17 +181,7 @@ def allocate(
             db.delete(job_id)
         host_for("").remove_tree(created)
         raise
-    assert plan.submission.log_path is not None  # plan.placed above set it
-    submission = Submission(
-        script=Path(job_dir),
-        workdir=plan.launch.workdir,
-        job_dir=Path(job_dir),
-        log_path=Path(plan.submission.log_path),
-        walltime=plan.queue.walltime,
-        name=plan.name,
-        tag=tag,
-        submitted_at=values["submitted_at"],
-    )
+    submission = submission_of(plan, job_dir, job_dir, tag, values["submitted_at"])
     try:
         with signals_as_interrupts():
             run(argv)

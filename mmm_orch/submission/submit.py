@@ -284,16 +284,12 @@ def submit(
         undo()
         raise
 
-    assert plan.submission.log_path is not None  # plan.placed above set it
-    submission = Submission(
-        script=Path(script_path),
-        workdir=plan.launch.workdir,
-        job_dir=Path(job_dir),
-        log_path=Path(plan.submission.log_path),
-        walltime=plan.queue.walltime,
-        name=plan.name,
-        tag=tag,
-        submitted_at=values["submitted_at"],
+    submission = submission_of(
+        plan,
+        script_path,
+        job_dir,
+        tag,
+        values["submitted_at"],
         stop_signal=plan.launch.stop_signal,
         held_by=os.getpid() if here else 0,
     )
@@ -301,6 +297,25 @@ def submit(
     native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
     keep(native_id)
     return db.accepted(job_id, native_id) or db.get_existing(job_id)
+
+
+def submission_of(
+    plan: Plan, script: str, job_dir: str, tag: str, submitted_at: float, **extra: Any
+) -> Submission:
+    """What the scheduler is handed for `plan` once placed in `job_dir` (plan.placed set its
+    log): a batch script, or the allocation `launch --allocate` asks for."""
+    assert plan.submission.log_path is not None  # plan.placed set it
+    return Submission(
+        script=Path(script),
+        workdir=plan.launch.workdir,
+        job_dir=Path(job_dir),
+        log_path=Path(plan.submission.log_path),
+        walltime=plan.queue.walltime,
+        name=plan.name,
+        tag=tag,
+        submitted_at=submitted_at,
+        **extra,
+    )
 
 
 def record_not_started(plan: Plan, db_file: Path, links: dict[str, Any], reason: str) -> int:
