@@ -77,6 +77,7 @@ class PlanOptions:
     stage_env: bool = False
     workdir: str | None = None
     max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
+    init_from: str | None = None  # pretrained weights to start from (--init-from)
 
     def __post_init__(self) -> None:
         """Python's types where the command line's parser would check them, each value made
@@ -86,7 +87,15 @@ class PlanOptions:
             "machine": text_of("machine", self.machine),
             **{
                 field: text_of(field, getattr(self, field), none=True)
-                for field in ("workload", "queue", "walltime", "account", "name", "workdir")
+                for field in (
+                    "workload",
+                    "queue",
+                    "walltime",
+                    "account",
+                    "name",
+                    "workdir",
+                    "init_from",
+                )
             },
             "nodes": whole_of("nodes", self.nodes, 1, none=True),
             "spare_nodes": whole_of("spare_nodes", self.spare_nodes, 0),
@@ -135,6 +144,7 @@ class PlanOptions:
             stage_env=self.stage_env,
             workdir=self.workdir,
             max_node_hours=self.max_node_hours,
+            init_from=self.init_from,
         )
 
 

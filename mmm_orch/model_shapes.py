@@ -3,8 +3,22 @@ no torch, so `mmm-orch render` can say whether a plan fits the device before it 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (Meta's `apply_scaling`; Hugging Face's rope_type
+    "llama3"): wavelengths longer than original_context / low_freq_factor are stretched by
+    `factor`, those shorter than original_context / high_freq_factor kept, the band between
+    blended. It changes the logits at every position, not only past the original context."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
 
 
 @dataclass(frozen=True)
@@ -19,6 +33,7 @@ class LlamaArgs:
     ffn_dim_multiplier: float | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None  # Llama 3.1's; None: Llama 3's plain RoPE
 
     @property
     def head_dim(self) -> int:
@@ -68,7 +83,7 @@ class Preset:
 
 
 # The torchtitan Llama 3 configurations (saforem2/mmm train_configs; Meta's model cards).
-PRESETS = {
+PRESETS: dict[str, Preset] = {
     "debug": Preset(
         LlamaArgs(
             dim=256, n_layers=8, n_heads=16, n_kv_heads=16, vocab_size=2048, max_seq_len=2048
@@ -127,6 +142,19 @@ PRESETS = {
         ac="full",
     ),
 }
+# Llama 3.1: the same shapes, RoPE scaled to a 128K context (Meta's llama-models, model args
+# use_scaled_rope; the Hugging Face configs' rope_scaling and max_position_embeddings 131072).
+# Training keeps 8192-token samples unless --seq-len says more; the context is what the model
+# can be asked to read.
+LLAMA_3_1_CONTEXT = 131072
+for _size in ("8b", "70b", "405b"):
+    _base = PRESETS[_size]
+    PRESETS[f"3.1-{_size}"] = dataclasses.replace(
+        _base,
+        model=dataclasses.replace(
+            _base.model, rope_scaling=RopeScaling(), max_seq_len=LLAMA_3_1_CONTEXT
+        ),
+    )
 TINY = Preset(
     LlamaArgs(
         dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq_len=64, multiple_of=32
@@ -136,3 +164,23 @@ TINY = Preset(
     lr=3e-3,
     ac="none",
 )
+
+
+def run_model(
+    config: str, tiny: bool, n_layers: int | None, vocab_size: int | None, seq_len: int | None
+) -> tuple[Preset, LlamaArgs]:
+    """The preset a run starts from and the model it builds: `tiny` is the tiny shape with the
+    config's RoPE (`--config 3.1-8b --tiny`: a tiny Llama 3.1), and the context grows to the
+    run's sequence length where that is longer."""
+    preset = PRESETS[config]
+    if tiny:
+        preset = dataclasses.replace(
+            TINY, model=dataclasses.replace(TINY.model, rope_scaling=preset.model.rope_scaling)
+        )
+    model = dataclasses.replace(
+        preset.model,
+        n_layers=n_layers or preset.model.n_layers,
+        vocab_size=vocab_size or preset.model.vocab_size,
+        max_seq_len=max(seq_len or preset.seq_len, preset.model.max_seq_len),
+    )
+    return preset, model

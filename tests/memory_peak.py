@@ -23,7 +23,7 @@ world = mesh(rt, cfg.tp)
 batches = GlobalBatch.of(0, batch_size, world["dp"].size(), world["dp"].get_local_rank())
 data = SyntheticTokens(args.vocab_size, seq_len, cfg.seed)
 with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-    model, _ = build_model(cfg, args, ac, rt, world["dp"], world["tp"])
+    model, _ = build_model(cfg, args, seq_len, ac, rt, world["dp"], world["tp"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     timer = StepTimer(rt)
     for step in range(2):

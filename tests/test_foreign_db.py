@@ -45,6 +45,7 @@ OPENS = {
     "pack-run": ["pack-run", "1"],
     "report": ["report", "1"],
     "plot": ["plot", "1"],
+    "export": ["export", "1", "--to", "hf", "exported"],
     "diagnose": ["diagnose", "1"],
     "timeline": ["timeline", "1"],
     "startup": ["startup"],

@@ -23,7 +23,8 @@ INJOB = PACKAGE / "injob"
 # Low to high: a module may import from its own layer and the ones before it, never after. The
 # package itself (`import mmm_orch`: the Python API's names) is the top.
 LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
-          "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.transport", "mmm_orch.config",
+          "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.pretrained",
+          "mmm_orch.transport", "mmm_orch.config",
           "mmm_orch.schedulers", "mmm_orch.ssh", "mmm_orch.hosts", "mmm_orch.sandbox",
           "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.allocations", "mmm_orch.rendering",
           "mmm_orch.records", "mmm_orch.submission", "mmm_orch.tracking", "mmm_orch.reporting",

@@ -293,7 +293,7 @@ def test_peak_flops_table_and_the_flops_count():
     # The 8b and 70b presets have Meta's published parameter counts (built on the meta device).
     import torch
 
-    from mmm_orch.trainers.llama3 import PRESETS
+    from mmm_orch.model_shapes import PRESETS
     from mmm_orch.trainers.models.llama import Transformer
 
     counts = {}

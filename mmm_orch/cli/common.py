@@ -112,6 +112,12 @@ def plan_options(
         else "trainer option (repeatable)",
     )
     parser.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="start from pretrained weights: a Hugging Face model directory or Meta's "
+        "(params.json, consolidated.*.pth); checked against the model before the queue",
+    )
+    parser.add_argument(
         "--env",
         dest="envs",
         action="append",
@@ -185,6 +191,7 @@ def request(args: argparse.Namespace, **overrides: Any):
         spare_nodes=args.spare_nodes,
         max_node_hours=args.max_node_hours,
         jobs=max(getattr(args, "chain", None) or 1, 1),
+        init_from=args.init_from,
     )  # a chain puts its links in the queue
     fields.update(overrides)
     return Request(**fields)

@@ -27,6 +27,7 @@ class Option:
     le: Number | None = None
     pattern: str = ""
     help: str = ""
+    required: bool = False  # a run cannot start without it: planning refuses a plan that lacks it
 
     def __post_init__(self) -> None:
         # A choice is also shown in every error about the option: one line each.

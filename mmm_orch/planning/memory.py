@@ -31,7 +31,7 @@ from dataclasses import field, replace
 
 from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs, micro_batches
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, Preset, micro_batches, run_model
 from mmm_orch.planning.checks import bounded
 from mmm_orch.planning.model import MemoryPlan
 
@@ -138,32 +138,8 @@ def sized(machine, workload, args: dict, layout):
     size is past MAX_SIZE, or when the trainer would refuse the global batch."""
     if workload.resources.memory_model != "llama3":
         return None
-
-    def arg(name: str):
-        option = workload.options.get(name)
-        return args.get(name, option.default if option else None)
-
-    def size(name: str, least: int = 1) -> int | None:
-        value = arg(name)
-        return (
-            None
-            if value is None
-            else bounded(
-                name,
-                value,
-                least,
-                MAX_SIZE,
-                f"a whole number from {least} to {MAX_SIZE}",
-                whole=True,
-            )
-        )
-
-    preset = TINY if arg("tiny") else PRESETS[arg("config") or "debug"]
-    model = replace(
-        preset.model,
-        n_layers=size("n_layers") or preset.model.n_layers,
-        vocab_size=size("vocab_size") or preset.model.vocab_size,
-    )
+    arg, size = _readers(workload, args)
+    preset, model = model_of(workload, args)
     tp = size("tp") or 1
     accelerator = machine.node.gpus > 0
     shape = Shape(
@@ -194,6 +170,45 @@ def sized(machine, workload, args: dict, layout):
             + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)"
         )
     return plan
+
+
+def _readers(workload, args: dict):
+    """(arg, size): an option's value (given, else the workload's default), and a size
+    option's, bounded."""
+
+    def arg(name: str):
+        option = workload.options.get(name)
+        return args.get(name, option.default if option else None)
+
+    def size(name: str, least: int = 1) -> int | None:
+        value = arg(name)
+        return (
+            None
+            if value is None
+            else bounded(
+                name,
+                value,
+                least,
+                MAX_SIZE,
+                f"a whole number from {least} to {MAX_SIZE}",
+                whole=True,
+            )
+        )
+
+    return arg, size
+
+
+def model_of(workload, args: dict) -> tuple[Preset, LlamaArgs]:
+    """The preset and the model a llama3 workload's options build (the trainer's rule,
+    model_shapes.run_model)."""
+    arg, size = _readers(workload, args)
+    return run_model(
+        arg("config") or "debug",
+        bool(arg("tiny")),
+        size("n_layers"),
+        size("vocab_size"),
+        size("seq_len"),
+    )
 
 
 def check_global_batch(global_batch: int, shape: Shape) -> None:

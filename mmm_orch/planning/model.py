@@ -48,6 +48,7 @@ class Request:
     queue_load: QueueLoad | None = field(default=None, hash=False, compare=False)
     jobs: int = 1  # the jobs this request puts in its queue at once (a chain: its links)
     devices: int | None = None  # a run on this many devices of one node, beside other runs
+    init_from: str | None = None  # pretrained weights to start from (--init-from)
 
 
 @dataclass(frozen=True)

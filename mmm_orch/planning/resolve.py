@@ -21,7 +21,7 @@ from mmm_orch.config.workload import MachineOverride, Workload
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import MODULES
-from mmm_orch.planning import checks, cost, memory
+from mmm_orch.planning import checks, cost, memory, pretrained
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
 from mmm_orch.planning.environment import env_groups, environment_word
 from mmm_orch.planning.model import (
@@ -76,6 +76,9 @@ def resolve(request: Request) -> Plan:
     args = _trainer_args(
         workload, override.args if override else {}, checks.pairs(request.sets, "--set")
     )
+    if request.init_from is not None:
+        args["init_from"] = _init_from(workload, request.init_from)
+    _check_required(workload, args)
     layout = _layout(machine, workload, nodes, args, request.devices)
     python = sys.executable if machine.python == "auto" else machine.python
     # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
@@ -91,6 +94,7 @@ def resolve(request: Request) -> Plan:
     }
     devices = _devices(machine, layout.ranks_per_node, _share(machine, request.devices, fields))
     sized = memory.sized(machine, workload, args, layout)
+    pretrained.check_before_queue(workload, args, request.workdir, machine.login_hosts)
     priced = cost.priced(
         machine,
         queue,
@@ -436,6 +440,26 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
         except ValueError as exc:
             raise InvalidValue(f"--set {key}", value, option.allowed(), f"--set {exc}") from None
     return args
+
+
+def _init_from(workload: Workload, path: str) -> str:
+    option = workload.options.get("init_from")
+    if option is None:
+        takers = "; those that do have an init_from option (`mmm-orch workloads`)"
+        raise fail("--init-from", path, f"workload {workload.name} starts from no weights{takers}")
+    try:
+        return str(option.coerce("init_from", path))
+    except ValueError:
+        raise fail("--init-from", path, option.allowed()) from None
+
+
+def _check_required(workload: Workload, args: dict[str, Any]) -> None:
+    """A required option left empty, --init-from's first (what the other options go with)."""
+    for name in sorted(workload.options, key=lambda name: name != "init_from"):
+        option = workload.options[name]
+        if option.required and args.get(name) in (None, ""):
+            flag = "--init-from PATH" if name == "init_from" else f"--set {name}=..."
+            raise fail(name, "", f"workload {workload.name} needs it ({flag}): {option.help}")
 
 
 def _layout(

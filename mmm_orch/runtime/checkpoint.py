@@ -21,11 +21,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from mmm_orch.injob import protocol
+from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
-from mmm_orch.runtime import runfiles, stop
+from mmm_orch.injob.runfiles import RunFileError
+from mmm_orch.runtime import stop
 from mmm_orch.runtime.dist import refuse
-from mmm_orch.runtime.runfiles import RunFileError
 
 
 class Checkpointer:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mmm_orch.injob import protocol
-from mmm_orch.runtime import launch_env, runfiles, stop
+from mmm_orch.injob import protocol, runfiles
+from mmm_orch.runtime import launch_env, stop
 from mmm_orch.runtime.metrics import MetricLogger
 
 if TYPE_CHECKING:

@@ -14,8 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from mmm_orch.injob import protocol
-from mmm_orch.runtime import runfiles
+from mmm_orch.injob import protocol, runfiles
 from mmm_orch.runtime.dist import Runtime, refuse, refuse_if_main_says
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.injob import protocol
-from mmm_orch.runtime.runfiles import kind, open_read, open_write, step_number
+from mmm_orch.injob.runfiles import kind, open_read, open_write, step_number
 from mmm_orch.runtime.tracking import numbers, open_trackers
 
 # A metric's name: one `key=value` field whatever it holds (TensorBoard-style `train/loss` too).

@@ -83,8 +83,9 @@ def load_tokenizer(path: str, eos: str = "", bos: str = "") -> Tokenizer:
     """The tokenizer in `path`; `eos`/`bos` name a Hugging Face tokenizer's markers when they
     are not among the usual names."""
     file = Path(path)
-    if file.is_dir():
-        file = file / "tokenizer.json"
+    if file.is_dir():  # a model directory: Hugging Face's file, else Meta's tiktoken model
+        found = [file / name for name in ("tokenizer.json", "tokenizer.model")]
+        file = next((f for f in found if f.exists()), found[0])
     try:  # (a FIFO is refused unread, a file past the bound unread whole)
         data = read_regular(file, MAX_TOKENIZER_BYTES)
     except FileNotFoundError:

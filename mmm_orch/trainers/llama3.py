@@ -25,7 +25,9 @@ if (
 
 import torch
 
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, PRESETS, TINY, LlamaArgs
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, run_model
+from mmm_orch.pretrained import formats
+from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.dataset import DatasetError, SampleLog, TokenDataset
@@ -53,7 +55,9 @@ from mmm_orch.trainers.validation import SYNTHETIC_HELD_OUT, Offset, validation_
 class Config(RunOptions):
     """Llama 3 training with TP x FSDP2."""
 
-    config: Literal["debug", "8b", "70b", "405b"] = "debug"
+    config: Literal["debug", "8b", "70b", "405b", "3.1-8b", "3.1-70b", "3.1-405b"] = option(
+        "debug", "the model: a preset's shapes (3.1-*: Llama 3.1's, RoPE scaled to 128K)"
+    )
     tp: int = option(1, ge=1)
     steps: int = option(1000, ge=1)
     warmup_steps: int = option(200, ge=0)
@@ -98,29 +102,31 @@ class Config(RunOptions):
     log_sample_ids: bool = option(
         False, "write the samples and windows each rank trained on (samples/dp-R.jsonl)"
     )
-    tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
+    init_from: str = option(
+        "",
+        "start from pretrained weights: a Hugging Face model directory (config.json, "
+        "*.safetensors) or Meta's (params.json, consolidated.*.pth); a resumed run goes on "
+        "from its checkpoint instead",
+    )
+    tiny: bool = option(False, "a 2-layer, 64-dim model with the config's RoPE, for smoke tests")
 
 
 def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
     """(model args, batch size, seq len, lr, ac) from the preset and the overrides."""
-    preset = TINY if cfg.tiny else PRESETS[cfg.config]
+    preset, model = run_model(cfg.config, cfg.tiny, cfg.n_layers, cfg.vocab_size, cfg.seq_len)
     seq_len = cfg.seq_len or preset.seq_len
-    model = dataclasses.replace(
-        preset.model,
-        n_layers=cfg.n_layers or preset.model.n_layers,
-        vocab_size=cfg.vocab_size or preset.model.vocab_size,
-        max_seq_len=max(seq_len, preset.model.max_seq_len),
-    )
     ac = "every_other" if cfg.ac == "selective" else cfg.ac or preset.ac
     return model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr, ac
 
 
-def build_model(cfg: Config, args, ac, rt, dp_mesh, tp_mesh) -> tuple[Transformer, tuple[int, int]]:
+def build_model(
+    cfg: Config, args, seq_len: int, ac, rt, dp_mesh, tp_mesh
+) -> tuple[Transformer, tuple[int, int]]:
     """The model on the meta device, parallelized (TP, then compile, activation checkpointing,
     FSDP), then materialized and initialized on this rank's device; and its parameter counts
     (all, embedding), taken before sharding."""
     with torch.device("meta"):
-        model = Transformer(args)
+        model = Transformer(args, seq_len)
     counts = model.count_params()
     parallelize.tensor_parallel_llama(model, tp_mesh)
     if cfg.compile:  # inside the checkpoint wrapper: compiling around it fails with TP (see tests)
@@ -143,16 +149,25 @@ def main(argv: list[str] | None = None) -> int:
             cfg.global_batch, batch_size, dp_mesh.size(), dp_mesh.get_local_rank()
         )
         train, val = open_data(cfg, args.vocab_size, seq_len)
+        reader = None if cfg.resume else pretrained(cfg, args)  # a resume may not need it
     except ValueError as exc:  # every rank finds the same: the main one says it, all stop
         refuse(rt.is_main, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
-    model, (params, embedding_params) = build_model(cfg, args, ac, rt, dp_mesh, tp_mesh)
+    model, (params, embedding_params) = build_model(cfg, args, seq_len, ac, rt, dp_mesh, tp_mesh)
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     described = {"model": dataclasses.asdict(args), "params": params, **batches.describe()}
     training = Training(rt, cfg, out, model, optimizer, scheduler, cfg.async_save, described)
+    if cfg.init_from and not training.restored:
+        try:
+            reader = reader or pretrained(cfg, args)
+        except ValueError as exc:
+            refuse(rt.is_main, "llama3", str(exc))
+        assert reader is not None
+        read = load_weights(model, reader)
+        training.logger.event("init_from", path=cfg.init_from, values_read=read)
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(
@@ -204,7 +219,21 @@ def main(argv: list[str] | None = None) -> int:
             **validated,
         }
 
-    return training.run(cfg.steps, step_of_training, lambda: {"samples": consumed})
+    # The model's shape beside each checkpoint: `mmm-orch export` reads it there.
+    model_args = dataclasses.asdict(args)
+    return training.run(
+        cfg.steps, step_of_training, lambda: {"samples": consumed, "model": model_args}
+    )
+
+
+def pretrained(cfg: Config, args: LlamaArgs) -> Reader | None:
+    """A reader of --init-from's checkpoint, its configuration and shapes checked against the
+    run's model (PretrainedError, a ValueError, when they differ); None without --init-from."""
+    if not cfg.init_from:
+        return None
+    source = formats.open_source(cfg.init_from)
+    formats.check_model(source, args)
+    return open_reader(source, args)
 
 
 def validate(

@@ -7,6 +7,7 @@ built on the meta device can be materialised after it has been parallelised.
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mmm_orch.model_shapes import LlamaArgs
+from mmm_orch.model_shapes import LlamaArgs, RopeScaling
 from mmm_orch.trainers.models.init import draw_whole
 
 # Fused kernels first, cuDNN's before FlashAttention-2's, as torchtitan orders them: on Hopper
@@ -29,10 +30,31 @@ ATTENTION_KERNELS = [
 ]
 
 
-def rope_frequencies(head_dim: int, seq_len: int, theta: float) -> torch.Tensor:
+def rope_frequencies(
+    head_dim: int, seq_len: int, theta: float, scaling: RopeScaling | None = None
+) -> torch.Tensor:
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if scaling is not None:
+        freqs = scaled_frequencies(freqs, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
     return torch.polar(torch.ones_like(angles), angles)  # complex64, (seq, head_dim / 2)
+
+
+def scaled_frequencies(freqs: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Meta's apply_scaling (Llama 3.1): long wavelengths divided by the factor, short ones
+    kept, the band between blended linearly in context / wavelength."""
+    wavelengths = 2 * math.pi / freqs
+    long = scaling.original_context / scaling.low_freq_factor
+    short = scaling.original_context / scaling.high_freq_factor
+    blend = (scaling.original_context / wavelengths - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - blend) * freqs / scaling.factor + blend * freqs
+    return torch.where(
+        wavelengths < short,
+        freqs,
+        torch.where(wavelengths > long, freqs / scaling.factor, blended),
+    )
 
 
 def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -95,28 +117,32 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    freqs: torch.Tensor  # a buffer, registered in __init__
-
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, seq_len: int | None = None):
+        """`seq_len`: the longest sequence the run feeds it (the RoPE table's length; the
+        context, args.max_seq_len, if not given)."""
         super().__init__()
         self.args = args
+        self.rope_len = seq_len or args.max_seq_len
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): Block(args, i) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.register_buffer(
-            "freqs",
-            rope_frequencies(args.head_dim, args.max_seq_len, args.rope_theta),
-            persistent=False,
-        )
+        # Not a buffer: module.to(dtype) would make the complex table real (keeping only its
+        # cosines, with a warning); it follows the model's device in forward instead.
+        self.freqs = self.rope_table(torch.get_default_device())
+
+    def rope_table(self, device: torch.device) -> torch.Tensor:
+        args = self.args
+        with torch.device(device):
+            return rope_frequencies(
+                args.head_dim, self.rope_len, args.rope_theta, args.rope_scaling
+            )
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """Every parameter drawn whole from its own generator (models/init.py): the same weights
         on any mesh."""
-        self.freqs = rope_frequencies(
-            self.args.head_dim, self.args.max_seq_len, self.args.rope_theta
-        ).to(self.freqs.device)
+        self.freqs = self.rope_table(self.tok_embeddings.weight.device)
 
         def normal(std: float, bound: float | None = None):
             if bound is None:
@@ -165,6 +191,8 @@ class Transformer(nn.Module):
         """The logits; with `hidden_only`, the final norm's output, which trainers/loss.py turns
         into logits a chunk of the sequence at a time (through FSDP's forward all the same)."""
         h = self.tok_embeddings(tokens)
+        if self.freqs.device != h.device:  # built on the meta device, or the model moved
+            self.freqs = self.rope_table(h.device)
         for block in self.layers.values():
             h = block(h, self.freqs)
         h = self.norm(h)

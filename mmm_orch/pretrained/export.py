@@ -1,0 +1,385 @@
+"""A run's checkpoint handed on as a Hugging Face model directory: config.json, safetensors
+shards with their index, and the tokenizer's files where the run knows them, so that
+`transformers.AutoModelForCausalLM.from_pretrained(OUT)` (and vLLM, lm-eval) read the
+trainer's model.
+
+It reads the distributed checkpoint of any mesh (FSDP, TP) offline, with no process group or
+GPU, one tensor at a time: each is read whole, put in Hugging Face's layout and written at its
+place in a shard whose header was written first, so memory holds one tensor, not the model.
+The directory appears whole or not at all.
+
+    mmm-orch export JOB|RUN_DIR --to hf OUT [--step N] [--dtype bf16]
+    python -m mmm_orch export RUN_DIR --to hf OUT      (inside a job: the same command)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from mmm_orch.injob import protocol, runfiles
+from mmm_orch.injob.runfiles import RunFileError
+from mmm_orch.model_shapes import LlamaArgs, RopeScaling
+from mmm_orch.pretrained import formats
+from mmm_orch.pretrained.formats import (
+    HF_CONFIG,
+    HF_INDEX,
+    PretrainedError,
+    hf_name,
+    rotated_heads,
+    shapes,
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DEFAULT_SHARD_BYTES = 5 << 30  # Hugging Face's usual shard size
+MODEL_PREFIX = "model."  # the checkpoint's model state (runtime/checkpoint.py: {"model", "optim"})
+
+
+class ExportError(ValueError):
+    """Nothing to export, or nowhere to put it: one line."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    step: int
+    files: tuple[str, ...]  # the safetensors shards
+    bytes: int  # of tensors written
+    tokenizer: tuple[str, ...]  # the tokenizer files copied
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str  # the trainer's
+    hf_name: str
+    shape: tuple[int, ...]
+    saved: TensorStorageMetadata
+
+    def nbytes(self, dtype: torch.dtype) -> int:
+        return int(torch.Size(self.shape).numel()) * dtype.itemsize
+
+
+def export(
+    run_dir: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    dtype: str | None = None,
+    tokenizer: str | Path | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Exported:
+    """Step `step`'s checkpoint (the latest if None) of the run in `run_dir` as a Hugging Face
+    model directory `out`, its tensors in `dtype` (fp32, bf16, fp16; None: as saved); the
+    tokenizer's files from `tokenizer` (a file or directory), else from the run's --init-from
+    or its dataset's manifest. ExportError for a run without that checkpoint, an `out` that
+    is not empty."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
+    if step is not None and step < 1:
+        raise ExportError(f"--step {step}: a checkpoint's step, 1 or more")
+    run, target = Path(run_dir), Path(out)
+    checkpoint, step = _checkpoint(run, step)
+    args = model_args(checkpoint, run)
+    reader = _Reader(checkpoint)
+    tensors = _tensors(args, reader.read_metadata(), checkpoint)
+    wanted = DTYPES[dtype] if dtype else tensors[0].saved.properties.dtype
+    if wanted not in SAFETENSORS_DTYPES:
+        raise ExportError(f"{checkpoint}: saved in {wanted}; --dtype fp32, bf16 or fp16")
+    _check_target(target)
+    staging = target.parent / f".{target.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        shards = _shards(tensors, wanted, shard_bytes)
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        weight_map: dict[str, str] = {}
+        for name, shard in zip(names, shards, strict=True):
+            write_safetensors(
+                staging / name, shard, wanted, _converted(shard, reader, args, wanted)
+            )
+            weight_map.update({tensor.hf_name: name for tensor in shard})
+        total = sum(tensor.nbytes(wanted) for tensor in tensors)
+        _write_json(
+            staging / HF_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}
+        )
+        run_config = _run_config(run)
+        copied = _copy_tokenizer(staging, tokenizer, run_config)
+        _write_json(staging / HF_CONFIG, hf_config(args, wanted, _token_ids(run_config)))
+        if target.exists():
+            target.rmdir()  # empty (_check_target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Exported(target, step, tuple(names), total, tuple(copied))
+
+
+def _checkpoint(run: Path, step: int | None) -> tuple[Path, int]:
+    if not run.is_dir():
+        raise ExportError(f"run directory {run}: no such directory")
+    try:
+        found = runfiles.latest_step(run) if step is None else step
+        if found is None:
+            raise ExportError(
+                f"{run} saved no checkpoint (--checkpoint-every N saves them, and a stop "
+                "signal or the walltime one): nothing to export"
+            )
+        return runfiles.existing_step_dir(run, found), found
+    except RunFileError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def model_args(checkpoint: Path, run: Path) -> LlamaArgs:
+    """The model's shape: beside the checkpoint (train.json), or in the run's metrics header
+    for checkpoints saved before it was kept there."""
+    train = runfiles.read_small(checkpoint / "train.json", 1 << 20)
+    fields = json.loads(train).get("model") if train else None
+    if fields is None:
+        fields = _run_config(run).get("model")
+    if not isinstance(fields, dict):
+        raise ExportError(
+            f"{checkpoint}: no model shape beside it or in {run / protocol.METRICS_FILE}: "
+            "not a checkpoint of the llama3 trainer"
+        )
+    scaling = fields.get("rope_scaling")
+    try:
+        return LlamaArgs(**{**fields, "rope_scaling": RopeScaling(**scaling) if scaling else None})
+    except TypeError as exc:
+        raise ExportError(f"{checkpoint}: a model shape this version cannot read ({exc})") from None
+
+
+def _run_config(run: Path) -> dict[str, Any]:
+    """The options the run was started with (its metrics file's first line), or {}; the paths
+    among them (--init-from, --data-path) as seen from here: a relative one is the job's
+    working directory's, the directory above --output-dir."""
+    try:
+        with runfiles.open_read(run / protocol.METRICS_FILE) as handle:
+            first = json.loads(handle.readline(1 << 20) or b"{}")
+    except (OSError, ValueError, RunFileError):
+        return {}
+    config = first.get("config") if isinstance(first, dict) else None
+    if not isinstance(config, dict):
+        return {}
+    output_dir = Path(str(config.get("output_dir") or "."))
+    depth = 0 if output_dir.is_absolute() else len(output_dir.parts)
+    workdir = run.resolve().parents[depth] if depth < len(run.resolve().parents) else Path("/")
+    for name in ("init_from", "data_path"):
+        if config.get(name):
+            config[name] = str(workdir / config[name])  # an absolute path stays itself
+    return config
+
+
+def _tensors(args: LlamaArgs, metadata: Metadata, checkpoint: Path) -> list[_Tensor]:
+    found = []
+    for name, shape in shapes(args).items():
+        saved = metadata.state_dict_metadata.get(MODEL_PREFIX + name)
+        if not isinstance(saved, TensorStorageMetadata):
+            raise ExportError(f"{checkpoint}: no tensor {name} in the checkpoint")
+        if tuple(saved.size) != shape:
+            raise ExportError(
+                f"{checkpoint}: {name} has shape {list(saved.size)}, the model {list(shape)}"
+            )
+        found.append(_Tensor(name, hf_name(name), shape, saved))
+    return found
+
+
+def _shards(tensors: list[_Tensor], dtype: torch.dtype, limit: int) -> list[list[_Tensor]]:
+    """Tensors in order, a new shard begun where the next would pass `limit` bytes."""
+    shards: list[list[_Tensor]] = [[]]
+    size = 0
+    for tensor in tensors:
+        if shards[-1] and size + tensor.nbytes(dtype) > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += tensor.nbytes(dtype)
+    return shards
+
+
+class _Reader(dcp.FileSystemReader):
+    """The checkpoint's metadata read once, not once per tensor."""
+
+    _metadata: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata is None:
+            self._metadata = super().read_metadata(*args, **kwargs)
+        return self._metadata
+
+
+def _converted(
+    shard: list[_Tensor], reader: _Reader, args: LlamaArgs, dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
+    """The shard's tensors one at a time, read whole from the checkpoint (wherever its pieces
+    were saved) and put in Hugging Face's layout and `dtype`."""
+    for tensor in shard:
+        whole = torch.empty(tensor.shape, dtype=tensor.saved.properties.dtype)
+        with warnings.catch_warnings():  # that no process group is there: none is wanted
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load({MODEL_PREFIX + tensor.name: whole}, storage_reader=reader, no_dist=True)
+        heads = rotated_heads(tensor.name, args)
+        if heads:  # each head's rows from pair order into rotate-half order
+            rows, cols = whole.shape
+            whole = (
+                whole.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+            )
+        yield whole.to(dtype).contiguous()
+
+
+def write_safetensors(
+    path: Path, tensors: list[_Tensor], dtype: torch.dtype, values: Iterator[torch.Tensor]
+) -> None:
+    """A safetensors file of `tensors` (their Hugging Face names and shapes, in `dtype`), the
+    header first (every size is known from the checkpoint), then each value as it comes."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for tensor in tensors:
+        size = tensor.nbytes(dtype)
+        header[tensor.hf_name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for tensor, value in zip(tensors, values, strict=True):
+            assert tuple(value.shape) == tensor.shape and value.dtype == dtype
+            handle.write(value.view(torch.uint8).numpy().data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def hf_config(args: LlamaArgs, dtype: torch.dtype, token_ids: dict[str, Any]) -> dict[str, Any]:
+    """config.json for transformers' LlamaForCausalLM. RoPE's settings in rope_theta and
+    rope_scaling, which every transformers release reads (5 also reads its rope_parameters)."""
+    scaling = args.rope_scaling
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": None
+        if scaling is None
+        else {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_context,
+        },
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": HF_DTYPE_NAMES[dtype],
+        **token_ids,
+    }
+
+
+def _token_ids(run_config: dict[str, Any]) -> dict[str, Any]:
+    """bos/eos ids: the --init-from model's config.json's, else the dataset's tokenizer's."""
+    start = run_config.get("init_from")
+    if start:
+        try:
+            source = formats.open_source(start)
+        except PretrainedError:
+            source = None
+        if source is not None and source.kind == "hf":
+            config = json.loads((source.path / HF_CONFIG).read_text())
+            return {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    described = _dataset_tokenizer(run_config)
+    return {
+        f"{end}_token_id": described[f"{end}_id"]
+        for end in ("bos", "eos")
+        if described.get(f"{end}_id") is not None
+    }
+
+
+def _dataset_tokenizer(run_config: dict[str, Any]) -> dict[str, Any]:
+    data = run_config.get("data_path")
+    if not data or not Path(data).is_dir():
+        return {}
+    try:
+        manifest = json.loads((Path(data) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    described = manifest.get("tokenizer") if isinstance(manifest, dict) else None
+    return described if isinstance(described, dict) else {}
+
+
+def _copy_tokenizer(
+    staging: Path, given: str | Path | None, run_config: dict[str, Any]
+) -> list[str]:
+    """The tokenizer's files: `given` (a file or a directory), else the --init-from
+    directory's, else the file the run's dataset was tokenized with (if it is still there)."""
+    files: list[Path] = []
+    if given is not None:
+        where = Path(given)
+        if where.is_dir():
+            files = [where / n for n in formats.TOKENIZER_FILES if (where / n).is_file()]
+        elif where.is_file():
+            files = [where]
+        if not files:
+            raise ExportError(f"--tokenizer {given}: no tokenizer files there")
+    elif run_config.get("init_from") and Path(run_config["init_from"]).is_dir():
+        where = Path(run_config["init_from"])
+        files = [where / n for n in formats.TOKENIZER_FILES if (where / n).is_file()]
+    else:
+        described = _dataset_tokenizer(run_config)
+        path = Path(described.get("path") or "/nonexistent")
+        if path.is_file():
+            name = _tokenizer_name(path)
+            shutil.copyfile(path, staging / name)
+            return [name]
+    for file in files:
+        name = file.name if file.name in formats.TOKENIZER_FILES else _tokenizer_name(file)
+        shutil.copyfile(file, staging / name)
+    return [file.name for file in files]
+
+
+def _tokenizer_name(file: Path) -> str:
+    """What Hugging Face calls a tokenizer file given under another name."""
+    return "tokenizer.json" if file.suffix == ".json" else "tokenizer.model"
+
+
+def _check_target(target: Path) -> None:
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise ExportError(f"--to {target}: exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()):
+        raise ExportError(f"--to {target}: not empty; name a new directory")
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def describe(done: Exported) -> str:
+    return (
+        f"exported step {done.step} to {done.out}: {len(done.files)} safetensors shard(s), "
+        f"{done.bytes / (1 << 20):.1f} MiB"
+        + (f", tokenizer {', '.join(done.tokenizer)}" if done.tokenizer else ", no tokenizer")
+    )

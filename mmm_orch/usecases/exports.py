@@ -1,0 +1,41 @@
+"""Handing a model on: a run's checkpoint exported as a Hugging Face model directory
+(pretrained/export.py), the run named by its job or its directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmm_orch.errors import MmmError
+from mmm_orch.records.db import JobDB
+from mmm_orch.usecases.tracking import job
+
+
+def run_dir(db: JobDB | None, target: str) -> Path:
+    """The run directory `target` names: a directory, or a job's id (its recorded run)."""
+    if not target.isdigit() or Path(target).is_dir():
+        return Path(target)
+    record = job(db, int(target))
+    if record.remote:
+        raise MmmError(
+            f"job {record.id} ran through {record.remote}: its checkpoints are there; run "
+            f"`python -m mmm_orch export {record.run_dir or 'RUN_DIR'} --to hf OUT` on it"
+        )
+    if not record.run_dir:
+        raise MmmError(
+            f"job {record.id} ({record.workload}) keeps no run directory: nothing to export"
+        )
+    return Path(record.run_dir)
+
+
+def export(db: JobDB | None, target: str, out: str, **options: Any) -> str:
+    """Export the run `target` names to `out`; what was written, in a line. Options: those of
+    pretrained.export.export (step, dtype, tokenizer, shard_bytes)."""
+    where = run_dir(db, target)
+    from mmm_orch.pretrained import export as exporting  # torch: only this command
+    from mmm_orch.pretrained.formats import PretrainedError
+
+    try:
+        return exporting.describe(exporting.export(where, out, **options))
+    except (exporting.ExportError, PretrainedError) as exc:
+        raise MmmError(str(exc)) from None
