@@ -196,6 +196,11 @@ def test_a_run_started_from_weights_has_their_loss_and_exports_the_trainers_logi
     first = steps(out)[0]["loss"]
     assert abs(first - hf_loss(reference, *first_batch(config, dp))) < TOLERANCE
     assert steps(out)[-1]["loss"] < first - 0.1  # and it trained
+    # Rank 0 read its shards' part of the weights, not the model.
+    records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    read = next(r["values_read"] for r in records if r["event"] == "init_from")
+    _, args = run_model(config, True, None, None, None)
+    assert read == args.params if ranks == 1 else 0.4 * args.params < read < 0.6 * args.params
 
     exported = export(out / "run", tmp_path / "hf")
     assert exported.returncode == 0, exported.stderr
