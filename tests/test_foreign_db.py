@@ -46,6 +46,7 @@ OPENS = {
     "report": ["report", "1"],
     "plot": ["plot", "1"],
     "export": ["export", "1", "--to", "hf", "exported"],
+    "profile": ["profile", "1"],
     "diagnose": ["diagnose", "1"],
     "timeline": ["timeline", "1"],
     "startup": ["startup"],

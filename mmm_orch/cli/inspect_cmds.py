@@ -51,6 +51,15 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_startup)
+    p = sub.add_parser(
+        "profile",
+        help="where the step time went in a profiled run: data, forward, backward, optimizer, "
+        "exposed communication and idle per step, the top operators, the slowest rank",
+    )
+    p.add_argument("target", metavar="JOB|RUN_DIR", help="a job's id or a run directory")
+    p.add_argument("--rank", type=int, metavar="R", help="only this rank's trace")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_profile)
 
 
 def _stamp(at: float) -> str:
@@ -209,3 +218,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def _utc(seconds: float) -> str:
     """A log-local time kept as seconds since 1970 on that clock (no zone to apply)."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from mmm_orch.cli import view
+    from mmm_orch.usecases import profiles
+
+    db = common.jobs_db(args) if args.target.isdigit() else None
+    found = profiles.profile(db, args.target, args.rank)
+    if args.json:
+        print(json.dumps(view.profile_dicts(found), indent=2))
+    else:
+        print(view.profile_text(found))
+    return 0

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mmm_orch.usecases.profiles import PARTS, Profile
 from mmm_orch.usecases.tracking import Group, JobRecord, Refresh
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
@@ -209,3 +210,79 @@ def _tracking(record: JobRecord) -> dict[str, str]:
 
 def details_json(record: JobRecord) -> str:
     return json.dumps(record.to_dict(full=True), indent=2)
+
+
+_PART_NAMES = {"exposed_comm": "exposed comm"}
+
+
+def profile_text(found: Profile) -> str:
+    """Per profiled rank, its window's steps split into PARTS (ms and share), then its top
+    operators and collectives; the slowest rank last."""
+    lines = [f"traces: {found.where}"]
+    header = ["step", "ms", *(_PART_NAMES.get(p, p) for p in PARTS), "comm (hidden)"]
+    for rank in found.ranks:
+        lines += ["", f"rank {rank.rank} ({rank.host}), step time by part (ms, share):"]
+        table = [header]
+        for step in rank.steps:
+            table.append(
+                [
+                    str(step.step),
+                    f"{step.total_ms:.1f}",
+                    *(f"{step.parts_ms[p]:.1f} {100 * step.share(p):.0f}%" for p in PARTS),
+                    f"{step.comm_ms:.1f} ({step.hidden_comm_ms:.1f})",
+                ]
+            )
+        table.append(
+            [
+                "mean",
+                f"{rank.mean_step_ms:.1f}",
+                *(f"{100 * rank.mean_share(p):.0f}%" for p in PARTS),
+                "",
+            ]
+        )
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        lines += [
+            "  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in table
+        ]
+        for title, items in (("operators", rank.top_ops), ("collectives", rank.top_collectives)):
+            if items:
+                lines.append(f"  top {title} (ms in the window, inclusive):")
+                lines += [f"    {ms:10.1f}  {name}" for name, ms in items]
+    if found.slowest is not None:
+        slowest, lag = found.slowest
+        lines += [
+            "",
+            f"slowest: rank {slowest.rank} ({slowest.host}), mean step {slowest.mean_step_ms:.1f} "
+            f"ms, {100 * lag:.1f}% over the fastest",
+        ]
+    return "\n".join(lines)
+
+
+def profile_dicts(found: Profile) -> dict[str, Any]:
+    return {
+        "traces": str(found.where),
+        "ranks": [
+            {
+                "rank": rank.rank,
+                "host": rank.host,
+                "mean_step_ms": rank.mean_step_ms,
+                "shares": {p: rank.mean_share(p) for p in PARTS},
+                "steps": [
+                    {
+                        "step": s.step,
+                        "ms": s.total_ms,
+                        "parts_ms": s.parts_ms,
+                        "comm_ms": s.comm_ms,
+                        "hidden_comm_ms": s.hidden_comm_ms,
+                    }
+                    for s in rank.steps
+                ],
+                "top_ops": rank.top_ops,
+                "top_collectives": rank.top_collectives,
+            }
+            for rank in found.ranks
+        ],
+        "slowest": None
+        if found.slowest is None
+        else {"rank": found.slowest[0].rank, "lag": found.slowest[1]},
+    }

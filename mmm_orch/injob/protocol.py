@@ -63,6 +63,24 @@ RUN_LOCK_WAIT_VAR = "MMM_RUN_LOCK_WAIT"
 CHECKPOINTS_DIR = "checkpoints"  # in the run directory: step-N/ and `latest`
 TENSORBOARD_DIR = "tensorboard"  # in the run directory: TensorBoard's event files
 WANDB_DIR = "wandb"  # in the run directory: W&B's run-*/offline-run-*
+PROFILE_DIR = "profile"  # in the run directory: one torch.profiler trace per profiled rank
+# Your own code's --profile, --profile-steps and --profile-ranks (runtime.profile_window reads them)
+PROFILE_VAR = "MMM_ORCH_PROFILE"
+PROFILE_STEPS_VAR = "MMM_ORCH_PROFILE_STEPS"
+PROFILE_RANKS_VAR = "MMM_ORCH_PROFILE_RANKS"
+PROFILE_RANGE = "mmm:"  # the prefix of the named ranges of a step in a trace (runtime/profiling.py)
+PROFILE_PHASES = ("data", "forward", "backward", "optimizer")  # a step's ranges, in order
+
+
+def profile_trace_name(host: str, rank: int) -> str:
+    """A rank's trace: TensorBoard's profiler plugin reads *.pt.trace.json, its worker named by
+    what comes before."""
+    return f"{host}_rank{rank}.pt.trace.json"
+
+
+PROFILE_TRACE = re.compile(r"(?P<host>.+)_rank(?P<rank>\d+)\.pt\.trace\.json")  # its name, read
+
+
 LATEST_CHECKPOINT = "latest"  # names the newest complete step-N (the chain reads it)
 
 # -- in-job programs (`python -m ...` lines of the job script) ----------------------------------

@@ -19,7 +19,7 @@ from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
 from mmm_orch.config.workload import MachineOverride, Workload
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
-from mmm_orch.injob import protocol
+from mmm_orch.injob import protocol, windows
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory, pretrained
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
@@ -80,6 +80,7 @@ def resolve(request: Request) -> Plan:
         args["init_from"] = _init_from(workload, request.init_from)
     _check_required(workload, args)
     layout = _layout(machine, workload, nodes, args, request.devices)
+    _check_profile(workload, args, layout.ranks)
     python = sys.executable if machine.python == "auto" else machine.python
     # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
     cpu_bind = machine.launcher.cpu_bind
@@ -451,6 +452,24 @@ def _init_from(workload: Workload, path: str) -> str:
         return str(option.coerce("init_from", path))
     except ValueError:
         raise fail("--init-from", path, option.allowed()) from None
+
+
+def _check_profile(workload: Workload, args: dict[str, Any], ranks: int) -> None:
+    """A profiled window inside the run's steps (where the workload counts them) and profiled
+    ranks the run has, before the queue: the trainer would refuse them after the wait."""
+
+    def given(name: str) -> Any:
+        option = workload.options.get(name)
+        return args.get(name, option.default if option else None)
+
+    if given("profile") in (None, "off"):
+        return
+    try:
+        if isinstance(given("steps"), int):
+            windows.window(given("profile_steps") or "", given("steps"))
+        windows.ranks(given("profile_ranks") or "", ranks)
+    except ValueError as exc:
+        raise MmmError(str(exc)) from None
 
 
 def _check_required(workload: Workload, args: dict[str, Any]) -> None:

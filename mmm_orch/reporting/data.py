@@ -8,13 +8,15 @@ import json
 import math
 import posixpath
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
-from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE
+from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE, PROFILE_DIR
 from mmm_orch.planning.store import section
 from mmm_orch.records.record import JobRecord
+from mmm_orch.reporting.profile import mean_shares
 from mmm_orch.tracking.logs import head_and_tail
 from mmm_orch.tracking.startup import NO_STEPS, parse_markers
 
@@ -34,6 +36,7 @@ class JobData:
     steps: list[dict] = field(default_factory=list)  # {"step", "dt", "loss", ...} in order
     allreduce: list[dict] = field(default_factory=list)  # {"bytes", "latency_us", "busbw_gbps"}
     startup_s: float | None = None
+    profile: dict[str, float] | None = None  # mean share of step time by part (--profile torch)
     left_out: str = ""  # what of its metrics.jsonl was not read, in words ("" = nothing)
 
     @property
@@ -67,6 +70,8 @@ def collect(records: list[JobRecord], values: list[dict[str, Any]] | None = None
             cut = reader.read(host, path)
             data.steps = reader.steps()
             data.left_out = reader.left_out(path, cut)
+            if not record.remote:  # traces are read here only (they may be hundreds of MB)
+                data.profile = mean_shares(Path(record.run_dir) / PROFILE_DIR)
         out.append(data)
     return out
 

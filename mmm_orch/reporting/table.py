@@ -33,6 +33,8 @@ COLUMNS = [
     ("startup_s", "startup s"),
     ("final_loss", "final loss"),
     ("val_loss", "val loss"),
+    ("comm_pct", "exposed comm %"),
+    ("data_pct", "data %"),
     ("weak", "weak eff"),
     ("strong", "strong eff"),
     ("charged", "node-h charged"),
@@ -64,6 +66,9 @@ class Row:
     busbw_gbps: float | None = None
     charged: float | None = None  # node-hours (the machine's unit), once the job ended
     per_node_hour: float | None = None  # tokens (samples) per node-hour charged
+    # Of the profiled steps' time (--profile torch): collectives nothing hid, data loading.
+    comm_pct: float | None = None
+    data_pct: float | None = None
 
 
 def _median(values: list) -> float | None:
@@ -98,6 +103,8 @@ def row(data: JobData) -> Row:
         latency_us=sizes[0]["latency_us"] if sizes else None,
         busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None,
         charged=record.charge,
+        comm_pct=None if data.profile is None else 100 * data.profile["exposed_comm"],
+        data_pct=None if data.profile is None else 100 * data.profile["data"],
     )
     if out.throughput and record.charge and record.charged_seconds:
         charged_per_hour = record.charge / (record.charged_seconds / 3600)
@@ -136,6 +143,8 @@ def cell(r: Row, key: str) -> str:
         return f"{value:.4f}" if value < 1 else f"{value:,.2f}"
     if key in ("weak", "strong", "final_loss", "val_loss"):
         return f"{value:.3f}" if key in ("final_loss", "val_loss") else f"{value:.2f}"
+    if key in ("comm_pct", "data_pct"):
+        return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
     return str(value)

@@ -4,8 +4,8 @@ For your own code, the names below are the stable API (runtime/contract.py; docs
 `from mmm_orch import runtime; rt = runtime.setup()`. Importing this needs no torch.
 
 The in-repo trainers use the modules under it: who am I (launch_env), which device (device),
-process group (dist), metrics (metrics), stop signals (stop) and checkpoints (checkpoint). Only
-device, dist and checkpoint import torch."""
+process group (dist), metrics (metrics), stop signals (stop), checkpoints (checkpoint) and profiling (profiling).
+Only device, dist, checkpoint and profiling (once a window opens) import torch."""
 
 from mmm_orch.runtime.contract import (
     EXIT_CHECKPOINTED,
@@ -14,7 +14,10 @@ from mmm_orch.runtime.contract import (
     checkpoint_saved,
     finish,
     latest_checkpoint,
+    profile_window,
+    profiled_step,
     rank,
+    region,
     report_step,
     run_dir,
     setup,
@@ -29,7 +32,10 @@ __all__ = [
     "checkpoint_saved",
     "finish",
     "latest_checkpoint",
+    "profile_window",
+    "profiled_step",
     "rank",
+    "region",
     "report_step",
     "run_dir",
     "setup",

@@ -15,6 +15,16 @@ Import it as `from mmm_orch import runtime`; nothing here imports torch before `
             runtime.finish(runtime.EXIT_CHECKPOINTED)
     runtime.finish(0)
 
+Where the step time goes, as the trainers profile (`mmm-orch profile JOB` reads it): the job's
+MMM_ORCH_PROFILE=torch (with MMM_ORCH_PROFILE_STEPS=A:B, MMM_ORCH_PROFILE_RANKS=0,4) turns it on.
+
+    runtime.profile_window(steps)              # after setup(): which steps, on which ranks
+    for step in ...:
+        with runtime.profiled_step(step):
+            with runtime.region("data"): batch = next(loader)
+            with runtime.region("forward"): loss = model(batch)
+            ...
+
 The contract (docs/runtime.md says it in full): on the stop signal, save and exit 75; when the
 job says resume, go on from the latest checkpoint. Code that keeps it gets chains, failover and
 the stop before the walltime exactly as the in-repo trainers do.
@@ -22,9 +32,11 @@ the stop before the walltime exactly as the in-repo trainers do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -160,6 +172,57 @@ def finish(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def profile_window(
+    last_step: int, tool: str | None = None, steps: str | None = None, ranks: str | None = None
+) -> None:
+    """Profile a window of this run's steps as the trainers' --profile does: `tool` ("torch" or
+    "off"), `steps` ("A:B") and `ranks` ("0,4") default to the job's MMM_ORCH_PROFILE,
+    MMM_ORCH_PROFILE_STEPS and MMM_ORCH_PROFILE_RANKS; traces go to run_dir()/profile. A window or rank
+    the run does not have: exit 2 on every rank. Call after setup()."""
+    from mmm_orch.runtime import profiling
+
+    runtime = _state["runtime"]
+    if runtime is None:
+        raise RuntimeError("profile_window() needs setup() first")
+    tool = tool or os.environ.get(protocol.PROFILE_VAR) or "off"
+    if tool not in ("off", "torch"):
+        _refuse(f"{protocol.PROFILE_VAR}={tool!r}: expected off or torch")
+    try:
+        _state["profiler"] = profiling.profiler(
+            tool,
+            steps if steps is not None else os.environ.get(protocol.PROFILE_STEPS_VAR, ""),
+            ranks if ranks is not None else os.environ.get(protocol.PROFILE_RANKS_VAR, ""),
+            last_step,
+            run_dir(),
+            runtime,
+        )
+    except ValueError as exc:
+        _refuse(str(exc))
+
+
+@contextlib.contextmanager
+def profiled_step(step: int) -> Iterator[None]:
+    """Around step `step` of your loop: the profiler's window opens and closes with it."""
+    profiler = _state.get("profiler")
+    if profiler is None:
+        yield
+        return
+    profiler.begin(step)
+    profiler.open_step()
+    try:
+        yield
+    finally:
+        profiler.end(step)
+
+
+def region(name: str) -> contextlib.AbstractContextManager[None]:
+    """A named part of a step (data, forward, backward, optimizer, or your own): a range in the
+    trace while the window is open; nothing otherwise."""
+    from mmm_orch.runtime import profiling
+
+    return profiling.region(name)
 
 
 def _logger() -> MetricLogger:

@@ -15,7 +15,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from mmm_orch.injob import protocol, runfiles
+from mmm_orch.runtime import profiling
 from mmm_orch.runtime.dist import Runtime, refuse, refuse_if_main_says
+from mmm_orch.runtime.profiling import region
 
 
 class StepTimer:
@@ -27,6 +29,7 @@ class StepTimer:
 
     def start(self) -> None:
         self.sync()
+        profiling.step_opened()
         self.t0 = time.perf_counter()
 
     def forward_done(self) -> None:
@@ -36,6 +39,7 @@ class StepTimer:
     def stop(self) -> dict[str, float]:
         self.sync()
         t2 = time.perf_counter()
+        profiling.step_closed()
         return {"dt": t2 - self.t0, "dtf": self.t1 - self.t0, "dtb": t2 - self.t1}
 
 
@@ -65,13 +69,16 @@ def classifier_step(
     """Forward, cross-entropy, backward and optimizer step on one batch of labelled images, after
     the caller started `timer`; returns this rank's loss and what the step logs: the loss's mean
     over the ranks, the times, samples/s of this rank and its memory peak."""
-    with autocast(rt, dtype):
-        logits = model(images.to(rt.device.torch))
-    loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
+    with region("forward"):
+        with autocast(rt, dtype):
+            logits = model(images.to(rt.device.torch))
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
     timer.forward_done()
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    with region("backward"):
+        loss.backward()
+    with region("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     times = timer.stop()
     return loss, {
         "loss": mean_across(loss),

@@ -65,6 +65,15 @@ class RunOptions:
     allow_fresh: bool = option(
         False, "with --resume: start from step 0 when the run has no checkpoint yet"
     )
+    profile: Literal["off", "torch"] = option(
+        "off",
+        "torch: torch.profiler traces of a window of steps on chosen ranks, in the run "
+        "directory's profile/ (Chrome/Perfetto JSON, TensorBoard's profiler plugin reads them)",
+    )
+    profile_steps: str = option("", "A:B, the steps profiled (default: 3 after the first 2)")
+    profile_ranks: str = option(
+        "", "the ranks profiled, comma-separated (default: local rank 0 of each node)"
+    )
 
 
 class _Parser(argparse.ArgumentParser):

@@ -34,6 +34,7 @@ from mmm_orch.runtime.loop import (
     run_dir,
 )
 from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN
 from mmm_orch.trainers.training import Training
@@ -128,15 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)
     steps_per_epoch = max(1, len(train) // (cfg.batch_size * rt.world_size))
     training = Training(
-        rt, cfg, out, model, optimizer, scheduler, described={"steps_per_epoch": steps_per_epoch}
+        rt,
+        cfg,
+        out,
+        model,
+        optimizer,
+        scheduler,
+        described={"steps_per_epoch": steps_per_epoch},
+        last_step=cfg.epochs * steps_per_epoch,
     )
     epoch = Epoch(cfg, rt, train, steps_per_epoch)
 
     def train_step(step: int) -> dict:
         training.timer.start()
-        loss, logged = classifier_step(
-            model, optimizer, training.timer, rt, cfg.dtype, *epoch.batch(step)
-        )
+        with region("data"):
+            batch = epoch.batch(step)
+        loss, logged = classifier_step(model, optimizer, training.timer, rt, cfg.dtype, *batch)
         epoch.add(loss)
         return {"epoch": epoch.number, **logged}
 
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if training.step:
         epoch.enter(training.step)
         after_step(training.step)
-    return training.run(cfg.epochs * steps_per_epoch, train_step, after_step=after_step)
+    return training.run(train_step, after_step=after_step)
 
 
 class Epoch:

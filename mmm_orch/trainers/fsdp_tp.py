@@ -23,6 +23,7 @@ from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import adamw, draw_per_rank, mean_across, mesh, param_dtype, run_dir
 from mmm_orch.runtime.options import RunOptions, model_args, option, parse
+from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
@@ -65,23 +66,29 @@ def main(argv: list[str] | None = None) -> int:
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     mesh_sizes = {"dp": dp_mesh.size(), "tp": tp_mesh.size()}
-    training = Training(rt, cfg, out, model, optimizer, described={"mesh": mesh_sizes})
+    training = Training(
+        rt, cfg, out, model, optimizer, described={"mesh": mesh_sizes}, last_step=cfg.steps
+    )
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
     timer = training.timer
 
     def train_step(step: int) -> dict:
         timer.start()
-        inputs, labels = data.batch(
-            batch_indices(step - 1, dp_mesh.get_local_rank(), cfg.batch_size, dp_mesh.size())
-        )
-        with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
-            loss = token_losses(
-                model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0, tp_mesh.size()
+        with region("data"):
+            inputs, labels = data.batch(
+                batch_indices(step - 1, dp_mesh.get_local_rank(), cfg.batch_size, dp_mesh.size())
             )
+        with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
+            with region("forward"):
+                loss = token_losses(
+                    model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0, tp_mesh.size()
+                )
             timer.forward_done()
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
+            with region("backward"):
+                loss.backward()
+        with region("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # the original never cleared its gradients
         times = timer.stop()
         tokens_per_s = cfg.batch_size * cfg.seq_len * dp_mesh.size() / times["dt"] / rt.world_size
         return {
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             "mem_gib": rt.device.memory_gib(),
         }
 
-    return training.run(cfg.steps, train_step)
+    return training.run(train_step)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from mmm_orch.runtime.loop import (
     warmup_cosine,
 )
 from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
@@ -159,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
     described = {"model": dataclasses.asdict(args), "params": params, **batches.describe()}
-    training = Training(rt, cfg, out, model, optimizer, scheduler, cfg.async_save, described)
+    training = Training(
+        rt, cfg, out, model, optimizer, scheduler, cfg.async_save, described, last_step=cfg.steps
+    )
     if cfg.init_from and not training.restored:
         try:
             reader = reader or pretrained(cfg, args)
@@ -200,13 +203,14 @@ def main(argv: list[str] | None = None) -> int:
             tp_mesh.size(),
             cfg.loss_chunk,
         )
-        consumed, grad_norm = (
-            consumed + batches.size,
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf),
-        )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        with region("optimizer"):
+            consumed, grad_norm = (
+                consumed + batches.size,
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf),
+            )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
         times = timer.stop()
         validated = validate(cfg, step, model, val, batch_size, dp_mesh, tp_mesh.size(), device)
         return {
@@ -221,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The model's shape beside each checkpoint: `mmm-orch export` reads it there.
     model_args = dataclasses.asdict(args)
-    return training.run(
-        cfg.steps, step_of_training, lambda: {"samples": consumed, "model": model_args}
-    )
+    return training.run(step_of_training, lambda: {"samples": consumed, "model": model_args})
 
 
 def pretrained(cfg: Config, args: LlamaArgs) -> Reader | None:
@@ -268,7 +270,8 @@ def train_step(
     for micro in range(batches.accumulation):
         indices = batches.micro(consumed, micro)
         try:
-            inputs, labels = data.batch(indices)
+            with region("data"):
+                inputs, labels = data.batch(indices)
         except DatasetError as exc:  # found by the ranks that read it: the launcher ends the rest
             print(f"[llama3] error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -277,13 +280,15 @@ def train_step(
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
             # each micro-batch's gradients are reduced to their shards at once, which keeps the
             # gradients sharded between micro-batches).
-            loss = (
-                token_losses(model, inputs.to(device), labels.to(device), loss_chunk, tp)
-                / batches.accumulation
-            )
+            with region("forward"):
+                loss = (
+                    token_losses(model, inputs.to(device), labels.to(device), loss_chunk, tp)
+                    / batches.accumulation
+                )
             if micro == batches.accumulation - 1:
                 timer.forward_done()
-            loss.backward()
+            with region("backward"):
+                loss.backward()
         total += loss.detach()
         if samples is not None:
             samples.add(step, indices, data)

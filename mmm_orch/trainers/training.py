@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime import profiling
 from mmm_orch.runtime.checkpoint import Checkpointer
-from mmm_orch.runtime.dist import Runtime
+from mmm_orch.runtime.dist import Runtime, refuse
 from mmm_orch.runtime.loop import StepTimer
 from mmm_orch.runtime.metrics import MetricLogger
 from mmm_orch.runtime.options import RunOptions
@@ -36,9 +37,19 @@ class Training:
         scheduler: Any = None,
         async_save: bool = False,
         described: dict[str, Any] | None = None,
+        *,
+        last_step: int,
     ):
-        """`described`: what the run's metrics header says beside its options and world size."""
+        """`described`: what the run's metrics header says beside its options and world size;
+        `last_step`: the step the run ends at."""
         self.rt, self.model, self.optimizer, self.scheduler = rt, model, optimizer, scheduler
+        self.last_step = last_step
+        try:  # before anything of the run is written (every rank finds the same)
+            self.profiler = profiling.profiler(
+                cfg.profile, cfg.profile_steps, cfg.profile_ranks, last_step, out, rt
+            )
+        except ValueError as exc:
+            refuse(rt.is_main, "runtime", str(exc))
         self.checkpointer = Checkpointer(
             out, cfg.checkpoint_every, rt.device.torch, rt.is_main, cfg.keep_checkpoints, async_save
         )
@@ -54,18 +65,23 @@ class Training:
 
     def run(
         self,
-        last_step: int,
         train_step: Callable[[int], dict[str, Any]],
         train_state: Callable[[], dict[str, Any]] = dict,
         after_step: Callable[[int], None] = lambda step: None,
     ) -> int:
-        """Steps up to `last_step`: `train_step(N)` runs step N (starting the timer and
+        """Steps up to the last: `train_step(N)` runs step N (starting the timer and
         stopping it) and returns what the step logs; `train_state()` is saved with each
         checkpoint beside the scheduler's; `after_step(N)` runs once step N is logged and the
         run goes on (a stop saves and ends the loop before it). The exit code."""
-        while self.step < last_step:
+        profiler = self.profiler
+        while self.step < self.last_step:
             self.step += 1
-            self.logger.step(self.step, **train_step(self.step))
+            if profiler is not None:
+                profiler.begin(self.step)
+            logged = train_step(self.step)
+            if profiler is not None:
+                profiler.end(self.step)
+            self.logger.step(self.step, **logged)
             state = {
                 **({"scheduler": self.scheduler.state_dict()} if self.scheduler else {}),
                 **train_state(),
@@ -78,4 +94,4 @@ class Training:
         self.checkpointer.wait_pending(self.logger)
         self.logger.close()
         runtime_dist.teardown()
-        return self.checkpointer.exit_code(self.step, last_step)
+        return self.checkpointer.exit_code(self.step, self.last_step)

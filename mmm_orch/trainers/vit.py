@@ -21,6 +21,7 @@ from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
 from mmm_orch.runtime.loop import adamw, classifier_step, draw_per_rank, mesh, param_dtype, run_dir
 from mmm_orch.runtime.options import RunOptions, model_args, option, parse
+from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs
 from mmm_orch.trainers.training import Training
@@ -57,16 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
-    training = Training(rt, cfg, out, model, optimizer)
+    training = Training(rt, cfg, out, model, optimizer, last_step=cfg.steps)
     data = SyntheticImages((3, args.img_size, args.img_size), args.num_classes, cfg.seed)
 
     def train_step(step: int) -> dict:
         training.timer.start()
-        batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
+        with region("data"):
+            batch = data.batch(batch_indices(step - 1, rt.rank, cfg.batch_size, rt.world_size))
         _, logged = classifier_step(model, optimizer, training.timer, rt, cfg.dtype, *batch)
         return logged
 
-    return training.run(cfg.steps, train_step)
+    return training.run(train_step)
 
 
 if __name__ == "__main__":

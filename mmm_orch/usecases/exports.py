@@ -3,29 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.records.db import JobDB
-from mmm_orch.usecases.tracking import job
-
-
-def run_dir(db: JobDB | None, target: str) -> Path:
-    """The run directory `target` names: a directory, or a job's id (its recorded run)."""
-    if not target.isdigit() or Path(target).is_dir():
-        return Path(target)
-    record = job(db, int(target))
-    if record.remote:
-        raise MmmError(
-            f"job {record.id} ran through {record.remote}: its checkpoints are there; run "
-            f"`python -m mmm_orch export {record.run_dir or 'RUN_DIR'} --to hf OUT` on it"
-        )
-    if not record.run_dir:
-        raise MmmError(
-            f"job {record.id} ({record.workload}) keeps no run directory: nothing to export"
-        )
-    return Path(record.run_dir)
+from mmm_orch.usecases.tracking import run_dir
 
 
 def export(db: JobDB | None, target: str, out: str, **options: Any) -> str:

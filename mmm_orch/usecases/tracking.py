@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mmm_orch.config.registry import names, unknown_name
@@ -38,6 +39,23 @@ def job(db: JobDB | None, job_id: int) -> JobRecord:
             + (f"; known ids are {known[0]}-{known[1]}" if known else "; no jobs recorded yet")
         )
     return record
+
+
+def run_dir(db: JobDB | None, target: str) -> Path:
+    """The run directory `target` names: a directory, or a job's id (its recorded run, which
+    must be readable here)."""
+    if not target.isdigit() or Path(target).is_dir():
+        return Path(target)
+    record = job(db, int(target))
+    if record.remote:
+        raise MmmError(
+            f"job {record.id} ran through {record.remote}: its run directory "
+            f"{record.run_dir or ''} is there; run `python -m mmm_orch ...` with that "
+            "directory on it"
+        )
+    if not record.run_dir:
+        raise MmmError(f"job {record.id} ({record.workload}) keeps no run directory")
+    return Path(record.run_dir)
 
 
 def recorded(

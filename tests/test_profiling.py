@@ -1,0 +1,201 @@
+"""Where the step time goes: `--profile torch` on CPU (gloo), traces of the chosen ranks only,
+`mmm-orch profile` splitting each profiled step into data, forward, backward, optimizer, exposed
+communication and idle (adding up to the step time the run logged), a communication-heavy run
+showing more exposed communication than a compute-heavy one, a slow data loader in user code
+showing in data, the report's two columns, and bad windows and ranks refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from test_trainers import free_port, launch, steps
+
+pytestmark = pytest.mark.slow  # trainings on 1 to 4 ranks
+
+
+def profile_json(run_dir: Path, *more: str) -> dict:
+    """`mmm-orch profile RUN_DIR --json` in another interpreter, as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "mmm_orch", "profile", str(run_dir), "--json",
+                           *more], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_traces_of_the_chosen_ranks_add_up_to_the_logged_step_time(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = launch("llama3", ["--tiny", "--steps", "8", "--profile", "torch", "--profile-steps",
+                             "4:6", "--profile-ranks", "0,3"], 4, "torchrun", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traces = sorted(p.name for p in (out / "run" / "profile").iterdir())
+    assert [t.split("_rank")[1] for t in traces] == ["0.pt.trace.json", "3.pt.trace.json"]
+    found = profile_json(out / "run")
+    logged = {s["step"]: 1000 * s["dt"] for s in steps(out)}
+    for rank in found["ranks"]:
+        assert [s["step"] for s in rank["steps"]] == [4, 5, 6]
+        for step in rank["steps"]:
+            assert sum(step["parts_ms"].values()) == pytest.approx(step["ms"], rel=1e-6)
+            assert 0 <= step["hidden_comm_ms"] <= step["comm_ms"] <= step["ms"]
+        assert sum(rank["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    # Rank 0's profiled steps are the steps it logged, within 5%.
+    rank0 = found["ranks"][0]
+    for step in rank0["steps"]:
+        assert step["ms"] == pytest.approx(logged[step["step"]], rel=0.05), (step, logged)
+    assert rank0["shares"]["forward"] > 0 and rank0["shares"]["backward"] > 0
+    assert any(name.startswith("gloo:") for name, _ in rank0["top_collectives"])
+    assert found["slowest"]["rank"] in (0, 3)
+    # By default, local rank 0 of each node: one node here, rank 0 alone.
+    again = tmp_path / "again"
+    again.mkdir()
+    proc = launch("llama3", ["--tiny", "--steps", "6", "--profile", "torch"], 2, "torchrun", again)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name.split("_rank")[1] for p in (again / "run" / "profile").iterdir()] == \
+        ["0.pt.trace.json"]
+    assert [s["step"] for s in profile_json(again / "run")["ranks"][0]["steps"]] == [3, 4, 5]
+
+
+def test_more_ranks_with_a_small_batch_expose_more_communication(tmp_path):
+    """The same model on one rank (nothing to communicate) and on four with one sample each."""
+    shares = {}
+    for ranks, batch in ((1, 8), (4, 1)):
+        out = tmp_path / f"r{ranks}"
+        out.mkdir()
+        proc = launch("llama3", ["--tiny", "--steps", "7", "--batch-size", str(batch),
+                                 "--n-layers", "4", "--profile", "torch", "--profile-steps",
+                                 "3:7"], ranks, "torchrun" if ranks > 1 else "python", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        shares[ranks] = profile_json(out / "run")["ranks"][0]["shares"]["exposed_comm"]
+    assert shares[4] > 0.05 and shares[4] > 3 * shares[1], shares
+
+
+USER_PROGRAM = textwrap.dedent("""
+    import time
+    import torch
+    from mmm_orch import runtime
+
+    rt = runtime.setup()
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runtime.profile_window(8)
+    for step in range(1, 9):
+        with runtime.profiled_step(step):
+            started = time.perf_counter()
+            with runtime.region("data"):
+                time.sleep(0.5)  # a deliberately slow loader
+                batch = torch.randn(32, 64)
+            with runtime.region("forward"):
+                loss = model(batch).square().mean()
+            with runtime.region("backward"):
+                loss.backward()
+            with runtime.region("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+        runtime.report_step(step, loss=loss.item(), dt=time.perf_counter() - started)
+    runtime.finish(0)
+""")
+
+
+def test_a_user_program_with_a_slow_loader_shows_it_in_data(tmp_path):
+    program = tmp_path / "train.py"
+    program.write_text(USER_PROGRAM)
+    run = tmp_path / "run"
+    env = {**os.environ, "MMM_ORCH_RUN_DIR": str(run), "MMM_ORCH_PROFILE": "torch",
+           "MMM_ORCH_PROFILE_STEPS": "3:6", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank = profile_json(run)["ranks"][0]
+    assert [s["step"] for s in rank["steps"]] == [3, 4, 5, 6]
+    # However loaded the host, the loader's sleep is in data, and it is the largest part.
+    assert max(rank["shares"], key=rank["shares"].get) == "data", rank["shares"]
+    for step in rank["steps"]:
+        assert step["parts_ms"]["data"] >= 500, step
+
+
+@pytest.mark.parametrize("option,value,said", [
+    ("--profile-steps", "7:9", "1 <= A <= B <= 6"),
+    ("--profile-steps", "5:2", "1 <= A <= B <= 6"),
+    ("--profile-steps", "0:2", "1 <= A <= B <= 6"),
+    ("--profile-ranks", "2", "from 0 to 1"),
+])
+def test_a_window_or_rank_the_run_does_not_have_is_refused(tmp_path, option, value, said):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = launch("llama3", ["--tiny", "--steps", "6", "--profile", "torch", option, value],
+                  2, "torchrun", out)
+    assert proc.returncode != 0
+    assert f"{option} '{value}': expected" in proc.stderr and said in proc.stderr, proc.stderr
+    assert not (out / "run" / "metrics.jsonl").exists()  # nothing trained, no metrics
+
+
+@pytest.mark.parametrize("sets,said", [
+    (["profile_steps=30:40"], "--profile-steps '30:40'"),
+    (["profile_steps=4:2"], "--profile-steps '4:2'"),
+    (["profile_steps=0"], "--profile-steps '0'"),
+    (["profile_ranks=9"], "--profile-ranks '9'"),
+    (["profile_steps=a:b"], "option profile_steps='a:b' is invalid"),
+])
+def test_before_the_queue_a_bad_window_rank_or_tool_writes_nothing(cli, isolated, sets, said):
+    args = [item for s in ["profile=torch", *sets] for item in ("--set", s)]
+    result = cli("submit", "local", "llama3_debug", *args)
+    assert result.code == 2 and said in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert not (isolated.parent / "state" / "mmm-orch").exists()
+    unknown = cli("submit", "local", "llama3_debug", "--set", "profile=nsys")
+    assert unknown.code == 2 and "one of off, torch" in unknown.err, unknown.err
+
+
+def test_the_report_of_a_profiled_sweep_has_the_two_columns(cli, isolated):
+    """Three points on this computer: the table and report.html show each point's exposed
+    communication and data loading, as `mmm-orch profile` gives them."""
+    from conftest import wait_state
+
+    result = cli("sweep", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=6",
+                 "--set", "profile=torch", "--set", "batch_size=1,2,4")
+    assert result.code == 0, result.err
+    for job in (1, 2, 3):
+        assert wait_state(cli, job, timeout=600)["state"] == "completed", cli("logs", str(job)).out
+    rows = json.loads(cli("report", "s1", "--json").out)
+    jobs = {j["id"]: j for j in json.loads(cli("status", "1", "2", "3", "--json").out)}
+    for row in rows:
+        shares = profile_json(Path(jobs[row["job"]]["run_dir"]))["ranks"][0]["shares"]
+        assert row["comm_pct"] == pytest.approx(100 * shares["exposed_comm"])
+        assert row["data_pct"] == pytest.approx(100 * shares["data"])
+    text = cli("report", "s1").out
+    assert "exposed comm %" in text.splitlines()[0] and "data %" in text.splitlines()[0], text
+    assert cli("report", "s1", "--out", "report").code == 0
+    assert "exposed comm %" in (isolated / "report" / "report.html").read_text()
+
+
+def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cluster,
+                                                          leftovers_cancelled):
+    """2 nodes x 2 ranks: by default ranks 0 and 2 are profiled, one trace each, and `mmm-orch
+    profile JOB` splits their steps into parts that add up to the logged step time."""
+    from conftest import wait_state
+
+    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", "--set", "tiny=true",
+                 "--set", "steps=8", "--set", "profile=torch", "--set", "profile_steps=4:6",
+                 "--json")
+    assert result.code == 0, result.err
+    job = json.loads(result.out)
+    assert wait_state(cli, job["id"], timeout=600)["state"] == "completed", \
+        cli("logs", str(job["id"])).out[-3000:]
+    run = Path(job["run_dir"])
+    assert sorted(p.name.split("_rank")[1] for p in (run / "profile").iterdir()) == \
+        ["0.pt.trace.json", "2.pt.trace.json"]
+    found = json.loads(cli("profile", str(job["id"]), "--json").out)
+    assert [r["rank"] for r in found["ranks"]] == [0, 2]
+    assert len({r["host"] for r in found["ranks"]}) == 2  # one on each node
+    logged = {r["step"]: 1000 * r["dt"] for r in map(json.loads, (run / "metrics.jsonl")
+              .read_text().splitlines()) if r["event"] == "step"}
+    for step in found["ranks"][0]["steps"]:
+        assert sum(step["parts_ms"].values()) == pytest.approx(step["ms"], rel=1e-6)
+        assert step["ms"] == pytest.approx(logged[step["step"]], rel=0.05)
+    assert found["ranks"][1]["shares"]["exposed_comm"] > 0  # across nodes, over TCP
