@@ -331,6 +331,16 @@ def test_a_missing_shard_a_truncated_file_and_a_lying_header_are_refused(checkpo
     said = _refused(tmp_path, lying, config="8b")
     assert "the header puts" in said and "inside" in said, said
 
+    integers = _copy(checkpoints["hf-8b"], tmp_path / "integers")
+    file = integers / "model.safetensors"
+    data = file.read_bytes()
+    header = json.loads(data[8:8 + length])
+    header[name]["dtype"] = "I32"  # as wide as F32: the header still fits the file
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length)
+    file.write_bytes(data[:8] + text + data[8 + length:])
+    said = _refused(tmp_path, integers, config="8b")
+    assert f"{name} holds I32; the trainer reads floating-point weights" in said, said
+
 
 class Payload:
     def __reduce__(self):

@@ -31,6 +31,7 @@ TOKENIZER_FILES = (
 # safetensors dtype names and their sizes in bytes.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                "U8": 1, "BOOL": 1}  # fmt: skip
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a weight may be stored as
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -116,6 +117,11 @@ def check_model(source: Source, args: LlamaArgs) -> None:
             raise PretrainedError(
                 f"--init-from {source.path}: {name} has shape {list(found.shape)}, the run's "
                 f"model {list(shape)}"
+            )
+        if found.dtype not in FLOAT_DTYPES:
+            raise PretrainedError(
+                f"--init-from {source.path}: {name} holds {found.dtype}; the trainer reads "
+                f"floating-point weights ({', '.join(FLOAT_DTYPES)})"
             )
 
 

@@ -114,8 +114,7 @@ class HFReader:
 
 
 def _typed(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if dtype not in TORCH_DTYPES:
-        raise PretrainedError(f"a tensor of {dtype}: the trainer reads floating-point weights")
+    """The bytes as the dtype's values (formats.check_model admits floating-point ones only)."""
     return torch.from_numpy(data).view(TORCH_DTYPES[dtype]).reshape(shape)
 
 

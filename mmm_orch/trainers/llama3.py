@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             refuse(rt.is_main, "llama3", str(exc))
         assert reader is not None
         read = load_weights(model, reader)
+        reader = None  # its maps of the files: not held through training
         training.logger.event("init_from", path=cfg.init_from, values_read=read)
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
