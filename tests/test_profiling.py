@@ -199,3 +199,31 @@ def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cl
         assert sum(step["parts_ms"].values()) == pytest.approx(step["ms"], rel=1e-6)
         assert step["ms"] == pytest.approx(logged[step["step"]], rel=0.05)
     assert found["ranks"][1]["shares"]["exposed_comm"] > 0  # across nodes, over TCP
+
+
+def test_on_a_gpu_trace_kernels_decide_what_computed():
+    """The summary's device path, on a trace laid out as CUDA's are (kernels on a stream beside
+    the CPU thread): an NCCL kernel overlapping compute kernels is hidden where they overlap and
+    exposed where it runs alone; the step's parts still add up to it."""
+    from mmm_orch.reporting.profile import rank_profile
+
+    def span(name, ts, dur, tid=1, cat="user_annotation"):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat}
+
+    trace = {"traceEvents": [
+        span("mmm:step#3", 0, 100),
+        span("mmm:data", 0, 10), span("mmm:forward", 10, 30), span("mmm:backward", 40, 50),
+        span("mmm:optimizer", 90, 8),
+        span("ampere_sgemm", 12, 28, tid=7, cat="kernel"),     # compute, 12-40
+        span("ampere_sgemm", 45, 15, tid=7, cat="kernel"),     # compute, 45-60
+        span("ncclDevKernel_AllGather", 30, 50, tid=8, cat="kernel"),  # 30-80
+        span("aten::mm", 12, 20, tid=1, cat="cpu_op"),  # the CPU's ops do not count on a GPU
+    ]}
+    step = rank_profile(trace, 0, "gpu01").steps[0]
+    assert step.comm_ms * 1000 == pytest.approx(50)
+    assert step.hidden_comm_ms * 1000 == pytest.approx(10 + 15)  # 30-40 and 45-60
+    parts = {k: v * 1000 for k, v in step.parts_ms.items()}
+    assert parts["exposed_comm"] == pytest.approx(5 + 20)  # 40-45 and 60-80
+    assert parts["forward"] == pytest.approx(30) and parts["backward"] == pytest.approx(50 - 25)
+    assert parts["data"] == pytest.approx(10) and parts["optimizer"] == pytest.approx(8)
+    assert parts["idle"] == pytest.approx(2) and sum(parts.values()) == pytest.approx(100)
