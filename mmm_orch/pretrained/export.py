@@ -303,14 +303,13 @@ def hf_config(args: LlamaArgs, dtype: torch.dtype, token_ids: dict[str, Any]) ->
 def _token_ids(run_config: dict[str, Any]) -> dict[str, Any]:
     """bos/eos ids: the --init-from model's config.json's, else the dataset's tokenizer's."""
     start = run_config.get("init_from")
-    if start:
+    config_file = Path(start) / HF_CONFIG if start else None
+    if config_file is not None and config_file.is_file():
         try:
-            source = formats.open_source(start)
+            config = formats.read_json(config_file)
         except PretrainedError:
-            source = None
-        if source is not None and source.kind == "hf":
-            config = json.loads((source.path / HF_CONFIG).read_text())
-            return {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+            config = {}
+        return {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
     described = _dataset_tokenizer(run_config)
     return {
         f"{end}_token_id": described[f"{end}_id"]

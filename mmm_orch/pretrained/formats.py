@@ -82,10 +82,10 @@ def open_source(path: str | Path) -> Source:
             f"{HF_CONFIG}, or Meta's with {META_PARAMS} and consolidated.00.pth)"
         )
     if (where / HF_CONFIG).is_file():
-        config = _json(where / HF_CONFIG)
+        config = read_json(where / HF_CONFIG)
         return Source(where, "hf", hf_declared(config, where / HF_CONFIG), _hf_tensors(where))
     if (where / META_PARAMS).is_file():
-        params = _json(where / META_PARAMS)
+        params = read_json(where / META_PARAMS)
         shards = tuple(sorted(where.glob(META_SHARDS)))
         if not shards:
             raise PretrainedError(f"--init-from {where}: {META_PARAMS} but no {META_SHARDS}")
@@ -106,9 +106,9 @@ def check_model(source: Source, args: LlamaArgs) -> None:
                 f"{_show(value)}, the run's model {name} is {_show(ours[name])} "
                 "(--config, --tiny, --n-layers and --vocab-size choose the model)"
             )
+    if source.kind != "hf":
+        return  # a .pth says its shapes only once unpickled: read.py checks them
     for ours_name, shape in shapes(args).items():
-        if source.kind != "hf":
-            break  # a .pth says its shapes only once unpickled: read.py checks them
         name = hf_name(ours_name)
         found = source.tensors.get(name)
         if found is None:
@@ -242,7 +242,8 @@ def _whole(config: dict[str, Any], name: str, file: Path) -> int:
     return value
 
 
-def _json(file: Path) -> dict[str, Any]:
+def read_json(file: Path) -> dict[str, Any]:
+    """A JSON object of at most MAX_CONFIG_BYTES; PretrainedError naming the file otherwise."""
     try:
         with file.open("rb") as handle:
             data = handle.read(MAX_CONFIG_BYTES + 1)
@@ -341,7 +342,7 @@ def _hf_tensors(where: Path) -> dict[str, TensorInfo]:
     named shard there, each tensor in the shard the index says), or the files themselves."""
     index = where / HF_INDEX
     if index.is_file():
-        weight_map = _json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise PretrainedError(f"{index}: no weight_map of tensor names to files")
         files = sorted(set(weight_map.values()))

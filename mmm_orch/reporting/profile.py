@@ -91,13 +91,16 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
             and not COLLECTIVE.search(str(e.get("name", "")))
         ]
     phases = {
-        name: [
-            _span(e)
-            for e in spans
-            if e.get("name") == PROFILE_RANGE + name and e.get("tid") == main
-        ]
+        name: _union(
+            [
+                _span(e)
+                for e in spans
+                if e.get("name") == PROFILE_RANGE + name and e.get("tid") == main
+            ]
+        )
         for name in PROFILE_PHASES
     }
+    covered = _union([s for name in PROFILE_PHASES for s in phases[name]])
     comm_u, compute_u = _union(comm), _union(compute)
     out = []
     for number, event in sorted(steps, key=lambda pair: pair[0]):
@@ -105,8 +108,7 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
         in_flight = _intersect(comm_u, step)
         exposed = _subtract(in_flight, compute_u)
         rest = _subtract(step, exposed)
-        parts = {name: _length(_intersect(_union(phases[name]), rest)) for name in PROFILE_PHASES}
-        covered = _union([s for name in PROFILE_PHASES for s in phases[name]])
+        parts = {name: _length(_intersect(phases[name], rest)) for name in PROFILE_PHASES}
         parts["exposed_comm"] = _length(exposed)
         parts["idle"] = _length(_subtract(rest, covered))
         out.append(
@@ -218,7 +220,9 @@ def _subtract(a: list[Span], b: list[Span]) -> list[Span]:
     out = []
     for start, end in a:
         for cut_start, cut_end in b:
-            if cut_end <= start or cut_start >= end:
+            if cut_start >= end:
+                break  # `b` is sorted: the rest lie past this span
+            if cut_end <= start:
                 continue
             if cut_start > start:
                 out.append((start, cut_start))

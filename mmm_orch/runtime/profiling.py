@@ -23,8 +23,8 @@ class StepProfiler:
     calls them where it starts and stops the step's clock, so the trace's step is the logged
     one)."""
 
-    def __init__(self, tool: str, chosen: Window, here: bool, trace: Path, device_type: str):
-        self.tool, self.window, self.here, self.trace = tool, chosen, here, trace
+    def __init__(self, chosen: Window, here: bool, trace: Path, device_type: str):
+        self.window, self.here, self.trace = chosen, here, trace
         self.device_type = device_type
         self._profile: Any = None
         self._step = 0  # the step in the window now running (0: none)
@@ -87,7 +87,7 @@ def profiler(
     named = ranks(profiled_ranks, rt.world_size)
     here = rt.launch.local_rank == 0 if named is None else rt.rank in named
     trace = run_dir / protocol.PROFILE_DIR / protocol.profile_trace_name(rt.hostname, rt.rank)
-    return StepProfiler(tool, chosen, here, trace, rt.device.type)
+    return StepProfiler(chosen, here, trace, rt.device.type)
 
 
 def step_opened() -> None:
