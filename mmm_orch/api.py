@@ -78,6 +78,7 @@ class PlanOptions:
     workdir: str | None = None
     max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
     init_from: str | None = None  # pretrained weights to start from (--init-from)
+    profile: str | None = None  # torch, or the machine's profiler (--profile)
 
     def __post_init__(self) -> None:
         """Python's types where the command line's parser would check them, each value made
@@ -95,6 +96,7 @@ class PlanOptions:
                     "name",
                     "workdir",
                     "init_from",
+                    "profile",
                 )
             },
             "nodes": whole_of("nodes", self.nodes, 1, none=True),
@@ -145,6 +147,7 @@ class PlanOptions:
             workdir=self.workdir,
             max_node_hours=self.max_node_hours,
             init_from=self.init_from,
+            profile=self.profile,
         )
 
 

@@ -27,7 +27,7 @@ PBS_EXEC=/opt/pbs
 PBS_HOME=/var/spool/pbs
 COMM_PORT=15008   # pbs_comm's default, 17001, is slurmd n1's port
 VNODES=3
-RUNTIME=(expat libedit2 postgresql postgresql-contrib python3 tcl tk libical3 libhwloc15 libpq5 libcjson1)
+RUNTIME=(expat libedit2 postgresql postgresql-contrib python3 tcl tk libical3 libhwloc15 libpq5 libcjson1 time)
 BUILD=(gcc make libtool libhwloc-dev libx11-dev libxt-dev libedit-dev libical-dev libncurses-dev perl
        postgresql-server-dev-all postgresql-contrib python3-dev tcl-dev tk-dev swig libexpat-dev
        libssl-dev libxext-dev libxft-dev autoconf automake g++ libcjson-dev)

@@ -16,7 +16,7 @@ NAME=slurm-cluster
 source "$(dirname "$0")/lib.sh"
 
 CLUSTER=mmmtest
-PACKAGES=(slurm-wlm slurmdbd mariadb-server munge mpich openssh-server)
+PACKAGES=(slurm-wlm slurmdbd mariadb-server munge mpich openssh-server time)  # time: the profile's --profile time
 CONF=/etc/slurm
 DB_PASS=mmm-orch-test-only   # a throwaway database on a test machine, reachable only over the local socket
 

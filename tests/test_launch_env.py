@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmm_orch.runtime.launch_env import LaunchEnvError, detect
+from mmm_orch.injob.launch_env import LaunchEnvError, detect
 
 CASES = [
     ("torchrun", {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",

@@ -149,7 +149,7 @@ def test_before_the_queue_a_bad_window_rank_or_tool_writes_nothing(cli, isolated
     assert len(result.err.strip().splitlines()) == 1
     assert not (isolated.parent / "state" / "mmm-orch").exists()
     unknown = cli("submit", "local", "llama3_debug", "--set", "profile=nsys")
-    assert unknown.code == 2 and "one of off, torch" in unknown.err, unknown.err
+    assert unknown.code == 2 and "local has off, torch" in unknown.err, unknown.err
 
 
 def test_the_report_of_a_profiled_sweep_has_the_two_columns(cli, isolated):

@@ -118,6 +118,12 @@ def plan_options(
         "(params.json, consolidated.*.pth); checked against the model before the queue",
     )
     parser.add_argument(
+        "--profile",
+        metavar="TOOL",
+        help="profile a window of steps: torch (torch.profiler traces; `mmm-orch profile JOB`) "
+        "or the machine's profiler (nsys, unitrace, rocprof: `mmm-orch show machine M`)",
+    )
+    parser.add_argument(
         "--env",
         dest="envs",
         action="append",
@@ -192,6 +198,7 @@ def request(args: argparse.Namespace, **overrides: Any):
         max_node_hours=args.max_node_hours,
         jobs=max(getattr(args, "chain", None) or 1, 1),
         init_from=args.init_from,
+        profile=args.profile,
     )  # a chain puts its links in the queue
     fields.update(overrides)
     return Request(**fields)

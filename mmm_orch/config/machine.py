@@ -36,6 +36,7 @@ from mmm_orch.config.common import (
     config,
 )
 from mmm_orch.config.queues import JobLimit, Queue
+from mmm_orch.injob import protocol
 
 
 @config
@@ -138,6 +139,45 @@ class Launcher:
     # some facilities ask for a pause between background launches (OLCF: `sleep 1` between srun).
     start_gap: Annotated[float, Bound("Ge", 0), Bound("Le", 60)] = 0
     source: str = ""
+
+
+# A word of a profiler's command: {output} is where a profiled rank's files go (the run's
+# profile/<host>_rank<R>, the tool adding its own suffix), {output_dir} a directory by that name.
+ProfilerWord = Annotated[
+    str,
+    Bound("MinLen", 1),
+    Check(after=lambda text: check_placeholders(text, ("output", "output_dir"))),
+]
+
+
+@config
+class Profiler:
+    """A facility's profiler (`--profile nsys`): the launch runs the chosen ranks under it, and
+    the trainers open and close it at the profiled window's first and last step (`window`,
+    protocol.PROFILE_WINDOWS). Its words are literal: they are quoted into the job script and
+    split again inside the job, never run by a shell."""
+
+    description: NonEmptyStr
+    command: list[ProfilerWord]
+    window: str
+    # Shell lines before the launch that make the tool available (a module load).
+    setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.window not in protocol.PROFILE_WINDOWS:
+            raise ValueError(
+                f"window {self.window!r}: expected one of {', '.join(protocol.PROFILE_WINDOWS)}"
+            )
+        outputs = sum(
+            word.count(protocol.PROFILER_OUTPUT) + word.count(protocol.PROFILER_OUTPUT_DIR)
+            for word in self.command
+        )
+        if outputs != 1:
+            raise ValueError(
+                f"command: name {protocol.PROFILER_OUTPUT} or {protocol.PROFILER_OUTPUT_DIR} "
+                f"once (where a profiled rank's files go), not {outputs} times"
+            )
 
 
 # A device's name in a mask, or the CPUs next to it in the launcher's words: "0.1", "24-31".
@@ -345,6 +385,10 @@ class Machine:
     # Job-count limits over all the machine's queues (e.g. 100 jobs per user in all of them).
     job_limits: list[JobLimit] = field(default_factory=list)
     failures: list[FailureSignature] = field(default_factory=list)
+    # The facility's profilers by the name --profile takes (nsys, unitrace, rocprof, ...).
+    profilers: dict[Annotated[str, Check(after=lambda name: _profiler_name(name))], Profiler] = (
+        field(default_factory=dict)
+    )
 
     @property
     def default_ranks_per_node(self) -> int:
@@ -375,10 +419,24 @@ class Machine:
             for bad in self.scheduler.forbidden_directives:
                 if line.split()[:1] == [bad] or line == bad:
                     raise ValueError(f"directive {line!r} is forbidden on {self.name}")
+        if self.profilers and not self.launcher.python_prefix:
+            raise ValueError(
+                "profilers: the launcher starts Python itself (torchrun), so it cannot start a "
+                "rank under a profiler"
+            )
         if self.launcher.cpu_bind:
             check_cpu_bind(
                 self.launcher.cpu_bind, self.default_ranks_per_node, set(self.node.reserved_cores)
             )
+
+
+def _profiler_name(name: str) -> str:
+    if name in ("off", "torch") or not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+        raise ValueError(
+            f"profiler name {name!r}: lower-case letters, digits, '_' and '-', at most 32, "
+            "starting with a letter; not off or torch (--profile's own values)"
+        )
+    return name
 
 
 def parse_cpu_bind(text: str) -> list[set[int]]:

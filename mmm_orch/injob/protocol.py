@@ -72,10 +72,29 @@ PROFILE_RANGE = "mmm:"  # the prefix of the named ranges of a step in a trace (r
 PROFILE_PHASES = ("data", "forward", "backward", "optimizer")  # a step's ranges, in order
 
 
+# A facility's profiler (`--profile nsys`, machines/*.yaml `profilers:`): the job exports its
+# words (shell-quoted) and how the trainers bound the window; the launch starts every rank
+# through injob/profiled.py, which puts where the rank's output goes in place of {output} (a
+# file name without its suffix, the tool adds one) or {output_dir} (a directory of the rank's).
+PROFILER_VAR = "MMM_ORCH_PROFILER"
+PROFILE_WINDOW_VAR = "MMM_ORCH_PROFILE_WINDOW"
+PROFILER_OUTPUT = "{output}"
+PROFILER_OUTPUT_DIR = "{output_dir}"
+# How a trainer opens and closes the window for the profiler around it: the CUDA profiler API
+# (nsys --capture-range=cudaProfilerApi), unitrace's PTI_ENABLE_COLLECTION (--conditional-
+# collection), roctxProfilerResume/Pause (rocprofv3 --selected-regions), or not at all.
+PROFILE_WINDOWS = ("cuda-profiler-api", "pti-collection", "roctx", "none")
+
+
+def profile_output_name(host: str, rank: int) -> str:
+    """What a profiled rank's files are named by, in the run's PROFILE_DIR: host and rank."""
+    return f"{host}_rank{rank}"
+
+
 def profile_trace_name(host: str, rank: int) -> str:
     """A rank's trace: TensorBoard's profiler plugin reads *.pt.trace.json, its worker named by
     what comes before."""
-    return f"{host}_rank{rank}.pt.trace.json"
+    return f"{profile_output_name(host, rank)}.pt.trace.json"
 
 
 PROFILE_TRACE = re.compile(r"(?P<host>.+)_rank(?P<rank>\d+)\.pt\.trace\.json")  # its name, read
@@ -90,6 +109,7 @@ MODULES = MappingProxyType(
         "failover": "mmm_orch.injob.failover",
         "chain": "mmm_orch.injob.chain",
         "rendezvous": "mmm_orch.injob.rendezvous",
+        "profiled": "mmm_orch.injob.profiled",
     }
 )
 # Their options, by the names the templates use (`job.option.step_timeout`); the programs'
@@ -179,6 +199,10 @@ FOR_TEMPLATES = MappingProxyType(
                 "resume": RESUME_VAR,
                 "allow_fresh": ALLOW_FRESH_VAR,
                 "job_end": JOB_END_VAR,
+                "profile": PROFILE_VAR,
+                "profile_ranks": PROFILE_RANKS_VAR,
+                "profiler": PROFILER_VAR,
+                "profile_window": PROFILE_WINDOW_VAR,
             }
         ),
     }

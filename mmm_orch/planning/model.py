@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ class Request:
     jobs: int = 1  # the jobs this request puts in its queue at once (a chain: its links)
     devices: int | None = None  # a run on this many devices of one node, beside other runs
     init_from: str | None = None  # pretrained weights to start from (--init-from)
+    profile: str | None = None  # torch, or a profiler of the machine's (--profile)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,29 @@ RESUMABLE_COMMAND_OPTIONS = ("run_name", "resume", "allow_fresh")
 
 
 @dataclass(frozen=True)
+class ProfilePlan:
+    """How the run is profiled: torch.profiler in the program, or a facility's profiler (the
+    machine's `profilers:`) the launch starts the chosen ranks under (injob/profiled.py)."""
+
+    tool: str  # torch, or the profiler's name
+    ranks: str  # the ranks profiled ("": local rank 0 of each node)
+    description: str = ""
+    command: tuple[str, ...] = ()  # the profiler's words before the program; () for torch
+    window: str = ""  # how the program opens and closes its collection (protocol.PROFILE_WINDOWS)
+    setup: tuple[str, ...] = ()  # shell lines that make the tool available
+    source: str = ""
+
+    @property
+    def command_line(self) -> str:
+        """The profiler's words as injob/profiled.py splits them (shlex), quoted only where a
+        word needs it: the job script quotes the whole line again."""
+        return " ".join(w if _PLAIN_WORD.fullmatch(w) else shlex.quote(w) for w in self.command)
+
+
+_PLAIN_WORD = re.compile(r"[\w@%+=:,./{}-]+")
+
+
+@dataclass(frozen=True)
 class Launch:
     """The launcher line and the program it starts, and where it runs."""
 
@@ -187,13 +212,20 @@ class Launch:
     # The user's own program in place of the trainer, after the launcher's command_prefix.
     command: tuple[str, ...] = ()
     start_gap: float = 0.0  # seconds between two launches started side by side in an allocation
+    profile: ProfilePlan | None = None
 
     @property
     def program(self) -> tuple[str, ...]:
+        """What each rank runs: the user's command or the trainer, through injob/profiled.py
+        when a facility's profiler runs the chosen ranks."""
         if self.command:
-            return self.command
-        prefix = [self.python] if self.python_prefix else []
-        return (*prefix, "-m", self.trainer, *_argv(self.args))
+            program = self.command
+        else:
+            prefix = [self.python] if self.python_prefix else []
+            program = (*prefix, "-m", self.trainer, *_argv(self.args))
+        if self.profile and self.profile.command:
+            return (self.python, "-m", protocol.MODULES["profiled"], "--", *program)
+        return program
 
     @property
     def run_dir(self) -> str:

@@ -38,6 +38,7 @@ from mmm_orch.planning.model import (
     Layout,
     Placement,
     Plan,
+    ProfilePlan,
     QueuePlan,
     Request,
     Transport,
@@ -80,7 +81,7 @@ def resolve(request: Request) -> Plan:
         args["init_from"] = _init_from(workload, request.init_from)
     _check_required(workload, args)
     layout = _layout(machine, workload, nodes, args, request.devices)
-    _check_profile(workload, args, layout.ranks)
+    profile = _profile(machine, workload, request, args, layout.ranks)
     python = sys.executable if machine.python == "auto" else machine.python
     # {cpu_bind} and {python} go into launcher lines: shell words, like the values around them.
     cpu_bind = machine.launcher.cpu_bind
@@ -132,7 +133,7 @@ def resolve(request: Request) -> Plan:
         environment=_environment(
             machine, workload, override, request, nodes, devices, python, account
         ),
-        launch=_launch(machine, workload, request, fields, python, args, devices.share),
+        launch=_launch(machine, workload, request, fields, python, args, devices.share, profile),
         guard=Guard(
             first_step_timeout=workload.watchdog.first_step_timeout
             if workload.watchdog.enabled
@@ -454,22 +455,66 @@ def _init_from(workload: Workload, path: str) -> str:
         raise fail("--init-from", path, option.allowed()) from None
 
 
-def _check_profile(workload: Workload, args: dict[str, Any], ranks: int) -> None:
-    """A profiled window inside the run's steps (where the workload counts them) and profiled
-    ranks the run has, before the queue: the trainer would refuse them after the wait."""
+def _profile(
+    machine: Machine, workload: Workload, request: Request, args: dict[str, Any], ranks: int
+) -> ProfilePlan | None:
+    """How the run is profiled (--profile, or the workload's `profile` option): torch, or one of
+    the machine's profilers; its window inside the run's steps (where the workload counts them)
+    and its ranks ones the run has, before the queue: the program would refuse them after the
+    wait. A trainer is told by its options, your command by the job's MMM_ORCH_PROFILE*."""
+    option = workload.options.get("profile")
+    if request.profile is not None:
+        if option is None and workload.trainer:
+            takers = "; the training workloads do (`mmm-orch workloads`)"
+            raise fail(
+                "--profile", request.profile, f"workload {workload.name} has no steps{takers}"
+            )
+        if option is not None:
+            set_too = args.get("profile", request.profile)
+            if set_too != request.profile:
+                raise fail("--profile", request.profile, f"one tool: --set profile={set_too} too")
+            args["profile"] = request.profile
 
     def given(name: str) -> Any:
-        option = workload.options.get(name)
-        return args.get(name, option.default if option else None)
+        known = workload.options.get(name)
+        return args.get(name, known.default if known else None)
 
-    if given("profile") in (None, "off"):
-        return
+    last_step = given("steps")
+    if option is not None:
+        tool, steps, chosen = given("profile"), given("profile_steps"), given("profile_ranks")
+    else:
+        env = dict(checks.pairs(request.envs, "--env"))
+        tool = request.profile or env.get(protocol.PROFILE_VAR, "off")
+        steps, chosen = (
+            env.get(protocol.PROFILE_STEPS_VAR, ""),
+            env.get(protocol.PROFILE_RANKS_VAR, ""),
+        )
+    if tool in (None, "off"):
+        return None
+    profiler = machine.profilers.get(tool)
+    if tool != "torch" and profiler is None:
+        raise fail(
+            "--profile",
+            tool,
+            f"{machine.name} has {', '.join(['off', 'torch', *machine.profilers])}",
+        )
     try:
-        if isinstance(given("steps"), int):
-            windows.window(given("profile_steps") or "", given("steps"))
-        windows.ranks(given("profile_ranks") or "", ranks)
+        if isinstance(last_step, int):
+            windows.window(steps or "", last_step)
+        windows.ranks(chosen or "", ranks)
     except ValueError as exc:
         raise MmmError(str(exc)) from None
+    if profiler is None:
+        return ProfilePlan(tool=tool, ranks=chosen or "")
+    return ProfilePlan(
+        tool=tool,
+        ranks=chosen or "",
+        description=profiler.description,
+        command=tuple(profiler.command),
+        window=profiler.window,
+        setup=tuple(profiler.setup),
+        source=profiler.source,
+    )
 
 
 def _check_required(workload: Workload, args: dict[str, Any]) -> None:
@@ -613,6 +658,7 @@ def _launch(
     python: str,
     args: dict[str, Any],
     share: DeviceShare | None,
+    profile: ProfilePlan | None,
 ) -> Launch:
     launcher = [machine.launcher.command.format(**fields)]
     launcher += [arg.format(**fields) for arg in machine.launcher.args]
@@ -635,4 +681,5 @@ def _launch(
         workdir_given=request.workdir is not None,
         command=(*machine.launcher.command_prefix, *request.command) if request.command else (),
         start_gap=machine.launcher.start_gap,
+        profile=profile,
     )

@@ -3,7 +3,7 @@
 For your own code, the names below are the stable API (runtime/contract.py; docs/runtime.md):
 `from mmm_orch import runtime; rt = runtime.setup()`. Importing this needs no torch.
 
-The in-repo trainers use the modules under it: who am I (launch_env), which device (device),
+The in-repo trainers use the modules under it: who am I (injob.launch_env), which device (device),
 process group (dist), metrics (metrics), stop signals (stop), checkpoints (checkpoint) and profiling (profiling).
 Only device, dist, checkpoint and profiling (once a window opens) import torch."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from mmm_orch.injob.launch_env import LaunchEnv, LaunchEnvError, detect, host_name
 from mmm_orch.runtime import device as device_mod
-from mmm_orch.runtime.launch_env import LaunchEnv, LaunchEnvError, detect
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def setup(timeout_s: float = 600) -> Runtime:
     return Runtime(
         launch=launch,
         device=device,
-        hostname=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        hostname=host_name(),
     )
 
 

@@ -65,10 +65,12 @@ class RunOptions:
     allow_fresh: bool = option(
         False, "with --resume: start from step 0 when the run has no checkpoint yet"
     )
-    profile: Literal["off", "torch"] = option(
+    profile: str = option(
         "off",
         "torch: torch.profiler traces of a window of steps on chosen ranks, in the run "
-        "directory's profile/ (Chrome/Perfetto JSON, TensorBoard's profiler plugin reads them)",
+        "directory's profile/ (Chrome/Perfetto JSON, TensorBoard's profiler plugin reads them); "
+        "a machine's profiler (nsys, unitrace, rocprof) in a job mmm-orch rendered for it",
+        name=True,
     )
     profile_steps: str = option("", "A:B, the steps profiled (default: 3 after the first 2)")
     profile_ranks: str = option(

@@ -31,7 +31,7 @@ from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.dataset import DatasetError, SampleLog, TokenDataset
-from mmm_orch.runtime.dist import refuse
+from mmm_orch.runtime.dist import Runtime, refuse
 from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
 from mmm_orch.runtime.loop import (
     StepTimer,
@@ -163,15 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     training = Training(
         rt, cfg, out, model, optimizer, scheduler, cfg.async_save, described, last_step=cfg.steps
     )
-    if cfg.init_from and not training.restored:
-        try:
-            reader = reader or pretrained(cfg, args)
-        except ValueError as exc:
-            refuse(rt.is_main, "llama3", str(exc))
-        assert reader is not None
-        read = load_weights(model, reader)
-        reader = None  # its maps of the files: not held through training
-        training.logger.event("init_from", path=cfg.init_from, values_read=read)
+    start_from_weights(cfg, args, model, training, reader, rt)
+    reader = None  # its maps of the files: not held through training
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(
@@ -227,6 +220,28 @@ def main(argv: list[str] | None = None) -> int:
     # The model's shape beside each checkpoint: `mmm-orch export` reads it there.
     model_args = dataclasses.asdict(args)
     return training.run(step_of_training, lambda: {"samples": consumed, "model": model_args})
+
+
+def start_from_weights(
+    cfg: Config,
+    args: LlamaArgs,
+    model: torch.nn.Module,
+    training: Training,
+    reader: Reader | None,
+    rt: Runtime,
+) -> None:
+    """--init-from's weights into each rank's shards, on a fresh run only (a resumed one goes on
+    from its own checkpoint); `reader` was opened before the run directory, or is opened now
+    where a resume found no checkpoint to go on from."""
+    if not cfg.init_from or training.restored:
+        return
+    try:
+        reader = reader or pretrained(cfg, args)
+    except ValueError as exc:
+        refuse(rt.is_main, "llama3", str(exc))
+    assert reader is not None
+    read = load_weights(model, reader)
+    training.logger.event("init_from", path=cfg.init_from, values_read=read)
 
 
 def pretrained(cfg: Config, args: LlamaArgs) -> Reader | None:

@@ -27,9 +27,15 @@ def profile(db: JobDB | None, target: str, rank: int | None = None) -> Profile:
     where = run_dir(db, target) / PROFILE_DIR
     found = traces(where)
     if not found:
+        others = sorted(path.name for path in where.iterdir()) if where.is_dir() else []
+        if others:  # a facility profiler's reports: its own viewer reads them
+            raise MmmError(
+                f"{where}: no torch.profiler traces, but a profiler's files: "
+                f"{', '.join(others[:8])}{' ...' if len(others) > 8 else ''} (open them with its "
+                "viewer: nsys-ui, Perfetto; `mmm-orch profile` reads --profile torch's traces)"
+            )
         raise MmmError(
-            f"{where}: no traces (a run profiles with --set profile=torch, or --profile torch "
-            "in the trainer's options)"
+            f"{where}: no traces (a run profiles with --profile torch, or --set profile=torch)"
         )
     if rank is not None and rank not in found:
         raise MmmError(f"--rank {rank}: not profiled; the traces are of ranks {sorted(found)}")

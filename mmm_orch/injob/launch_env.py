@@ -8,6 +8,7 @@ torchrun agent, not this worker.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -75,9 +76,33 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
     return next((name for name in names if env.get(name, "") != ""), None)
 
 
+def host_name(env: Mapping[str, str] | None = None) -> str:
+    """This node's name as the job knows it: Slurm's name for it (a test cluster's nodes share
+    one host), else the host's."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process stands in the launch, as its launcher's variables say."""
+
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+
 def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
     """The launch environment; a single process when no launcher variables are set at all."""
     env = os.environ if env is None else env
+    return _with_rendezvous(env, locate(env))
+
+
+def locate(env: Mapping[str, str]) -> Place:
+    """This process's rank, local rank and sizes (LaunchEnvError where the variables say none
+    that makes sense), without the rendezvous the process group needs besides."""
     for launcher, rank_var, size_var, local_vars, local_size_vars in _LAUNCHERS:
         if env.get(rank_var, "") == "":
             continue
@@ -98,36 +123,34 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         local_world = _int(env, local_size_var, launcher) if local_size_var else None
         if not 0 <= rank < world:
             raise LaunchEnvError(f"{launcher} launch: {rank_var}={rank} outside 0..{world - 1}")
-        return _with_rendezvous(env, launcher, rank, local_rank, world, local_world or world)
+        return Place(launcher, rank, local_rank, world, local_world or world)
     for size_var in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
         if env.get(size_var, "") not in ("", "1"):
             raise LaunchEnvError(
                 f"{size_var}={env[size_var]} but no rank variable is set (RANK, PMI_RANK, "
                 "PALS_RANKID, OMPI_COMM_WORLD_RANK, PMIX_RANK or SLURM_PROCID)"
             )
-    return _with_rendezvous(env, "none", 0, 0, 1, 1)
+    return Place("none", 0, 0, 1, 1)
 
 
-def _with_rendezvous(
-    env: Mapping[str, str], launcher: str, rank: int, local_rank: int, world: int, local_world: int
-) -> LaunchEnv:
+def _with_rendezvous(env: Mapping[str, str], place: Place) -> LaunchEnv:
     addr = env.get("MASTER_ADDR", "")
     if not addr:
-        if world > local_world:
+        if place.world_size > place.local_world_size:
             raise LaunchEnvError(
-                f"MASTER_ADDR is not set and the {world} ranks span several nodes; the job script "
-                "sets it to the first node (see the machine profile's rendezvous)"
+                f"MASTER_ADDR is not set and the {place.world_size} ranks span several nodes; the "
+                "job script sets it to the first node (see the machine profile's rendezvous)"
             )
         addr = "127.0.0.1"
     port = env.get("MASTER_PORT", "") or str(DEFAULT_PORT)
     if not port.isdigit():
         raise LaunchEnvError(f"MASTER_PORT={port!r} is not a port number")
     return LaunchEnv(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        launcher=launcher,
+        rank=place.rank,
+        local_rank=place.local_rank,
+        world_size=place.world_size,
+        local_world_size=place.local_world_size,
+        launcher=place.launcher,
         master_addr=addr,
         master_port=int(port),
     )
