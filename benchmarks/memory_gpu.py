@@ -34,13 +34,13 @@ rt = runtime_dist.setup()
 world = mesh(rt, 1)
 batches = GlobalBatch.of(0, batch_size, 1, 0)
 data = SyntheticTokens(args.vocab_size, seq_len, 1)
-model, _ = build_model(cfg, args, ac, rt, world["dp"], world["tp"])
+model, _, _ = build_model(cfg, args, seq_len, ac, rt, world)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 timer = StepTimer(rt)
 torch.cuda.reset_peak_memory_stats()
 for step in range(3):
-    train_step(model, data, batches, step * batches.size, timer, rt.device.torch, step + 1, None,
-               1, cfg.loss_chunk)
+    train_step(model, None, data, batches, step * batches.size, timer, rt.device.torch, step + 1,
+               None, 1, cfg.loss_chunk)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 torch.cuda.synchronize()

@@ -70,6 +70,22 @@ def micro_batches(global_batch: int, batch_size: int, dp: int) -> int | None:
     return None if global_batch % per_forward else global_batch // per_forward or 1
 
 
+# Pipeline schedules (trainers/pipeline.py), and the stages each pipeline rank holds under them:
+# a looped schedule puts two on each, stage r and r + pp.
+PIPELINE_SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved_1f1b": 2}
+
+
+def stage_layers(n_layers: int, stages: int) -> list[list[int]]:
+    """The layers of each of `stages` pipeline stages, in order, as many on each; ValueError
+    when they do not divide."""
+    if n_layers % stages:
+        raise ValueError(
+            f"{n_layers} layers do not split into {stages} pipeline stages of as many each"
+        )
+    per = n_layers // stages
+    return [list(range(s * per, (s + 1) * per)) for s in range(stages)]
+
+
 DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
 
 

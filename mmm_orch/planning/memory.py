@@ -20,6 +20,11 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
   vocabulary) in w, with their log-softmax and its gradient in fp32 (and under TP two fp32
   buffers more, loss_parallel's); in chunks, the gradients made in forward wait for backward:
   the output layer's (V h w) and the final norm output's (s b h w).
+With a pipeline of p stages (pp) the count is the busiest stage's: its L / p blocks' states and
+activations, the embedding's or the output's states (the larger, V h), and the activations of
+the micro-batches in flight at once, which the schedule sets: GPipe all M of a step, 1F1B at
+most p on the first stage, interleaved 1F1B p (1 + (p - 1) / 2p) (two stages a rank, Narayanan
+et al. 2021); the loss's logits are whole per micro-batch there (no chunks).
 The measured peak on CPU is within 25% of this for the layouts the tests run (dp, dp x tp,
 checkpointing on and off); see tests/test_memory_plan.py.
 """
@@ -31,7 +36,15 @@ from dataclasses import field, replace
 
 from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, Preset, micro_batches, run_model
+from mmm_orch.model_shapes import (
+    DEFAULT_LOSS_CHUNK,
+    PIPELINE_SCHEDULES,
+    LlamaArgs,
+    Preset,
+    micro_batches,
+    run_model,
+    stage_layers,
+)
 from mmm_orch.planning.checks import bounded
 from mmm_orch.planning.model import MemoryPlan
 
@@ -58,6 +71,21 @@ class Shape:
     loss_sharded: bool = True
     # The math attention kernel saves each head's s x s probabilities (fused kernels do not).
     attention_matrix: bool = False
+    pp: int = 1  # pipeline stages
+    schedule: str = "1f1b"
+    microbatches: int = 1  # a step's, on each data-parallel rank
+
+    @property
+    def in_flight(self) -> float:
+        """Micro-batches whose activations the busiest stage holds at once."""
+        if self.pp == 1:
+            return 1
+        if self.schedule == "gpipe":
+            return self.microbatches
+        held = min(self.pp, self.microbatches)
+        return (
+            held * (1 + (self.pp - 1) / (2 * self.pp)) if "interleaved" in self.schedule else held
+        )
 
 
 @dataclass(frozen=True)
@@ -79,7 +107,9 @@ class Estimate:
 def estimate(shape: Shape) -> Estimate:
     m, w, t = shape.model, shape.value_bytes, shape.tp
     h, f, s, b, v = m.dim, m.ffn_dim, shape.seq, shape.batch, m.vocab_size
-    states = m.params / (shape.dp * t)
+    layers = m.n_layers // shape.pp  # the busiest stage's
+    held = m.params if shape.pp == 1 else layers * m.block_params + v * h + h
+    states = held / (shape.dp * t)
     tokens = s * b
     norms = 4 * h if t == 1 else 4 * h / t + 2 * h
     kv = m.n_kv_heads * m.head_dim
@@ -88,9 +118,10 @@ def estimate(shape: Shape) -> Estimate:
         block += b * m.n_heads / t * s * s * w
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
     # every_other checkpoints blocks 0, 2, 4, ... (trainers/parallelize.py)
-    checkpointed = {"none": 0, "every_other": (m.n_layers + 1) // 2, "full": m.n_layers}[shape.ac]
-    stored = (m.n_layers - checkpointed) * block + checkpointed * kept
-    chunk = min(shape.loss_chunk, s) if shape.loss_chunk and t == 1 else s
+    checkpointed = {"none": 0, "every_other": (layers + 1) // 2, "full": layers}[shape.ac]
+    stored = ((layers - checkpointed) * block + checkpointed * kept) * shape.in_flight
+    chunks = shape.loss_chunk and t == 1 and shape.pp == 1
+    chunk = min(shape.loss_chunk, s) if chunks else s
     vocab_share = v / t if shape.loss_sharded else v
     # Per logit: its value, the fp32 log-softmax and its gradient; loss_parallel (TP) holds
     # two fp32 buffers more (its max- and sum-reduced exponentials).
@@ -103,7 +134,8 @@ def estimate(shape: Shape) -> Estimate:
             "parameters": 4 * states,
             "gradients": 4 * states,
             "optimizer": 8 * states,
-            "gathered": (2 * v * h * w + 2 * m.block_params * (w + 4)) / t,
+            "gathered": ((2 if shape.pp == 1 else 1) * v * h * w + 2 * m.block_params * (w + 4))
+            / t,
             "activations": stored,
             # The loss's tensors are gone by the time a checkpointed block is recomputed.
             "loss or recompute": max(loss, block if checkpointed else 0),
@@ -125,6 +157,16 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
     for tp in (2, 4, 8):
         if tp > shape.tp and ranks_per_node % tp == 0 and shape.model.n_heads % tp == 0:
             tried.append((f"--set tp={tp}", replace(shape, tp=tp, dp=shape.dp * shape.tp // tp)))
+    for pp in (2, 4, 8, 16):
+        grown = pp * shape.pp
+        stages = grown * PIPELINE_SCHEDULES[shape.schedule]
+        if shape.model.n_layers % stages == 0 and shape.dp % pp == 0:
+            dp = shape.dp // pp
+            microbatches = max(shape.microbatches * pp, grown)  # at least a micro-batch a stage
+            change = f"--set pp={grown}"
+            if microbatches > shape.microbatches * pp:
+                change += f" --set global_batch={microbatches * shape.batch * dp}"
+            tried.append((change, replace(shape, pp=grown, dp=dp, microbatches=microbatches)))
     return [
         f"{change} ({estimate(option).total / GIB:.0f} GiB)"
         for change, option in tried
@@ -140,23 +182,30 @@ def sized(machine, workload, args: dict, layout):
         return None
     arg, size = _readers(workload, args)
     preset, model = model_of(workload, args)
-    tp = size("tp") or 1
+    tp, pp = size("tp") or 1, size("pp") or 1
     accelerator = machine.node.gpus > 0
+    batch = size("batch_size") or preset.batch_size
+    dp = max(1, layout.ranks // (tp * pp))
+    global_batch = size("global_batch", 0) or 0
     shape = Shape(
         model,
-        batch=size("batch_size") or preset.batch_size,
+        batch=batch,
         seq=size("seq_len") or preset.seq_len,
-        dp=max(1, layout.ranks // tp),
+        dp=dp,
         tp=tp,
         ac=arg("ac") or preset.ac,
         value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
         loss_chunk=_or(size("loss_chunk", 0), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
         attention_matrix=machine.node.attention_kernel == "math",
+        pp=pp,
+        schedule=arg("pp_schedule") or "1f1b",
+        microbatches=micro_batches(global_batch, batch, dp) or 1,
     )
-    check_global_batch(size("global_batch", 0) or 0, shape)
+    check_global_batch(global_batch, shape)
+    check_pipeline(shape)
     found = estimate(shape)
     device = machine.node.gpu_memory_gib if accelerator else None
-    plan = MemoryPlan({k: v / GIB for k, v in found.parts.items()}, device)
+    plan = MemoryPlan({k: v / GIB for k, v in found.parts.items()}, device, split(shape))
     if device and found.total > device * GIB and os.environ.get("MMM_ORCH_MEMORY_CHECK") != "0":
         better = fixes(shape, device * GIB, layout.nodes, layout.ranks_per_node)
         raise MmmError(
@@ -223,6 +272,54 @@ def check_global_batch(global_batch: int, shape: Shape) -> None:
             f"0 or a multiple of batch_size "
             f"{shape.batch} x {shape.dp} data-parallel ranks = {per_forward}, "
             "the samples one forward pass takes on all ranks",
+        )
+
+
+def split(shape: Shape) -> str:
+    """How the trainer splits the model into the pipeline's stages ('' without one)."""
+    if shape.pp == 1:
+        return ""
+    stages = stage_layers(shape.model.n_layers, shape.pp * PIPELINE_SCHEDULES[shape.schedule])
+    named = []
+    for index, layers in enumerate(stages):
+        parts = [f"layers {layers[0]}-{layers[-1]}"]
+        if index == 0:
+            parts.insert(0, "the embedding")
+        if index == len(stages) - 1:
+            parts.append("the norm and output")
+        named.append(f"stage {index} {' + '.join(parts)} on pp rank {index % shape.pp}")
+    return (
+        f"{len(stages)} stages ({shape.schedule}), {shape.microbatches} micro-batches a step, "
+        f"{shape.in_flight:g} in flight on the busiest: " + "; ".join(named)
+    )
+
+
+def check_pipeline(shape: Shape) -> None:
+    """The trainer's rules for a pipeline (trainers/llama3.py, check_pipeline): the layers split
+    into its stages, at least a micro-batch a stage, and for interleaved 1F1B a multiple of pp."""
+    if shape.pp == 1:
+        return
+    stages = shape.pp * PIPELINE_SCHEDULES[shape.schedule]
+    if shape.model.n_layers % stages:
+        raise InvalidValue(
+            "pp",
+            shape.pp,
+            f"a divisor of the model's {shape.model.n_layers} layers into {stages} stages of as "
+            f"many each ({shape.schedule}: {PIPELINE_SCHEDULES[shape.schedule]} a rank)",
+        )
+    if shape.microbatches < shape.pp:
+        raise InvalidValue(
+            "global_batch",
+            shape.microbatches * shape.batch * shape.dp,
+            f"at least pp {shape.pp} micro-batches of batch_size {shape.batch} on each of "
+            f"{shape.dp} data-parallel ranks: {shape.pp * shape.batch * shape.dp} or more",
+        )
+    if "interleaved" in shape.schedule and shape.microbatches % shape.pp:
+        raise InvalidValue(
+            "global_batch",
+            shape.microbatches * shape.batch * shape.dp,
+            f"micro-batches a multiple of pp {shape.pp} (interleaved_1f1b): a multiple of "
+            f"{shape.pp * shape.batch * shape.dp}",
         )
 
 

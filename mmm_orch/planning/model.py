@@ -337,6 +337,7 @@ class MemoryPlan:
 
     parts: dict[str, float] = field(hash=False)
     device_gib: float | None
+    pipeline: str = ""  # how a pipeline splits the model (pp > 1), for the script's reader
 
     @property
     def total(self) -> float:

@@ -19,13 +19,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
 from mmm_orch.injob.runfiles import RunFileError
 from mmm_orch.runtime import stop
 from mmm_orch.runtime.dist import refuse
+
+# The optimizer's state and settings keyed by parameter name ("state.layers.0.wq.weight.exp_avg",
+# "param_groups.layers.0.wq.weight.lr"), not as lists of the rank's own parameters: a rank of a
+# pipeline holds some layers, and a run saved on one layout loads on another.
+BY_NAME = StateDictOptions(flatten_optimizer_state_dict=True)
+# Checkpoints written before (mmm-orch up to 0.1.0 of 2026-11-26) hold the lists.
+AS_LISTS = StateDictOptions()
 
 
 class Checkpointer:
@@ -76,7 +87,7 @@ class Checkpointer:
         if self.is_main:
             shutil.rmtree(staging, ignore_errors=True)
         dist.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=BY_NAME)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         background = self.writers is not None and not wait
         future = _async_save(state, staging, self.writers) if background else None
@@ -220,11 +231,17 @@ class Checkpointer:
         train = runfiles.read_small(path / "train.json", 1 << 20)
         if train is None:
             raise RunFileError(f"{path} has no train.json: not a complete checkpoint")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        options = AS_LISTS if "optim.param_groups.0.params" in saved else BY_NAME
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
         )
         rng = path / f"rng-{dist.get_rank()}.pt"
         if rng.exists():  # a run resumed on another number of ranks starts its draws afresh

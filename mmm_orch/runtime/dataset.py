@@ -308,26 +308,34 @@ class SampleLog:
     <run>/samples/dp-<rank>.jsonl (appended across resumes): to check, by sample, that a run
     sees every window once per epoch however often it stopped and on how many ranks."""
 
-    def __init__(self, run_dir: Path, dp_rank: int, resumed_from: int = 0):
+    def __init__(self, run_dir: Path, dp_rank: int, resumed_from: int = 0, dp: int = 1):
         directory = run_dir / "samples"
         directory.mkdir(exist_ok=True)
         path = directory / f"dp-{dp_rank}.jsonl"
-        if resumed_from and path.exists():  # steps after the checkpoint run again: once each
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if json.loads(line)["step"] <= resumed_from
-            ]
-            path.write_text("".join(line + "\n" for line in kept))
+        if resumed_from:  # steps after the checkpoint run again: once each
+            _trim(path, resumed_from)
+            if dp_rank == 0:  # and the logs of ranks a run on more of them had
+                for stale in directory.glob("dp-*.jsonl"):
+                    rank = stale.stem.removeprefix("dp-")
+                    if rank.isdigit() and int(rank) >= dp:
+                        _trim(stale, resumed_from)
         self.file = open(path, "a")  # noqa: SIM115 - appended to for the whole run
 
     @classmethod
     def where(cls, wanted: bool, run_dir: Path, batches, resumed_from: int) -> SampleLog | None:
         """A log for this data-parallel rank when `wanted` (one rank of each TP group)."""
-        return cls(run_dir, batches.dp_rank, resumed_from) if wanted else None
+        return cls(run_dir, batches.dp_rank, resumed_from, batches.dp) if wanted else None
 
     def add(self, step: int, indices: torch.Tensor, data) -> None:
         windows = data.window_ids(indices) if hasattr(data, "window_ids") else indices
         line = {"step": step, "samples": indices.tolist(), "windows": windows.tolist()}
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
+
+
+def _trim(path: Path, step: int) -> None:
+    """A sample log without its lines after `step`."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -105,15 +105,20 @@ def draw_seed(seed: int, rank: int) -> int:
     return seed * 1_000_003 + rank + 1
 
 
-def mesh(rt: Runtime, tp: int = 1) -> DeviceMesh:
-    """The (dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them."""
-    if rt.world_size % tp:
+def mesh(rt: Runtime, tp: int = 1, pp: int = 1) -> DeviceMesh:
+    """The (pp, dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them,
+    and the pipeline's stages outermost (across nodes: one activation a micro-batch crosses)."""
+    if rt.world_size % (tp * pp):
         refuse(
             rt.is_main,
             "runtime",
-            f"--tp {tp}: expected a divisor of the world size {rt.world_size}",
+            f"--tp {tp} x --pp {pp}: expected a divisor of the world size {rt.world_size}",
         )
-    return init_device_mesh(rt.device.type, (rt.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(
+        rt.device.type,
+        (pp, rt.world_size // (tp * pp), tp),
+        mesh_dim_names=("pp", "dp", "tp"),
+    )
 
 
 def mean_across(value: torch.Tensor, group=None) -> float:

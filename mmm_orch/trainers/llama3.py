@@ -25,7 +25,13 @@ if (
 
 import torch
 
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, run_model
+from mmm_orch.model_shapes import (
+    DEFAULT_LOSS_CHUNK,
+    PIPELINE_SCHEDULES,
+    LlamaArgs,
+    run_model,
+    stage_layers,
+)
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
@@ -45,11 +51,16 @@ from mmm_orch.runtime.loop import (
 )
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.runtime.profiling import region
-from mmm_orch.trainers import parallelize
+from mmm_orch.trainers import parallelize, pipeline
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
 from mmm_orch.trainers.training import Training
-from mmm_orch.trainers.validation import SYNTHETIC_HELD_OUT, Offset, validation_loss
+from mmm_orch.trainers.validation import (
+    SYNTHETIC_HELD_OUT,
+    Offset,
+    pipeline_validation_loss,
+    validation_loss,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,12 @@ class Config(RunOptions):
         "debug", "the model: a preset's shapes (3.1-*: Llama 3.1's, RoPE scaled to 128K)"
     )
     tp: int = option(1, ge=1)
+    pp: int = option(
+        1, "pipeline stages: the layers split into pp stages (x2 with interleaved_1f1b)", ge=1
+    )
+    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = option(
+        "1f1b", "the pipeline's schedule (a step's micro-batches: --global-batch)"
+    )
     steps: int = option(1000, ge=1)
     warmup_steps: int = option(200, ge=0)
     batch_size: int | None = option(None, "per data-parallel rank", ge=1)
@@ -121,41 +138,52 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
 
 
 def build_model(
-    cfg: Config, args, seq_len: int, ac, rt, dp_mesh, tp_mesh
-) -> tuple[Transformer, tuple[int, int]]:
-    """The model on the meta device, parallelized (TP, then compile, activation checkpointing,
-    FSDP), then materialized and initialized on this rank's device; and its parameter counts
-    (all, embedding), taken before sharding."""
+    cfg: Config, args, seq_len: int, ac, rt, world
+) -> tuple[Transformer, list[Transformer], tuple[int, int]]:
+    """The model on the meta device, parallelized (TP, then this rank's pipeline stages,
+    compile, activation checkpointing, FSDP), then materialized and initialized on this rank's
+    device; the stages (the model itself without a pipeline); and the parameter counts (all,
+    embedding), taken before sharding."""
     with torch.device("meta"):
         model = Transformer(args, seq_len)
     counts = model.count_params()
-    parallelize.tensor_parallel_llama(model, tp_mesh)
+    parallelize.tensor_parallel_llama(model, world["tp"])
+    if cfg.pp > 1:
+        model = pipeline.part(model, world["pp"], cfg.pp_schedule)
     if cfg.compile:  # inside the checkpoint wrapper: compiling around it fails with TP (see tests)
         parallelize.compile_blocks(model.layers)
     parallelize.activation_checkpointing(model.layers, ac)
-    parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    stages = pipeline.stages(model, world["pp"], cfg.pp_schedule) if cfg.pp > 1 else [model]
+    for stage in stages:
+        parallelize.fsdp(stage, stage.layers.values(), world["dp"], param_dtype(rt, cfg.dtype))
     model.to_empty(device=rt.device.torch)
     model.init_weights(cfg.seed)
-    return model, counts
+    return model, stages, counts
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     args, batch_size, seq_len, lr, ac = resolve(cfg)
     rt = runtime_dist.setup()
-    world = mesh(rt, cfg.tp)
+    world = mesh(rt, cfg.tp, cfg.pp)
     dp_mesh, tp_mesh = world["dp"], world["tp"]
     try:
         batches = GlobalBatch.of(
             cfg.global_batch, batch_size, dp_mesh.size(), dp_mesh.get_local_rank()
         )
+        check_pipeline(cfg, args, batches)
         train, val = open_data(cfg, args.vocab_size, seq_len)
         reader = None if cfg.resume else pretrained(cfg, args)  # a resume may not need it
     except ValueError as exc:  # every rank finds the same: the main one says it, all stop
         refuse(rt.is_main, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
-    model, (params, embedding_params) = build_model(cfg, args, seq_len, ac, rt, dp_mesh, tp_mesh)
+    model, stages, (params, embedding_params) = build_model(cfg, args, seq_len, ac, rt, world)
+    staged = (
+        pipeline.build(stages, world["pp"], cfg.pp_schedule, batches.accumulation, rt.device.torch)
+        if cfg.pp > 1
+        else None
+    )
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
@@ -168,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(
-        cfg.log_sample_ids and tp_mesh.get_local_rank() == 0, out, batches, step
+        cfg.log_sample_ids and tp_mesh.get_local_rank() == 0 and world["pp"].get_local_rank() == 0,
+        out,
+        batches,
+        step,
     )
     rate = TokenRate(
         transformer_flops_per_token(
@@ -187,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal consumed
         loss = train_step(
             model,
+            staged,
             train,
             batches,
             consumed,
@@ -198,15 +230,15 @@ def main(argv: list[str] | None = None) -> int:
             cfg.loss_chunk,
         )
         with region("optimizer"):
-            consumed, grad_norm = (
-                consumed + batches.size,
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf),
-            )
+            consumed += batches.size
+            grad_norm = clip_gradients(model, cfg.max_grad_norm, world["pp"] if staged else None)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         times = timer.stop()
-        validated = validate(cfg, step, model, val, batch_size, dp_mesh, tp_mesh.size(), device)
+        validated = validate(
+            cfg, step, model, staged, val, batches, dp_mesh, tp_mesh.size(), device
+        )
         return {
             "loss": mean_across(loss, dp_mesh.get_group()),
             "grad_norm": _full(grad_norm),
@@ -254,21 +286,62 @@ def pretrained(cfg: Config, args: LlamaArgs) -> Reader | None:
     return open_reader(source, args)
 
 
+def clip_gradients(model: torch.nn.Module, max_norm: float, pp_mesh) -> torch.Tensor:
+    """Clip to `max_norm` (0: no clip) the norm of all the model's gradients: with a pipeline,
+    every stage's together; the norm."""
+    if pp_mesh is None:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf)
+    return pipeline.clip_grad_norm(list(model.parameters()), max_norm, pp_mesh)
+
+
+def check_pipeline(cfg: Config, args: LlamaArgs, batches: GlobalBatch) -> None:
+    """ValueError for a pipeline the run cannot make: layers that do not split into its
+    stages, fewer micro-batches than stages."""
+    if cfg.pp == 1:
+        return
+    stages = cfg.pp * PIPELINE_SCHEDULES[cfg.pp_schedule]
+    stage_layers(args.n_layers, stages)
+    if batches.accumulation < cfg.pp:
+        raise ValueError(
+            f"--pp {cfg.pp}: a step has {batches.accumulation} micro-batch(es) of "
+            f"{batches.batch_size} on each of {batches.dp} data-parallel ranks, fewer than the "
+            f"stages; raise --global-batch to at least {cfg.pp * batches.batch_size * batches.dp}"
+        )
+    if cfg.pp_schedule == "interleaved_1f1b" and batches.accumulation % cfg.pp:
+        raise ValueError(
+            f"--pp-schedule interleaved_1f1b: the {batches.accumulation} micro-batches of a step "
+            f"must be a multiple of --pp {cfg.pp}"
+        )
+
+
 def validate(
-    cfg: Config, step: int, model, val, batch_size: int, dp_mesh, tp: int, device: torch.device
+    cfg: Config,
+    step: int,
+    model,
+    staged: pipeline.Pipeline | None,
+    val,
+    batches: GlobalBatch,
+    dp_mesh,
+    tp: int,
+    device: torch.device,
 ) -> dict[str, float]:
     """{"val_loss": ...} at the steps --eval-every names and at the last; {} at the others."""
     if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
         return {}
-    return {
-        "val_loss": validation_loss(
-            model, val, cfg.eval_samples, batch_size, dp_mesh, tp, cfg.loss_chunk, device
+    if staged is not None:
+        found = pipeline_validation_loss(
+            staged, val, cfg.eval_samples, batches, dp_mesh, tp, device
         )
-    }
+    else:
+        found = validation_loss(
+            model, val, cfg.eval_samples, batches.batch_size, dp_mesh, tp, cfg.loss_chunk, device
+        )
+    return {"val_loss": found}
 
 
 def train_step(
     model,
+    staged: pipeline.Pipeline | None,
     data,
     batches: GlobalBatch,
     consumed: int,
@@ -280,17 +353,24 @@ def train_step(
     loss_chunk: int,
 ) -> torch.Tensor:
     """Forward and backward over the step's micro-batches; this rank's mean loss over its
-    tokens. The timer's forward mark is at the last micro-batch's loss."""
+    tokens. The timer's forward mark is at the last micro-batch's loss. Through a pipeline, the
+    same samples (micro-batch m is batches.micro(consumed, m)) and the mean loss over the
+    step's tokens on every stage; the forward mark at the schedule's end."""
     timer.start()
+    if staged is not None:
+        each = [batches.micro(consumed, m) for m in range(batches.accumulation)]
+        inputs, labels = read_batch(data, torch.cat(each))
+        with loss_context(tp), region("forward"):  # forwards and backwards interleave in it
+            piped = staged.step(inputs.to(device), labels.to(device))
+        timer.forward_done()
+        if samples is not None:
+            for indices in each:
+                samples.add(step, indices, data)
+        return staged.on_every_stage(piped)
     total = torch.zeros((), device=device)
     for micro in range(batches.accumulation):
         indices = batches.micro(consumed, micro)
-        try:
-            with region("data"):
-                inputs, labels = data.batch(indices)
-        except DatasetError as exc:  # found by the ranks that read it: the launcher ends the rest
-            print(f"[llama3] error: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+        inputs, labels = read_batch(data, indices)
         with loss_context(tp):
             # Every sample has seq_len labels, so the micro-batches' mean losses over their
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
@@ -309,6 +389,17 @@ def train_step(
         if samples is not None:
             samples.add(step, indices, data)
     return total
+
+
+def read_batch(data, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples `indices` name (inputs, labels); a damaged dataset ends the rank with exit
+    2 (found by the ranks that read it: the launcher ends the rest)."""
+    try:
+        with region("data"):
+            return data.batch(indices)
+    except DatasetError as exc:
+        print(f"[llama3] error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def open_data(cfg: Config, vocab_size: int, seq_len: int):

@@ -7,8 +7,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from mmm_orch.runtime.data import micro_batch_indices
+from mmm_orch.runtime.data import GlobalBatch, micro_batch_indices
 from mmm_orch.trainers.loss import loss_context, token_losses
+from mmm_orch.trainers.pipeline import IGNORED, Pipeline
 
 SYNTHETIC_HELD_OUT = 10**12  # synthetic samples from this global index on are never trained on
 
@@ -54,4 +55,39 @@ def validation_loss(
         totals[1] += kept.sum() * labels.shape[1]
     dist.all_reduce(totals, group=dp_mesh.get_group())
     model.train()
+    return (totals[0] / totals[1]).item()
+
+
+@torch.no_grad()
+def pipeline_validation_loss(
+    staged: Pipeline,
+    data,
+    samples: int,
+    batches: GlobalBatch,
+    dp_mesh,
+    tp: int,
+    device: torch.device,
+) -> float:
+    """validation_loss through a pipeline: the same held-out samples in the same micro-batches
+    (a step's worth at a time, the schedule's count), a slot past the last sample labelled
+    IGNORED; the mean over their tokens, on every rank."""
+    samples = min(samples, getattr(data, "windows", samples))
+    micro, per_forward = batches.accumulation, batches.batch_size * batches.dp
+    totals = torch.zeros(2, device=device)  # loss summed over tokens, tokens
+    staged.train(False)
+    for first in range(0, math.ceil(samples / per_forward), micro):
+        indices = torch.cat([batches.micro(0, first + m) for m in range(micro)])
+        kept = indices < samples
+        inputs, labels = data.batch(torch.where(kept, indices, 0))
+        labels = torch.where(kept.unsqueeze(1), labels, IGNORED)
+        with loss_context(tp):
+            losses = staged.evaluate(inputs.to(device), labels.to(device))
+        counted = kept.view(micro, -1).sum(1) * labels.shape[1]
+        for loss, tokens in zip(losses, counted.tolist(), strict=False):  # [] before the last
+            if tokens:  # a micro-batch of slots only has no loss (0 / 0)
+                totals[0] += loss * tokens
+                totals[1] += tokens
+    staged.train(True)
+    dist.all_reduce(totals, group=dp_mesh.get_group())
+    totals = staged.on_every_stage(totals)  # the last stage's ranks hold them
     return (totals[0] / totals[1]).item()

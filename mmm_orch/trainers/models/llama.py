@@ -117,6 +117,14 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    """The whole model, or a part of it (`part`: some of its blocks, the embedding only where the
+    part starts the model, the final norm and output only where it ends it), its parameters
+    named as in the whole model, so that a checkpoint of the parts is one of the model."""
+
+    tok_embeddings: nn.Embedding | None
+    norm: nn.RMSNorm | None
+    output: nn.Linear | None
+
     def __init__(self, args: LlamaArgs, seq_len: int | None = None):
         """`seq_len`: the longest sequence the run feeds it (the RoPE table's length; the
         context, args.max_seq_len, if not given)."""
@@ -131,6 +139,18 @@ class Transformer(nn.Module):
         # cosines, with a warning); it follows the model's device in forward instead.
         self.freqs = self.rope_table(torch.get_default_device())
 
+    def part(self, layers: list[int], first: bool, last: bool) -> Transformer:
+        """A part sharing this model's modules: blocks `layers`, the embedding if `first`, the
+        final norm and output if `last` (a pipeline stage, or all of a rank's stages)."""
+        part = Transformer.__new__(Transformer)
+        nn.Module.__init__(part)
+        part.args, part.rope_len, part.freqs = self.args, self.rope_len, self.freqs
+        part.tok_embeddings = self.tok_embeddings if first else None
+        part.layers = nn.ModuleDict({str(i): self.layers[str(i)] for i in layers})
+        part.norm = self.norm if last else None
+        part.output = self.output if last else None
+        return part
+
     def rope_table(self, device: torch.device) -> torch.Tensor:
         args = self.args
         with torch.device(device):
@@ -142,7 +162,7 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int = 0) -> None:
         """Every parameter drawn whole from its own generator (models/init.py): the same weights
         on any mesh."""
-        self.freqs = self.rope_table(self.tok_embeddings.weight.device)
+        self.freqs = self.rope_table(next(self.parameters()).device)
 
         def normal(std: float, bound: float | None = None):
             if bound is None:
@@ -152,12 +172,13 @@ class Transformer(nn.Module):
         def ones(t: torch.Tensor, _: torch.Generator) -> None:
             nn.init.ones_(t)
 
-        draw_whole(
-            self.tok_embeddings.weight,
-            seed,
-            "tok_embeddings.weight",
-            lambda t, g: nn.init.normal_(t, std=1.0, generator=g),
-        )
+        if self.tok_embeddings is not None:
+            draw_whole(
+                self.tok_embeddings.weight,
+                seed,
+                "tok_embeddings.weight",
+                lambda t, g: nn.init.normal_(t, std=1.0, generator=g),
+            )
         for index, layer in self.layers.items():
             block = cast(Block, layer)  # or a wrapper (checkpoint, compile): its attributes pass
             prefix = f"layers.{index}."
@@ -179,26 +200,33 @@ class Transformer(nn.Module):
                     f"{prefix}{name}.weight",
                     normal(std),
                 )
-        draw_whole(self.norm.weight, seed, "norm.weight", ones)
-        draw_whole(
-            self.output.weight,
-            seed,
-            "output.weight",
-            normal(self.args.dim**-0.5, 3 / self.args.dim**0.5),
-        )
+        if self.norm is not None:
+            draw_whole(self.norm.weight, seed, "norm.weight", ones)
+        if self.output is not None:
+            draw_whole(
+                self.output.weight,
+                seed,
+                "output.weight",
+                normal(self.args.dim**-0.5, 3 / self.args.dim**0.5),
+            )
 
     def forward(self, tokens: torch.Tensor, hidden_only: bool = False) -> torch.Tensor:
         """The logits; with `hidden_only`, the final norm's output, which trainers/loss.py turns
-        into logits a chunk of the sequence at a time (through FSDP's forward all the same)."""
-        h = self.tok_embeddings(tokens)
+        into logits a chunk of the sequence at a time (through FSDP's forward all the same). A
+        part takes what the part before it gave (hidden states, where it has no embedding) and
+        gives its last block's output where it ends before the norm."""
+        h = tokens if self.tok_embeddings is None else self.tok_embeddings(tokens)
         if self.freqs.device != h.device:  # built on the meta device, or the model moved
             self.freqs = self.rope_table(h.device)
         for block in self.layers.values():
             h = block(h, self.freqs)
+        if self.norm is None or self.output is None:
+            return h
         h = self.norm(h)
         return h if hidden_only else self.output(h)
 
     def count_params(self) -> tuple[int, int]:
         """(all parameters, embedding parameters), counted on the full (unsharded) shapes."""
+        assert self.tok_embeddings is not None, "the whole model's count, not a part's"
         total = sum(p.numel() for p in self.parameters())
         return total, self.tok_embeddings.weight.numel()

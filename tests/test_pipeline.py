@@ -1,0 +1,151 @@
+"""Pipeline parallel in the Llama trainer (`--set pp=P`, `pp_schedule`): on CPU (gloo), 4 ranks,
+fp32, one seed and global batch, dp4, dp2 x pp2, tp2 x pp2, pp4 interleaved and GPipe give the
+same loss at every step and the same validation loss; a run saved at pp=2 resumes at pp=1 and at pp=4 with every sample once;
+the plan refuses a pipeline the trainer could not make and sizes the busiest stage; live, pp
+across the two nodes of the Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_trainers import launch, steps
+
+TINY = ["--tiny", "--n-layers", "8", "--dtype", "fp32", "--global-batch", "8", "--batch-size", "1",
+        "--seq-len", "32", "--log-sample-ids"]
+
+LAYOUTS = {
+    "dp4": [],
+    "dp2 x pp2": ["--pp", "2"],
+    "tp2 x pp2": ["--tp", "2", "--pp", "2"],
+    "pp4 interleaved": ["--pp", "4", "--pp-schedule", "interleaved_1f1b"],
+    "dp2 x pp2 gpipe": ["--pp", "2", "--pp-schedule", "gpipe"],
+}
+
+
+def losses(out: Path, key: str = "loss") -> dict[int, float]:
+    return {r["step"]: r[key] for r in steps(out) if key in r}
+
+
+def trained(out: Path) -> list[int]:
+    """Every sample the run's data-parallel ranks logged, over all its steps."""
+    return sorted(sample for path in (out / "run" / "samples").glob("dp-*.jsonl")
+                  for line in path.read_text().splitlines()
+                  for sample in json.loads(line)["samples"])
+
+
+@pytest.mark.slow
+def test_every_layout_gives_the_same_loss_at_every_step(tmp_path):
+    found = {}
+    for name, layout in LAYOUTS.items():
+        out = tmp_path / name.replace(" ", "")
+        # 13 held-out samples: the last micro-batches of a validation are partly slots
+        proc = launch("llama3", [*TINY, "--steps", "10", "--eval-every", "5", "--eval-samples",
+                                 "13", *layout], 4, "torchrun", out)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        found[name] = {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
+        assert trained(out) == list(range(80)), name  # 10 steps x 8 samples, each once
+    reference = found.pop("dp4")
+    assert sorted(reference) == [-10, -5, *range(1, 11)]  # val_loss at steps 5 and 10
+    for name, curve in found.items():
+        for step, loss in reference.items():
+            assert curve[step] == pytest.approx(loss, rel=1e-4), (name, step)
+
+
+@pytest.mark.slow
+def test_a_run_saved_at_pp2_resumes_at_pp1_and_at_pp4(tmp_path):
+    saved = tmp_path / "saved"
+    args = [*TINY, "--steps", "8", "--checkpoint-every", "4"]
+    first = launch("llama3", [*args, "--pp", "2"], 4, "torchrun", saved)
+    assert first.returncode == 0, first.stderr[-3000:]
+    reference = losses(saved)
+    for name, layout in (("pp1", []), ("pp4", ["--pp", "4", "--pp-schedule", "interleaved_1f1b"])):
+        out = tmp_path / name
+        shutil.copytree(saved, out)
+        (out / "run" / "checkpoints" / "latest").write_text("step-4")
+        resumed = launch("llama3", [*args, *layout, "--resume"], 4, "torchrun", out)
+        assert resumed.returncode == 0, (name, resumed.stderr[-3000:])
+        assert "[resume] step=4" in resumed.stdout
+        after = losses(out)
+        for step in range(5, 9):
+            assert after[step] == pytest.approx(reference[step], rel=1e-5), (name, step)
+        assert trained(out) == list(range(64)), name  # every sample once across the layouts
+
+
+def test_the_layers_split_into_stages_of_as_many_each():
+    from mmm_orch.model_shapes import stage_layers
+
+    assert stage_layers(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert stage_layers(80, 1) == [list(range(80))]
+    with pytest.raises(ValueError, match="8 layers do not split into 3 pipeline stages"):
+        stage_layers(8, 3)
+
+
+@pytest.mark.parametrize("sets,said", [
+    (["tiny=true", "pp=4", "global_batch=16"], "pp 4 is invalid: a divisor of the model's 2 layers"),
+    (["tiny=true", "pp=3"], "pp 3 is invalid: tp x pp = 3 must divide the 4 ranks"),
+    (["tiny=true", "pp=2", "tp=2", "n_layers=4"], "at least pp 2 micro-batches"),
+    (["pp=2", "pp_schedule=zero_bubble"], "option pp_schedule='zero_bubble' is invalid"),
+    (["tiny=true", "n_layers=8", "pp=2", "pp_schedule=interleaved_1f1b", "global_batch=24",
+      "batch_size=4"], "a multiple of pp 2 (interleaved_1f1b)"),
+])
+def test_a_pipeline_the_trainer_cannot_make_is_refused_before_the_queue(cli, isolated, sets, said):
+    args = [item for s in sets for item in ("--set", s)]
+    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args)
+    assert result.code == 2 and said in result.err, result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert not (isolated.parent / "state" / "mmm-orch").exists()
+
+
+def memory_line(cli, *args: str) -> str:
+    result = cli("render", "polaris", "llama3_70b", "-A", "P1", *args)
+    assert result.code == 0, result.err
+    return next(line for line in result.out.splitlines() if line.startswith("# Memory per device"))
+
+
+def test_the_memory_plan_sizes_the_busiest_stage(cli, isolated):
+    """70B on Polaris: a pipeline keeps the states per device (FSDP shards them over every rank
+    either way), holds the embedding or the output rather than both, and GPipe's step of
+    micro-batches in flight costs what 1F1B's pp do not."""
+    plain = memory_line(cli, "-N", "16")
+    assert "26.9 GiB of 40" in plain and "activations 2.5" in plain, plain
+    piped = memory_line(cli, "-N", "16", "--set", "pp=4", "--set", "global_batch=64")
+    assert "gathered 2.9" in piped and "activations 2.5" in piped, piped
+    gpipe = memory_line(cli, "-N", "16", "--set", "pp=4", "--set", "global_batch=64",
+                        "--set", "pp_schedule=gpipe")
+    assert "activations 10.0" in gpipe, gpipe
+    refused = cli("render", "polaris", "llama3_70b", "-A", "P1", "-N", "4", "--set", "pp=2",
+                  "--set", "global_batch=8")
+    assert refused.code == 2 and "it fits with -N 16" in refused.err, refused.err
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster, leftovers_cancelled,
+                                                   tmp_path):
+    """pp outermost: stage 0 on the first node's two ranks, stage 1 on the second's; the loss
+    is the one a dp run of the same global batch gives here."""
+    from conftest import wait_state
+
+    sets = ["tiny=true", "n_layers=4", "dtype=fp32", "global_batch=8", "batch_size=2",
+            "seq_len=32", "steps=4"]
+    args = [item for s in [*sets, "pp=2"] for item in ("--set", s)]
+    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args, "--json")
+    assert result.code == 0, result.err
+    job = json.loads(result.out)
+    assert wait_state(cli, job["id"], timeout=600)["state"] == "completed", \
+        cli("logs", str(job["id"])).out[-3000:]
+    across = {r["step"]: r["loss"] for r in map(json.loads, (Path(job["run_dir"]) / "metrics.jsonl")
+              .read_text().splitlines()) if r["event"] == "step"}
+    local = tmp_path / "local"
+    argv = ["--tiny", "--n-layers", "4", "--dtype", "fp32", "--global-batch", "8",
+            "--batch-size", "2", "--seq-len", "32", "--steps", "4"]
+    proc = launch("llama3", argv, 4, "torchrun", local)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = losses(local)
+    assert sorted(across) == [1, 2, 3, 4]
+    for step, loss in reference.items():
+        assert across[step] == pytest.approx(loss, rel=1e-4), step
