@@ -174,9 +174,12 @@ def export(run_dir: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
                            str(out), *more], capture_output=True, text=True, timeout=300)
 
 
-LAYOUTS = {"1 rank": (1, []), "2 ranks FSDP": (2, []), "2 ranks TP=2": (2, ["--tp", "2"])}
+# A pipeline of 2 stages needs 2 micro-batches a step: the tiny preset's batch of 4, twice (the
+# samples of a 2-rank dp step, so first_batch(config, 2) is its batch too).
+LAYOUTS = {"1 rank": (1, []), "2 ranks FSDP": (2, []), "2 ranks TP=2": (2, ["--tp", "2"]),
+           "2 ranks PP=2": (2, ["--pp", "2", "--global-batch", "8"])}
 STARTS = [(source, config, layout) for config in ("8b", "3.1-8b") for layout in LAYOUTS
-          for source in ("hf", "meta")]
+          for source in ("hf", "meta") if layout != "2 ranks PP=2"] + [("hf", "8b", "2 ranks PP=2")]
 
 
 @pytest.mark.slow
