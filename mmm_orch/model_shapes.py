@@ -86,6 +86,40 @@ def stage_layers(n_layers: int, stages: int) -> list[list[int]]:
     return [list(range(s * per, (s + 1) * per)) for s in range(stages)]
 
 
+def pipeline_fault(
+    n_layers: int, pp: int, schedule: str, microbatches: int, batch: int, dp: int
+) -> tuple[str, int, str] | None:
+    """What makes a pipeline impossible, as (option, value, what it may be), or None: layers
+    that do not split into its stages, fewer micro-batches a step (of `batch` samples on each of
+    `dp` ranks) than stages, or for a looped schedule micro-batches not a multiple of pp. The
+    trainer's rule (trainers/llama3.py), which the plan checks before the queue."""
+    if pp == 1:
+        return None
+    virtual = PIPELINE_SCHEDULES[schedule]
+    if n_layers % (pp * virtual):
+        return (
+            "pp",
+            pp,
+            f"a divisor of the model's {n_layers} layers into {pp * virtual} stages of as many "
+            f"each ({schedule}: {virtual} a rank)",
+        )
+    per_forward = batch * dp
+    if microbatches < pp:
+        return (
+            "global_batch",
+            microbatches * per_forward,
+            f"at least pp {pp} micro-batches of batch_size {batch} on each of {dp} "
+            f"data-parallel ranks: {pp * per_forward} or more",
+        )
+    if virtual > 1 and microbatches % pp:
+        return (
+            "global_batch",
+            microbatches * per_forward,
+            f"micro-batches a multiple of pp {pp} ({schedule}): a multiple of {pp * per_forward}",
+        )
+    return None
+
+
 DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
 
 

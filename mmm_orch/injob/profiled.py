@@ -41,14 +41,12 @@ def command(program: list[str], env: Mapping[str, str]) -> list[str]:
     output.parent.mkdir(parents=True, exist_ok=True)
     if any(protocol.PROFILER_OUTPUT_DIR in word for word in words):
         output.mkdir(exist_ok=True)
-    filled = {protocol.PROFILER_OUTPUT: str(output), protocol.PROFILER_OUTPUT_DIR: str(output)}
-    return [_filled(word, filled) for word in words] + program
-
-
-def _filled(word: str, values: dict[str, str]) -> str:
-    for placeholder, value in values.items():
-        word = word.replace(placeholder, value)
-    return word
+    return [
+        word.replace(protocol.PROFILER_OUTPUT_DIR, str(output)).replace(
+            protocol.PROFILER_OUTPUT, str(output)
+        )
+        for word in words
+    ] + program
 
 
 def main(argv: list[str]) -> int:

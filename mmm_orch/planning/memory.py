@@ -42,6 +42,7 @@ from mmm_orch.model_shapes import (
     LlamaArgs,
     Preset,
     micro_batches,
+    pipeline_fault,
     run_model,
     stage_layers,
 )
@@ -295,32 +296,12 @@ def split(shape: Shape) -> str:
 
 
 def check_pipeline(shape: Shape) -> None:
-    """The trainer's rules for a pipeline (trainers/llama3.py, check_pipeline): the layers split
-    into its stages, at least a micro-batch a stage, and for interleaved 1F1B a multiple of pp."""
-    if shape.pp == 1:
-        return
-    stages = shape.pp * PIPELINE_SCHEDULES[shape.schedule]
-    if shape.model.n_layers % stages:
-        raise InvalidValue(
-            "pp",
-            shape.pp,
-            f"a divisor of the model's {shape.model.n_layers} layers into {stages} stages of as "
-            f"many each ({shape.schedule}: {PIPELINE_SCHEDULES[shape.schedule]} a rank)",
-        )
-    if shape.microbatches < shape.pp:
-        raise InvalidValue(
-            "global_batch",
-            shape.microbatches * shape.batch * shape.dp,
-            f"at least pp {shape.pp} micro-batches of batch_size {shape.batch} on each of "
-            f"{shape.dp} data-parallel ranks: {shape.pp * shape.batch * shape.dp} or more",
-        )
-    if "interleaved" in shape.schedule and shape.microbatches % shape.pp:
-        raise InvalidValue(
-            "global_batch",
-            shape.microbatches * shape.batch * shape.dp,
-            f"micro-batches a multiple of pp {shape.pp} (interleaved_1f1b): a multiple of "
-            f"{shape.pp * shape.batch * shape.dp}",
-        )
+    """The trainer's rules for a pipeline (model_shapes.pipeline_fault), before the queue."""
+    fault = pipeline_fault(
+        shape.model.n_layers, shape.pp, shape.schedule, shape.microbatches, shape.batch, shape.dp
+    )
+    if fault is not None:
+        raise InvalidValue(*fault)
 
 
 def _or(value, default):

@@ -6,7 +6,7 @@ parts of a step (data, forward, backward, optimizer) that every trainer marks th
 record_function ranges in torch.profiler's trace, NVTX ranges on CUDA and ROCm (Nsight Systems
 and rocprof see them; torch sends NVTX to roctx on ROCm), ITT ranges on XPU (unitrace, VTune).
 
-Off, the default, costs one test per range and per step: torch.profiler is never imported."""
+Off, the default, costs one test per range and per step: no profiler is started."""
 
 from __future__ import annotations
 
@@ -157,28 +157,23 @@ def _open_tool_window(kind: str) -> Callable[[], None]:
     """Open a facility profiler's collection (protocol.PROFILE_WINDOWS); what closes it."""
     import torch
 
+    opened = contextlib.ExitStack()
     if kind == "cuda-profiler-api":  # nsys --capture-range=cudaProfilerApi
         torch.cuda.profiler.start()
-        return torch.cuda.profiler.stop
-    if kind == "pti-collection":  # unitrace --conditional-collection reads it at each event
-        ops = torch.autograd.profiler.emit_itt(record_shapes=False)  # operators as ITT ranges
-        ops.__enter__()
+        opened.callback(torch.cuda.profiler.stop)
+    elif kind == "pti-collection":  # unitrace --conditional-collection reads it at each event
+        opened.enter_context(torch.autograd.profiler.emit_itt(record_shapes=False))  # operators
         os.environ["PTI_ENABLE_COLLECTION"] = "1"
-
-        def close() -> None:
-            os.environ["PTI_ENABLE_COLLECTION"] = "0"
-            ops.__exit__(None, None, None)
-
-        return close
-    if kind == "roctx":  # rocprofv3 --selected-regions
+        opened.callback(os.environ.__setitem__, "PTI_ENABLE_COLLECTION", "0")
+    elif kind == "roctx":  # rocprofv3 --selected-regions
         import ctypes
 
         roctx = _roctx()
         thread = ctypes.c_uint64()
         roctx.roctxGetThreadId(ctypes.byref(thread))
         roctx.roctxProfilerResume(thread)
-        return lambda: roctx.roctxProfilerPause(thread)
-    return lambda: None  # "none": the profiler collects the whole run
+        opened.callback(roctx.roctxProfilerPause, thread)
+    return opened.close  # "none": nothing to close, the profiler collects the whole run
 
 
 def _roctx() -> Any:

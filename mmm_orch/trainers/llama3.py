@@ -25,13 +25,7 @@ if (
 
 import torch
 
-from mmm_orch.model_shapes import (
-    DEFAULT_LOSS_CHUNK,
-    PIPELINE_SCHEDULES,
-    LlamaArgs,
-    run_model,
-    stage_layers,
-)
+from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, pipeline_fault, run_model
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
@@ -295,23 +289,13 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, pp_mesh) -> torch.Te
 
 
 def check_pipeline(cfg: Config, args: LlamaArgs, batches: GlobalBatch) -> None:
-    """ValueError for a pipeline the run cannot make: layers that do not split into its
-    stages, fewer micro-batches than stages."""
-    if cfg.pp == 1:
-        return
-    stages = cfg.pp * PIPELINE_SCHEDULES[cfg.pp_schedule]
-    stage_layers(args.n_layers, stages)
-    if batches.accumulation < cfg.pp:
-        raise ValueError(
-            f"--pp {cfg.pp}: a step has {batches.accumulation} micro-batch(es) of "
-            f"{batches.batch_size} on each of {batches.dp} data-parallel ranks, fewer than the "
-            f"stages; raise --global-batch to at least {cfg.pp * batches.batch_size * batches.dp}"
-        )
-    if cfg.pp_schedule == "interleaved_1f1b" and batches.accumulation % cfg.pp:
-        raise ValueError(
-            f"--pp-schedule interleaved_1f1b: the {batches.accumulation} micro-batches of a step "
-            f"must be a multiple of --pp {cfg.pp}"
-        )
+    """ValueError for a pipeline the run cannot make (model_shapes.pipeline_fault)."""
+    fault = pipeline_fault(
+        args.n_layers, cfg.pp, cfg.pp_schedule, batches.accumulation, batches.batch_size, batches.dp
+    )
+    if fault is not None:
+        name, value, allowed = fault
+        raise ValueError(f"--{name.replace('_', '-')} {value}: expected {allowed}")
 
 
 def validate(
