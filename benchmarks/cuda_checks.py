@@ -5,7 +5,10 @@
 2. the llama3 trainer's model from the same weights (drawn on the CPU, copied to the GPU),
    fp32, on one batch: the loss (whole and in chunks) and the gradients on CPU and CUDA;
 3. the chunked loss on CUDA in bf16 (FSDP's parameter dtype) against one cross-entropy over the
-   whole vocabulary's logits.
+   whole vocabulary's logits;
+4. `mmm-orch submit ... --profile torch` of the llama3 trainer on this GPU (a machine profile of
+   one GPU extending `local`, NCCL), then `mmm-orch profile JOB`: the kernels and the NCCL
+   collective it names.
 
     python benchmarks/cuda_checks.py      # results: $OUT/cuda_checks.json, else benchmarks/results/
 """
@@ -137,12 +140,53 @@ def chunked_loss_bf16_on_cuda() -> dict:
             "peak_gib_whole": whole[3], "peak_gib_chunked": chunked[3]}
 
 
+ONE_GPU = """\
+extends: local
+name: one-gpu
+description: this machine's one GPU, NCCL (benchmarks/cuda_checks.py)
+node: {cores: 16, gpus: 1, device: DEVICE}
+ranks_per_node: 1
+backend: BACKEND
+"""
+
+
+def profile_through_the_cli(work: Path, device: str = "cuda") -> dict:
+    """The user's path: submit with --profile torch on the local executor, wait, read the
+    profile. `device` cpu (gloo) runs the same steps on a machine without a GPU."""
+    (work / "machines").mkdir(parents=True)
+    backend = "nccl" if device == "cuda" else "gloo"
+    (work / "machines" / "one-gpu.yaml").write_text(
+        ONE_GPU.replace("DEVICE", device).replace("BACKEND", backend))
+    env = {**os.environ, "MMM_ORCH_PATH": str(work), "MMM_ORCH_DB": str(work / "jobs.db"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cli = [sys.executable, "-m", "mmm_orch"]
+    submitted = subprocess.run(
+        [*cli, "submit", "one-gpu", "llama3_debug", "--profile", "torch", "--follow", "--set",
+         "steps=8", "--set", f"tiny={device == 'cpu'}", "--set", f"output_dir={work / 'runs'}"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    result: dict = {"submit_exit": submitted.returncode, "submit_tail": submitted.stdout[-1500:]
+                    + submitted.stderr[-1500:]}
+    shown = subprocess.run([*cli, "profile", "1"], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=120)
+    as_json = subprocess.run([*cli, "profile", "1", "--json"], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=120)
+    result.update(profile_exit=shown.returncode, profile=shown.stdout[-6000:] + shown.stderr[-800:])
+    if as_json.returncode == 0:
+        text = as_json.stdout
+        result["names_nccl"] = "nccl" in text.lower()
+        result["names_kernels"] = any(word in text for word in ("gemm", "nvjet", "cutlass",
+                                                                 "flash", "cudnn", "triton"))
+    return result
+
+
 def main() -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "cuda_checks.json"
     report: dict = {}
     for name, check in (("same_batch_cpu_and_cuda", same_batch_cpu_and_cuda),
                         ("chunked_loss_bf16", chunked_loss_bf16_on_cuda),
-                        ("trainers_learn", lambda: trainers_learn(Path(tempfile.mkdtemp())))):
+                        ("trainers_learn", lambda: trainers_learn(Path(tempfile.mkdtemp()))),
+                        ("profile_through_the_cli",
+                         lambda: profile_through_the_cli(Path(tempfile.mkdtemp()) / "cli"))):
         started = time.monotonic()
         try:
             report[name] = check()

@@ -17,15 +17,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "memory_gpu.json"
-# (activation checkpointing, loss chunk) at 8B's layer shape, 4 layers, one 8192-token sequence.
-CASES = [("none", 1024), ("none", 0), ("every_other", 1024), ("full", 1024), ("full", 0)]
-SHAPE = {"config": "8b", "n_layers": 4, "seq_len": 8192, "batch_size": 1}
+# (preset, activation checkpointing, loss chunk) at 4 layers of the preset's shape, one
+# 8192-token sequence; 3.1-8b is llama3_8b_finetune's (RoPE scaled, the same sizes).
+CASES = [("8b", "none", 1024), ("8b", "none", 0), ("8b", "every_other", 1024),
+         ("8b", "full", 1024), ("8b", "full", 0), ("3.1-8b", "every_other", 1024)]
+SHAPE = {"n_layers": 4, "seq_len": 8192, "batch_size": 1}
 
 ONE = r"""
 import json, sys, torch
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
-from mmm_orch.runtime.loop import StepTimer, mesh
+from mmm_orch.runtime.loop import StepTimer, adamw, mesh
 from mmm_orch.runtime.options import parse
 from mmm_orch.trainers.llama3 import Config, build_model, resolve, train_step
 cfg = parse(Config, sys.argv[1:])
@@ -34,13 +36,13 @@ rt = runtime_dist.setup()
 world = mesh(rt, 1)
 batches = GlobalBatch.of(0, batch_size, 1, 0)
 data = SyntheticTokens(args.vocab_size, seq_len, 1)
-model, _, _ = build_model(cfg, args, seq_len, ac, rt, world)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, world)
+optimizer = adamw(model.parameters(), rt, lr=1e-4)
 timer = StepTimer(rt)
 torch.cuda.reset_peak_memory_stats()
 for step in range(3):
-    train_step(model, None, data, batches, step * batches.size, timer, rt.device.torch, step + 1,
-               None, 1, cfg.loss_chunk)
+    train_step(model, None, precision, data, batches, step * batches.size, timer,
+               rt.device.torch, step + 1, None, 1, cfg.loss_chunk)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
@@ -52,19 +54,21 @@ runtime_dist.teardown()
 
 def measure() -> None:
     rows = []
-    for ac, chunk in CASES:
+    for config, ac, chunk in CASES:
         argv = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
-        argv += ["--ac", ac, "--loss-chunk", str(chunk), "--dtype", "bf16"]
+        argv += ["--config", config, "--ac", ac, "--loss-chunk", str(chunk), "--dtype", "bf16"]
         proc = subprocess.run([sys.executable, "-c", ONE, *argv], capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT), "MMM_DEVICE": "cuda"},
                               cwd=ROOT, timeout=300)
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-3000:])
-        row = {"ac": ac, "loss_chunk": chunk, **json.loads(proc.stdout.strip().splitlines()[-1])}
+        row = {"config": config, "ac": ac, "loss_chunk": chunk}
+        if proc.returncode != 0:  # said, and the other cases still measured
+            row["error"] = proc.stderr[-3000:]
+        else:
+            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(row, flush=True)
         rows.append(row)
-    out = Path(os.environ.get("OUT", RESULTS.parent)) / RESULTS.name
-    out.write_text(json.dumps({"shape": SHAPE, "rows": rows}, indent=2))
+        out = Path(os.environ.get("OUT", RESULTS.parent)) / RESULTS.name
+        out.write_text(json.dumps({"shape": SHAPE, "rows": rows}, indent=2))
 
 
 def table() -> None:
@@ -74,14 +78,15 @@ def table() -> None:
     from mmm_orch.planning.memory import GIB, Shape, estimate
 
     measured = json.loads(RESULTS.read_text())
-    model = dataclasses.replace(PRESETS["8b"].model, n_layers=SHAPE["n_layers"])
     print(f"{measured['rows'][0]['device']}, torch {measured['rows'][0]['torch']}\n")
-    print("| ac | loss chunk | measured peak GiB | estimate GiB | estimate / measured |")
-    print("|---|---|---|---|---|")
-    for row in measured["rows"]:
+    print("| preset | ac | loss chunk | measured peak GiB | estimate GiB | estimate / measured |")
+    print("|---|---|---|---|---|---|")
+    for row in (row for row in measured["rows"] if "peak_bytes" in row):
+        config = row.get("config", "8b")
+        model = dataclasses.replace(PRESETS[config].model, n_layers=SHAPE["n_layers"])
         found = estimate(Shape(model, batch=1, seq=SHAPE["seq_len"], dp=1, tp=1, ac=row["ac"],
                                value_bytes=2, loss_chunk=row["loss_chunk"])).total
-        print(f"| {row['ac']} | {row['loss_chunk'] or 'whole'} | {row['peak_bytes'] / GIB:.1f} "
+        print(f"| {config} | {row['ac']} | {row['loss_chunk'] or 'whole'} | {row['peak_bytes'] / GIB:.1f} "
               f"| {found / GIB:.1f} | {found / row['peak_bytes']:.2f} |")
 
 

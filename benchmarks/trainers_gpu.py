@@ -1,8 +1,8 @@
 """GPU benchmark: our llama3 trainer against torchtitan on one GPU, the same model (Llama 3 8B's
 dimensions, fewer layers so that it fits one device), batch, sequence length, bf16, activation
 checkpointing of every other block, SDPA attention, synthetic tokens; eager, then with
-torch.compile. Each side runs the way it ships on one GPU: ours under FSDP2 with bf16
-parameters, torchtitan without FSDP under bf16 autocast (its choice for one device).
+torch.compile. Each side runs the way it ships on one GPU, both the same way: fp32 parameters
+without FSDP, bf16 autocast over the forward and the loss.
 
     python benchmarks/trainers_gpu.py --layers 8 --seq-len 8192 --batch 1 --runs 3
     python benchmarks/trainers_gpu.py ... --base /path/to/an/older/checkout   # a third side

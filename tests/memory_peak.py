@@ -23,11 +23,11 @@ world = mesh(rt, cfg.tp)
 batches = GlobalBatch.of(0, batch_size, world["dp"].size(), world["dp"].get_local_rank())
 data = SyntheticTokens(args.vocab_size, seq_len, cfg.seed)
 with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-    model, _, _ = build_model(cfg, args, seq_len, ac, rt, world)
+    model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     timer = StepTimer(rt)
     for step in range(2):
-        train_step(model, None, data, batches, step * batches.size, timer, rt.device.torch,
+        train_step(model, None, precision, data, batches, step * batches.size, timer, rt.device.torch,
                    step + 1, None, world["tp"].size(), cfg.loss_chunk)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -203,8 +203,9 @@ def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cl
 
 def test_on_a_gpu_trace_kernels_decide_what_computed():
     """The summary's device path, on a trace laid out as CUDA's are (kernels on a stream beside
-    the CPU thread): an NCCL kernel overlapping compute kernels is hidden where they overlap and
-    exposed where it runs alone; the step's parts still add up to it."""
+    the CPU thread, each range repeated on the stream as the H200's were): an NCCL kernel
+    overlapping compute kernels is hidden where they overlap and exposed where it runs alone;
+    the step's parts still add up to it, each step counted once; the kernels listed apart."""
     from mmm_orch.reporting.profile import rank_profile
 
     def span(name, ts, dur, tid=1, cat="user_annotation"):
@@ -218,8 +219,17 @@ def test_on_a_gpu_trace_kernels_decide_what_computed():
         span("ampere_sgemm", 45, 15, tid=7, cat="kernel"),     # compute, 45-60
         span("ncclDevKernel_AllGather", 30, 50, tid=8, cat="kernel"),  # 30-80
         span("aten::mm", 12, 20, tid=1, cat="cpu_op"),  # the CPU's ops do not count on a GPU
+        # the stream's copies of the ranges: from their first kernel to their last
+        span("mmm:step#3", 12, 68, tid=7, cat="gpu_user_annotation"),
+        span("mmm:forward", 12, 28, tid=7, cat="gpu_user_annotation"),
+        span("nccl:all_gather", 30, 50, tid=8, cat="gpu_user_annotation"),
     ]}
-    step = rank_profile(trace, 0, "gpu01").steps[0]
+    found = rank_profile(trace, 0, "gpu01")
+    assert len(found.steps) == 1
+    assert found.top_ops == [("aten::mm", pytest.approx(0.020))]
+    assert found.top_kernels == [("ncclDevKernel_AllGather", pytest.approx(0.050)),
+                                 ("ampere_sgemm", pytest.approx(0.043))]
+    step = found.steps[0]
     assert step.comm_ms * 1000 == pytest.approx(50)
     assert step.hidden_comm_ms * 1000 == pytest.approx(10 + 15)  # 30-40 and 45-60
     parts = {k: v * 1000 for k, v in step.parts_ms.items()}

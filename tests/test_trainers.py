@@ -138,6 +138,68 @@ def test_llama3_resume_continues_the_loss_curve(tmp_path):
         assert abs(record["loss"] - reference[record["step"]]) < 1e-5, record
 
 
+ONE_RANK_PRECISION = r"""
+import json, sys, torch
+from torch.distributed.tensor import DTensor
+from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime.loop import mesh
+from mmm_orch.runtime.options import parse
+from mmm_orch.trainers.llama3 import Config, build_model, resolve
+cfg = parse(Config, sys.argv[1:])
+args, batch_size, seq_len, _, ac = resolve(cfg)
+rt = runtime_dist.setup()
+model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, mesh(rt))
+params = list(model.parameters())
+kept = {"sharded": any(isinstance(p, DTensor) for p in params),
+        "kept": sorted({str(p.dtype) for p in params})}
+computed = []
+model.layers["0"].attention.wq.register_forward_hook(lambda m, i, o: computed.append(o.dtype))
+with precision():
+    model(torch.zeros(1, 8, dtype=torch.long), hidden_only=True)
+if rt.is_main:
+    print(json.dumps({**kept, "computed": str(computed[0])}))
+runtime_dist.teardown()
+"""
+
+
+@pytest.mark.slow
+def test_one_rank_computes_in_bf16_over_fp32_parameters_and_resumes_on_two_and_back(tmp_path):
+    """A world of one rank has no FSDP (torchtitan's layout for one device; on an H200 FSDP's
+    copies took 13% of a compiled step): fp32 parameters, bf16 products under autocast. Two
+    ranks shard bf16 copies of them. A checkpoint of either layout resumes on the other."""
+    script = tmp_path / "precision.py"
+    script.write_text(ONE_RANK_PRECISION)
+    seen = {}
+    for ranks in (1, 2):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             f"--nproc-per-node={ranks}", str(script), "--tiny", "--dtype", "bf16"],
+            capture_output=True, text=True, timeout=240,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[ranks] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen[1] == {"sharded": False, "kept": ["torch.float32"], "computed": "torch.bfloat16"}
+    assert seen[2] == {"sharded": True, "kept": ["torch.float32"], "computed": "torch.bfloat16"}
+
+    args = ["--tiny", "--dtype", "bf16", "--steps", "8", "--checkpoint-every", "4",
+            "--global-batch", "8", "--batch-size", "4"]
+    for first, then in ((1, 2), (2, 1)):
+        out = tmp_path / f"{first}-{then}"
+        full = launch("llama3", args, first, "torchrun", out)
+        assert full.returncode == 0, full.stderr[-3000:]
+        reference = {r["step"]: r["loss"] for r in steps(out)}
+        (out / "run" / "checkpoints" / "latest").write_text("step-4")
+        resumed = launch("llama3", [*args, "--resume"], then, "torchrun", out)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
+        resume_at = next(i for i, line in enumerate(lines) if '"event": "resume"' in line)
+        after = [r for r in map(json.loads, lines[resume_at:]) if r["event"] == "step"]
+        assert [r["step"] for r in after] == [5, 6, 7, 8]
+        # The same samples and weights; bf16 rounds the two layouts' products apart a little.
+        for record in after:
+            assert abs(record["loss"] - reference[record["step"]]) < 0.02, (first, then, record)
+
+
 def sigterm_llama3_after(out: Path, event: str, count: int, args: list[str] = ()) -> \
         subprocess.CompletedProcess:
     """One llama3 process (tiny, endless) stopped by SIGTERM once its metrics hold `count`

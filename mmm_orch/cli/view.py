@@ -244,9 +244,13 @@ def profile_text(found: Profile) -> str:
         lines += [
             "  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in table
         ]
-        for title, items in (("operators", rank.top_ops), ("collectives", rank.top_collectives)):
+        for title, items in (
+            ("operators (ms in the window, inclusive)", rank.top_ops),
+            ("collectives (ms in the window, inclusive)", rank.top_collectives),
+            ("kernels (ms on the device in the window)", rank.top_kernels),
+        ):
             if items:
-                lines.append(f"  top {title} (ms in the window, inclusive):")
+                lines.append(f"  top {title}:")
                 lines += [f"    {ms:10.1f}  {name}" for name, ms in items]
     if found.slowest is not None:
         slowest, lag = found.slowest
@@ -279,6 +283,7 @@ def profile_dicts(found: Profile) -> dict[str, Any]:
                 ],
                 "top_ops": rank.top_ops,
                 "top_collectives": rank.top_collectives,
+                "top_kernels": rank.top_kernels,
             }
             for rank in found.ranks
         ],

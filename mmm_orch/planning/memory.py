@@ -6,7 +6,9 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
 - states, sharded over d x t: fp32 parameters, fp32 gradients and AdamW's two moments, 16 P/dt;
 - gathered parameters: FSDP keeps the root's (embedding, output) whole through the step and two
   blocks at a time (the one computing, the one prefetched), with their gradients before the
-  reduce-scatter: (2 V h + 2 B (w + 4) / w) w / t, B the parameters of a block;
+  reduce-scatter: (2 V h + 2 B (w + 4) / w) w / t, B the parameters of a block; a world of
+  one rank has no FSDP (trainers/parallelize.py) and computes in bf16 under autocast, whose
+  cache holds every block's weights in bf16 to the end of the forward (L B w; none in fp32);
 - activations a block saves for backward, per micro-batch of b samples of s tokens: the two
   norms' inputs and outputs (4 s b h; under TP with sequence parallelism 4 s b h / t plus the
   two gathered inputs, 2 s b h), attention's q, its output and wo's input (3 s b h / t) and k
@@ -130,13 +132,17 @@ def estimate(shape: Shape) -> Estimate:
     loss = 2 * tokens * h * w + b * chunk * vocab_share * per_logit
     if chunk < s:  # trainers/loss.py's gradients made in forward
         loss += (v * h + tokens * h) * w
+    if shape.dp * t * shape.pp == 1:
+        copies = {"autocast copies": m.n_layers * m.block_params * w if w < 4 else 0}
+    else:
+        gathered = (2 if shape.pp == 1 else 1) * v * h * w + 2 * m.block_params * (w + 4)
+        copies = {"gathered": gathered / t}
     return Estimate(
         {
             "parameters": 4 * states,
             "gradients": 4 * states,
             "optimizer": 8 * states,
-            "gathered": ((2 if shape.pp == 1 else 1) * v * h * w + 2 * m.block_params * (w + 4))
-            / t,
+            **copies,
             "activations": stored,
             # The loss's tensors are gone by the time a checkpointed block is recomputed.
             "loss or recompute": max(loss, block if checkpointed else 0),

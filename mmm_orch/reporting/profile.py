@@ -55,6 +55,7 @@ class RankProfile:
     steps: list[StepShares]
     top_ops: list[tuple[str, float]] = field(default_factory=list)  # (name, ms), inclusive
     top_collectives: list[tuple[str, float]] = field(default_factory=list)
+    top_kernels: list[tuple[str, float]] = field(default_factory=list)  # a device's, if traced
 
     @property
     def mean_step_ms(self) -> float:
@@ -73,7 +74,16 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise TraceError("not a Chrome trace (no traceEvents list)")
-    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    # A CUDA trace repeats each range on the GPU's stream (gpu_user_annotation, from the first
+    # kernel to the last one launched in it); the CPU's is the one the step clock times.
+    spans = [
+        e
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and "dur" in e
+        and e.get("cat") != "gpu_user_annotation"
+    ]
     steps = [(int(m[1]), e) for e in spans if (m := STEP.match(str(e.get("name", ""))))]
     if not steps:
         raise TraceError(f"no {PROFILE_RANGE}step#N ranges: not a trace of an mmm-orch window")
@@ -127,11 +137,10 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
         host,
         out,
         _top(
-            e
-            for e in inside
-            if e.get("cat") in ("cpu_op", "kernel") and not COLLECTIVE.search(str(e["name"]))
+            e for e in inside if e.get("cat") == "cpu_op" and not COLLECTIVE.search(str(e["name"]))
         ),
         _top(e for e in inside if COLLECTIVE.search(str(e.get("name", "")))),
+        _top(e for e in inside if e.get("cat") == "kernel"),
     )
 
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     model.init_weights(cfg.seed)
     model.to(rt.device.torch)
     parallelize.tensor_parallel_llama(model, tp_mesh)
-    parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    precision = parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch_indices(step - 1, dp_mesh.get_local_rank(), cfg.batch_size, dp_mesh.size())
             )
         with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
-            with region("forward"):
+            with region("forward"), precision():
                 loss = token_losses(
                     model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0, tp_mesh.size()
                 )

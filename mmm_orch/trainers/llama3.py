@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -133,11 +135,12 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
 
 def build_model(
     cfg: Config, args, seq_len: int, ac, rt, world
-) -> tuple[Transformer, list[Transformer], tuple[int, int]]:
+) -> tuple[Transformer, list[Transformer], Callable[[], AbstractContextManager], tuple[int, int]]:
     """The model on the meta device, parallelized (TP, then this rank's pipeline stages,
     compile, activation checkpointing, FSDP), then materialized and initialized on this rank's
-    device; the stages (the model itself without a pipeline); and the parameter counts (all,
-    embedding), taken before sharding."""
+    device; the stages (the model itself without a pipeline); the context its forward and loss
+    run in (parallelize.fsdp's); and the parameter counts (all, embedding), taken before
+    sharding."""
     with torch.device("meta"):
         model = Transformer(args, seq_len)
     counts = model.count_params()
@@ -149,10 +152,12 @@ def build_model(
     parallelize.activation_checkpointing(model.layers, ac)
     stages = pipeline.stages(model, world["pp"], cfg.pp_schedule) if cfg.pp > 1 else [model]
     for stage in stages:
-        parallelize.fsdp(stage, stage.layers.values(), world["dp"], param_dtype(rt, cfg.dtype))
+        precision = parallelize.fsdp(
+            stage, stage.layers.values(), world["dp"], param_dtype(rt, cfg.dtype)
+        )
     model.to_empty(device=rt.device.torch)
     model.init_weights(cfg.seed)
-    return model, stages, counts
+    return model, stages, precision, counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         refuse(rt.is_main, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
-    model, stages, (params, embedding_params) = build_model(cfg, args, seq_len, ac, rt, world)
+    model, stages, precision, (params, embedding_params) = build_model(
+        cfg, args, seq_len, ac, rt, world
+    )
     staged = (
         pipeline.build(stages, world["pp"], cfg.pp_schedule, batches.accumulation, rt.device.torch)
         if cfg.pp > 1
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = train_step(
             model,
             staged,
+            precision,
             train,
             batches,
             consumed,
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             scheduler.step()
         times = timer.stop()
         validated = validate(
-            cfg, step, model, staged, val, batches, dp_mesh, tp_mesh.size(), device
+            cfg, step, model, staged, precision, val, batches, dp_mesh, tp_mesh.size(), device
         )
         return {
             "loss": mean_across(loss, dp_mesh.get_group()),
@@ -303,6 +311,7 @@ def validate(
     step: int,
     model,
     staged: pipeline.Pipeline | None,
+    precision: Callable[[], AbstractContextManager],
     val,
     batches: GlobalBatch,
     dp_mesh,
@@ -317,15 +326,24 @@ def validate(
             staged, val, cfg.eval_samples, batches, dp_mesh, tp, device
         )
     else:
-        found = validation_loss(
-            model, val, cfg.eval_samples, batches.batch_size, dp_mesh, tp, cfg.loss_chunk, device
-        )
+        with precision():
+            found = validation_loss(
+                model,
+                val,
+                cfg.eval_samples,
+                batches.batch_size,
+                dp_mesh,
+                tp,
+                cfg.loss_chunk,
+                device,
+            )
     return {"val_loss": found}
 
 
 def train_step(
     model,
     staged: pipeline.Pipeline | None,
+    precision: Callable[[], AbstractContextManager],
     data,
     batches: GlobalBatch,
     consumed: int,
@@ -344,7 +362,8 @@ def train_step(
     if staged is not None:
         each = [batches.micro(consumed, m) for m in range(batches.accumulation)]
         inputs, labels = read_batch(data, torch.cat(each))
-        with loss_context(tp), region("forward"):  # forwards and backwards interleave in it
+        # Forwards and backwards interleave in it; a pipeline is never one rank (no autocast).
+        with loss_context(tp), region("forward"):
             piped = staged.step(inputs.to(device), labels.to(device))
         timer.forward_done()
         if samples is not None:
@@ -360,7 +379,7 @@ def train_step(
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
             # each micro-batch's gradients are reduced to their shards at once, which keeps the
             # gradients sharded between micro-batches).
-            with region("forward"):
+            with region("forward"), precision():
                 loss = (
                     token_losses(model, inputs.to(device), labels.to(device), loss_chunk, tp)
                     / batches.accumulation

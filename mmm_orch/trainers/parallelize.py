@@ -1,12 +1,17 @@
 """Parallelism applied to a model: tensor parallel, compile, activation checkpointing, then FSDP2
-over the data-parallel mesh dimension. torchtitan compiles around the checkpointed block; with
+over the data-parallel mesh dimension (on a world of more than one rank). torchtitan compiles around the checkpointed block; with
 TP that fails in torch 2.13's AOT autograd, so here the checkpoint wraps the compiled block."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
@@ -86,10 +91,21 @@ def compiled(module: nn.Module, **options: Any) -> nn.Module:
     return torch.compile(module, **options)  # type: ignore[return-value]
 
 
-def fsdp(model: nn.Module, blocks, dp_mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+def fsdp(
+    model: nn.Module, blocks, dp_mesh: DeviceMesh, param_dtype: torch.dtype
+) -> Callable[[], AbstractContextManager]:
     """FSDP2: each block its own unit (so gathers overlap compute), then the root; gradients are
-    reduced in fp32."""
+    reduced in fp32. Returns the context a step's forward and loss run in: none under FSDP,
+    whose parameters are gathered in the compute dtype. A world of one rank has nothing to shard
+    or reduce: its parameters stay fp32 and compute under autocast instead, as torchtitan's do
+    on one device (FSDP's copies into its one-rank buffers took 13% of a compiled step on an
+    H200, benchmarks/README.md)."""
+    if dist.get_world_size() == 1:
+        if param_dtype == torch.float32:
+            return contextlib.nullcontext
+        return functools.partial(torch.autocast, dp_mesh.device_type, dtype=param_dtype)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+    return contextlib.nullcontext
