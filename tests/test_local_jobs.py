@@ -372,3 +372,22 @@ def test_a_local_job_on_another_computer_is_not_taken_for_vanished(tmp_path):
         {"exit_code": 0, "signal": None, "cancelled": False, "timed_out": False,
          "ended_at": time.time()}))
     assert LocalScheduler().query([job])["1"].state is JobState.COMPLETED
+
+
+def test_a_local_job_whose_supervisor_ended_unrecorded_after_a_cancel_is_cancelled(tmp_path):
+    """A supervisor the cancel had to kill (still stopping the job past its grace) ends without
+    its result, which the cancel writes only once the rest of the job is gone: a look meanwhile
+    (the sweep's runner) takes the job for cancelled, as the cancel said before it signalled,
+    and never for vanished."""
+    from mmm_orch.injob.protocol import CANCEL_SENT_FILE, SUPERVISOR_FILE
+    from mmm_orch.schedulers.base import JobRef
+    from mmm_orch.schedulers.local import LocalScheduler
+    from mmm_orch.schedulers.states import JobState
+
+    gone = {"pid": os.getpid(), "create_time": psutil.Process().create_time() - 60}  # not this one
+    (tmp_path / SUPERVISOR_FILE).write_text(json.dumps(gone))
+    job = JobRef("1", tmp_path)
+    assert LocalScheduler().query([job])["1"].native_state == "vanished"
+    (tmp_path / CANCEL_SENT_FILE).touch()
+    seen = LocalScheduler().query([job])["1"]
+    assert (seen.state, seen.exit_code) == (JobState.CANCELLED, None)

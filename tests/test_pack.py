@@ -182,22 +182,24 @@ def _read(path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-# The 2-node point sleeps long enough to be cancelled; the 1-node one ends by itself.
+# The 2-node point sleeps long enough to be cancelled; the 1-node one ends by itself. Each test
+# sleeps its own length (118, 119, 121 s): the check that no rank is left matches its own only.
 SLEEPER = ("import os, sys, time; n = os.environ.get('SLURM_NNODES'); "
-           "os.write(1, ('point nodes=%s started\\n' % n).encode()); time.sleep(120 if n == '2' else 8)")
+           "os.write(1, ('point nodes=%s started\\n' % n).encode()); time.sleep(118 if n == '2' else 8)")
 
 
-@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
-def test_cancelling_one_point_ends_only_its_ranks(cli, isolated):
+def _sweep_with_its_2_node_point_cancelled(cli, nodes: str, program: str) -> tuple[int, str]:
+    """`sweep --within` of `program` on points of `nodes` in a 3-node salloc, its 2-node point
+    cancelled once every point runs: the sweep's exit code and output."""
     sweep = subprocess.Popen(
         ["salloc", "-p", "debug", "--ntasks-per-node=2", "-t", "00:10:00", "-N", "3",
-         *MMM_ORCH, "sweep", "slurm-local", "--nodes", "1,2", "--within", "--", sys.executable,
-         "-c", SLEEPER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         *MMM_ORCH, "sweep", "slurm-local", "--nodes", nodes, "--within", "--", sys.executable,
+         "-c", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
         while True:
             rows = json.loads(cli("status", "--all", "--json").out or "[]")
-            if len(rows) == 2 and all(r["state"] == "running" for r in rows):
+            if len(rows) == len(nodes.split(",")) and all(r["state"] == "running" for r in rows):
                 break
             assert time.monotonic() < deadline and sweep.poll() is None, rows
             time.sleep(0.5)
@@ -207,10 +209,45 @@ def test_cancelling_one_point_ends_only_its_ranks(cli, isolated):
     finally:
         if sweep.poll() is None:
             sweep.kill()
-    assert sweep.returncode == 1, output[-3000:]  # one point did not complete
+    return sweep.returncode, output
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_cancelling_one_point_ends_only_its_ranks(cli, isolated):
+    code, output = _sweep_with_its_2_node_point_cancelled(cli, "1,2", SLEEPER)
+    assert code == 1, output[-3000:]  # one point did not complete
     states = {r["nodes"]: r["state"] for r in json.loads(cli("status", "--all", "--json").out)}
     assert states == {1: "completed", 2: "cancelled"}, output[-3000:]
-    assert subprocess.run(["pgrep", "-f", "time.sleep\\(120"], capture_output=True).returncode == 1
+    assert subprocess.run(["pgrep", "-f", "time.sleep\\(118"], capture_output=True).returncode == 1
+
+
+# A loaded host, where a supervisor's Python takes seconds to start, made certain: the local
+# supervisor's start-up lasts until it has a SIGTERM waiting, so the cancel comes first.
+SLOW_START = """import signal, sys, time
+if "mmm_orch.schedulers.local_run" in sys.orig_argv:
+    while signal.SIGTERM not in signal.sigpending():
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
+def test_a_point_cancelled_while_its_supervisor_starts_up_ends_cancelled(cli, isolated, tmp_path,
+                                                                          monkeypatch):
+    """A point is recorded running as soon as its supervisor is started (the sweep does not wait
+    for its start-up), so a cancel can reach the supervisor before it could handle one. That
+    cancel waits for it, and the supervisor stops the point as any cancel, recorded cancelled,
+    never taken by the sweep for a supervisor that vanished (failed)."""
+    (tmp_path / "slow-start").mkdir()
+    (tmp_path / "slow-start" / "sitecustomize.py").write_text(SLOW_START)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "slow-start"))
+    # (its own sleep, told from the other tests' ranks that may run meanwhile)
+    sleeper = SLEEPER.replace("118 if", "119 if")
+    code, output = _sweep_with_its_2_node_point_cancelled(cli, "2", sleeper)
+    assert code == 1, output[-3000:]
+    rows = json.loads(cli("status", "--all", "--json").out)
+    assert [(r["nodes"], r["state"]) for r in rows] == [(2, "cancelled")], output[-3000:]
+    assert "[mmm-orch] cancelled: stopping the job" in cli("logs", str(rows[0]["id"])).out
+    assert subprocess.run(["pgrep", "-f", "time.sleep\\(119"], capture_output=True).returncode == 1
 
 
 @pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
@@ -384,7 +421,7 @@ def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_t
 @pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 def test_cancelling_a_pack_ends_its_running_points_and_the_waiting_ones_never_start(cli, isolated):
     result = cli("sweep", "slurm-local", "--nodes", "2,3", "--pack", "-t", "00:05:00", "--json",
-                 "--", sys.executable, "-c", SLEEPER.replace("120 if n == '2' else 8", "120"))
+                 "--", sys.executable, "-c", SLEEPER.replace("118 if n == '2' else 8", "121"))
     assert result.code == 0, result.err
     pack_job = json.loads(result.out)
     deadline = time.monotonic() + 600
@@ -398,4 +435,5 @@ def test_cancelling_a_pack_ends_its_running_points_and_the_waiting_ones_never_st
     rows = {r["group_index"]: r for r in json.loads(cli("status", "--sweep", "1", "--json").out)}
     assert rows[0]["state"] == "cancelled" and rows[2]["state"] == "cancelled", rows
     assert rows[1]["state"] == "not started" and rows[1]["nodes"] == 2, rows
-    assert subprocess.run(["pgrep", "-f", "time.sleep\\(120"], capture_output=True).returncode == 1
+    # its own sleep's length: no other test's ranks match it
+    assert subprocess.run(["pgrep", "-f", "time.sleep\\(121"], capture_output=True).returncode == 1

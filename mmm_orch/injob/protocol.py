@@ -42,6 +42,7 @@ LINK_ID = re.compile(r"link-(\d+)\.id")  # beside it: a link's scheduler id, wri
 METRICS_FILE = "metrics.jsonl"  # the trainers' step records, in the run directory
 RESULT_FILE = "result.json"  # the local executor: how the job ended
 SUPERVISOR_FILE = "supervisor.json"  # the local executor: the supervising process
+CANCEL_SENT_FILE = "cancel-sent"  # the local executor: `cancel` signalled the supervisor
 
 # The launch line's stand-in for "the active nodes": failover puts the launcher's words there.
 NODES_TOKEN = "@NODES@"

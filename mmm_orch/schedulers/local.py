@@ -17,9 +17,9 @@ from typing import TypeGuard
 import psutil
 
 from mmm_orch.errors import SchedulerError, SubmissionRefused
-from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
+from mmm_orch.injob.protocol import CANCEL_SENT_FILE, RESULT_FILE, SUPERVISOR_FILE
 from mmm_orch.schedulers.base import JobRef, Submission
-from mmm_orch.schedulers.local_run import GRACE_S
+from mmm_orch.schedulers.local_run import CANCEL_SIGNALS, GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus, OpenJob
 
 
@@ -37,25 +37,31 @@ class LocalScheduler:
         found from its directory) are written here at once and by the supervisor first thing,
         so the job is found even if this process is killed the instant after starting it, and
         a pack starts its points without waiting for each supervisor's start-up."""
-        with open(submission.log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mmm_orch.schedulers.local_run",
-                    str(submission.job_dir),
-                    str(submission.script),
-                    str(submission.walltime),
-                    submission.stop_signal,
-                    _holder(submission.held_by),
-                ],
-                cwd=submission.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+        # The supervisor starts with the cancel signals blocked (a child inherits this thread's
+        # mask); it unblocks them once it can handle them (local_run.CANCEL_SIGNALS).
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, CANCEL_SIGNALS)
+        try:
+            with open(submission.log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "mmm_orch.schedulers.local_run",
+                        str(submission.job_dir),
+                        str(submission.script),
+                        str(submission.walltime),
+                        submission.stop_signal,
+                        _holder(submission.held_by),
+                    ],
+                    cwd=submission.workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         try:
             started = psutil.Process(proc.pid).create_time()
         except psutil.Error:  # (gone and reaped already: it could not even start)
@@ -123,6 +129,15 @@ class LocalScheduler:
                 native_state="on " + supervisor["host"],
                 reason=f"runs on {supervisor['host']}: its end is read from its result file there",
             )
+        # Ended by a cancel, which writes its result once the rest of the job is gone too.
+        if (job.job_dir / CANCEL_SENT_FILE).exists():
+            return JobStatus(
+                native_id=job.native_id,
+                state=JobState.CANCELLED,
+                native_state="cancelled",
+                started_at=started,
+                reason="cancelled: the supervisor ended before recording it",
+            )
         return JobStatus(
             native_id=job.native_id,
             state=JobState.FAILED,
@@ -147,6 +162,9 @@ class LocalScheduler:
         if proc is None:
             raise SchedulerError(f"local job {job.native_id} is not running")
         tree = [proc, *proc.children(recursive=True)]
+        # Said before the signal: a supervisor that ends without its result (killed below, past
+        # its grace) reads as cancelled, not vanished, to whoever looks before this writes one.
+        (job.job_dir / CANCEL_SENT_FILE).touch()
         proc.send_signal(signal.SIGTERM)
         _, alive = psutil.wait_procs(tree, timeout=2 * GRACE_S + 5)  # the stop signal's, TERM's
         for leftover in alive:

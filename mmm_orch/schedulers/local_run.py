@@ -3,11 +3,12 @@
 
 Started detached (own session) by LocalScheduler.submit, so it outlives the CLI. It records its
 own pid first (supervisor.json: how the job is found again), runs the job script in a process
-group of its own, enforces the walltime, and on a cancel (SIGTERM) or at the walltime stops the
-job the way a batch scheduler does: SIGTERM to every process of the job, SIGKILL to what is left
-after GRACE_S. It waits for all of them, not only the script, so a trainer still writing its
-checkpoint is not killed because the shell above it already returned. Then it writes
-result.json (exit code, and whether it was cancelled or timed out).
+group of its own, enforces the walltime, and on a cancel (SIGTERM; one sent while it starts up
+waits, blocked, until it can handle it) or at the walltime stops the job the way a batch
+scheduler does: SIGTERM to every process of the job, SIGKILL to what is left after GRACE_S. It
+waits for all of them, not only the script, so a trainer still writing its checkpoint is not
+killed because the shell above it already returned. Then it writes result.json (exit code, and
+whether it was cancelled or timed out).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.protocol import PREFIX, RESULT_FILE, SUPERVISOR_FILE
 
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
+# A cancel. LocalScheduler.submit starts the supervisor with these blocked, so that one sent while
+# it starts up (the record says running from its start) waits for supervise to handle it rather
+# than killing it before it could stop the job and record how it ended.
+CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -111,6 +116,17 @@ def _ended(holder: str) -> bool:
         return True
 
 
+def _start(script: str) -> subprocess.Popen:
+    """The job script, in a session of its own, getting the cancel signals as any job does (its
+    trap handles SIGTERM) where this process still has them blocked."""
+    return subprocess.Popen(
+        [script],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, CANCEL_SIGNALS),
+    )
+
+
 def supervise(
     job_dir: Path, script: str, walltime: float, stop_signal: int = signal.SIGTERM, holder: str = ""
 ) -> int:
@@ -123,16 +139,17 @@ def supervise(
     )
     _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
-    proc = subprocess.Popen([script], start_new_session=True, stdin=subprocess.DEVNULL)
+    proc = _start(script)
 
     def on_cancel(signum, frame):
         outcome["cancelled"] = True
         raise InterruptedError
 
-    signal.signal(signal.SIGTERM, on_cancel)
-    signal.signal(signal.SIGINT, on_cancel)
+    for signum in CANCEL_SIGNALS:
+        signal.signal(signum, on_cancel)
     deadline = Deadline.after(walltime)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, CANCEL_SIGNALS)  # a cancel sent so far: now
         while proc.poll() is None:
             if deadline.passed():
                 outcome["timed_out"] = True
@@ -148,8 +165,8 @@ def supervise(
                 proc.wait(min(deadline.left(), 1.0))
     except InterruptedError:
         print(f"{PREFIX} cancelled: stopping the job", flush=True)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in CANCEL_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     if outcome["cancelled"] and stop_signal != signal.SIGTERM and proc.poll() is None:
         ask_the_launch_to_stop(proc, stop_signal, GRACE_S)
     if proc.poll() is None or psutil.Process().children(recursive=True):
