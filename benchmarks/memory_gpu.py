@@ -36,13 +36,13 @@ rt = runtime_dist.setup()
 world = mesh(rt, 1)
 batches = GlobalBatch.of(0, batch_size, 1, 0)
 data = SyntheticTokens(args.vocab_size, seq_len, 1)
-model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, world)
+model, _, forward, _ = build_model(cfg, args, seq_len, ac, rt, world)
 optimizer = adamw(model.parameters(), rt, lr=1e-4)
 timer = StepTimer(rt)
 torch.cuda.reset_peak_memory_stats()
 for step in range(3):
-    train_step(model, None, precision, data, batches, step * batches.size, timer,
-               rt.device.torch, step + 1, None, 1, cfg.loss_chunk)
+    train_step(forward, data, batches, step * batches.size, timer, rt.device.torch,
+               step + 1, None)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 torch.cuda.synchronize()

@@ -1,7 +1,8 @@
 """The pipeline's cost on CPU (gloo, 4 ranks): the llama3 trainer's step time with dp4 against
 dp2 x pp2 (1F1B and GPipe) and pp4 (interleaved 1F1B), the same model, global batch and samples;
-and the share of the pipelined step beyond dp4's (1 - t_dp4 / t_pp: the bubble, with the
-stages' sends and receives) beside the schedule's theory, (P - 1) / (M + P - 1) for 1F1B.
+and the bubble, measured inside the step (one more run of each layout under `--profile torch`,
+every rank profiled: `mmm-orch profile`'s share of the schedule's time a stage waited on its
+neighbour's transfer) beside the schedule's theory, (P - 1) / (M + P - 1) for 1F1B.
 
     python benchmarks/pipeline_cpu.py [--repeats 3] [--steps 8] [--microbatches 8]
 """
@@ -18,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mmm_orch.reporting.profile import read, traces
+
 LAYOUTS = {
     "dp4": ([], 1),
     "dp2 x pp2, 1F1B": (["--pp", "2"], 2),
@@ -33,6 +36,22 @@ def free_port() -> int:
 
 
 def median_step_s(layout: list[str], steps: int, global_batch: int) -> float:
+    out = run(layout, steps, global_batch)
+    records = [json.loads(line) for line in (out / "b" / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["dt"] for r in records if r["event"] == "step" and r["step"] > 2)
+
+
+def bubble_share(layout: list[str], steps: int, global_batch: int) -> float:
+    """The ranks' mean share of the pipelined part of a step (forward, where the schedule runs,
+    and the bubble) spent in the bubble, over profiled steps 4 to 6."""
+    out = run([*layout, "--profile", "torch", "--profile-steps", "4:6", "--profile-ranks",
+               "0,1,2,3"], steps, global_batch)
+    ranks = [read(file, rank, host) for rank, (host, file) in traces(out / "b" / "profile").items()]
+    bubble = sum(s.parts_ms["bubble"] for r in ranks for s in r.steps)
+    return bubble / (bubble + sum(s.parts_ms["forward"] for r in ranks for s in r.steps))
+
+
+def run(layout: list[str], steps: int, global_batch: int) -> Path:
     out = Path(tempfile.mkdtemp(prefix="mmm-pp-bench-"))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                "-m", "mmm_orch.trainers.llama3", "--config", "debug", "--n-layers", "8",
@@ -41,8 +60,7 @@ def median_step_s(layout: list[str], steps: int, global_batch: int) -> float:
                "--run-name", "b", *layout]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=out)
-    records = [json.loads(line) for line in (out / "b" / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["dt"] for r in records if r["event"] == "step" and r["step"] > 2)
+    return out
 
 
 def main() -> None:
@@ -57,15 +75,17 @@ def main() -> None:
         for name, (layout, _stages) in LAYOUTS.items():
             times[name].append(median_step_s(layout, options.steps, global_batch))
     base = statistics.median(times["dp4"])
-    print("| layout | median step s (per repeat) | median | beyond dp4 | 1F1B theory |")
-    print("|---|---|---|---|---|")
+    print("| layout | median step s (per repeat) | median | vs dp4 | bubble measured | 1F1B theory |")
+    print("|---|---|---|---|---|---|")
     for name, values in times.items():
-        stages = LAYOUTS[name][1]
+        layout, stages = LAYOUTS[name]
         micro = global_batch // (4 // stages)
         median = statistics.median(values)
         theory = (stages - 1) / (micro + stages - 1) if stages > 1 else 0.0
+        measured = bubble_share(layout, options.steps, global_batch) if stages > 1 else 0.0
         shown = ", ".join(f"{v:.3f}" for v in values)
-        print(f"| {name} | {shown} | {median:.3f} | {1 - base / median:.1%} | {theory:.1%} |")
+        print(f"| {name} | {shown} | {median:.3f} | {base / median:.2f}x | {measured:.1%} "
+              f"| {theory:.1%} |")
 
 
 if __name__ == "__main__":

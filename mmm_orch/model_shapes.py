@@ -120,6 +120,19 @@ def pipeline_fault(
     return None
 
 
+def context_fault(seq_len: int, cp: int) -> tuple[str, int, str] | None:
+    """What makes a context-parallel split impossible, as pipeline_fault says it: a sequence
+    that does not cut into 2 x cp equal chunks (trainers/context.py)."""
+    if cp > 1 and seq_len % (2 * cp):
+        return (
+            "cp",
+            cp,
+            f"a divisor of half the sequence length {seq_len} (each sequence is cut into 2 x cp "
+            "equal chunks)",
+        )
+    return None
+
+
 DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
 
 

@@ -1,9 +1,10 @@
 """Run under torchrun: the llama3 trainer's own model and steps for two steps on CPU, and print
-the peak of live tensor bytes on rank 0, from the profiler's allocation events (every allocation
+the peak of live tensor bytes on rank 0 (a pipeline's first stage, its busiest), from the profiler's allocation events (every allocation
 and free of torch's CPU allocator, in order). Options: the trainer's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -14,21 +15,29 @@ from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.loop import StepTimer, mesh
 from mmm_orch.runtime.options import parse
+from mmm_orch.trainers import pipeline
 from mmm_orch.trainers.llama3 import Config, build_model, resolve, train_step
 
 cfg = parse(Config, sys.argv[1:])
 args, batch_size, seq_len, _, ac = resolve(cfg)
 rt = runtime_dist.setup()
-world = mesh(rt, cfg.tp)
-batches = GlobalBatch.of(0, batch_size, world["dp"].size(), world["dp"].get_local_rank())
+world = mesh(rt, cfg.tp, cfg.pp, cfg.cp)
+batches = GlobalBatch.of(
+    cfg.global_batch, batch_size, world["dp"].size(), world["dp"].get_local_rank()
+)
 data = SyntheticTokens(args.vocab_size, seq_len, cfg.seed)
 with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-    model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, world)
+    model, stages, forward, _ = build_model(cfg, args, seq_len, ac, rt, world)
+    if cfg.pp > 1:
+        staged = pipeline.build(
+            stages, world["pp"], cfg.pp_schedule, batches.accumulation, rt.device.torch
+        )
+        forward = dataclasses.replace(forward, staged=staged)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     timer = StepTimer(rt)
     for step in range(2):
-        train_step(model, None, precision, data, batches, step * batches.size, timer, rt.device.torch,
-                   step + 1, None, world["tp"].size(), cfg.loss_chunk)
+        train_step(forward, data, batches, step * batches.size, timer, rt.device.torch,
+                   step + 1, None)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 live = peak = 0

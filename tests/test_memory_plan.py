@@ -22,12 +22,17 @@ SMALL = dataclasses.replace(PRESETS["debug"].model, n_layers=4)  # 256 wide, voc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks,tp,ac,chunk", [
-    (2, 1, "none", 0), (2, 1, "every_other", 0), (2, 1, "full", 0), (2, 1, "none", 64),
-    (2, 1, "full", 64), (2, 2, "none", 0), (4, 2, "none", 0), (4, 2, "full", 0)])
-def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chunk):
+@pytest.mark.parametrize("ranks,tp,ac,chunk,cp,pp", [
+    (2, 1, "none", 0, 1, 1), (2, 1, "every_other", 0, 1, 1), (2, 1, "full", 0, 1, 1),
+    (2, 1, "none", 64, 1, 1), (2, 1, "full", 64, 1, 1), (2, 2, "none", 0, 1, 1),
+    (4, 2, "none", 0, 1, 1), (4, 2, "full", 0, 1, 1), (2, 1, "none", 0, 2, 1),
+    (4, 1, "none", 64, 4, 1), (4, 1, "none", 0, 1, 2), (4, 1, "every_other", 0, 1, 2)])
+def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chunk, cp, pp):
+    dp = ranks // (tp * cp * pp)
+    microbatches = 2 * pp if pp > 1 else 1  # a pipeline's: twice its stages
     argv = ["--config", "debug", "--n-layers", "4", "--seq-len", "256", "--batch-size", "4",
-            "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk)]
+            "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk),
+            "--cp", str(cp), "--pp", str(pp), "--global-batch", str(4 * dp * microbatches)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv],
@@ -35,9 +40,9 @@ def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chu
                           env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
-    estimated = estimate(Shape(SMALL, batch=4, seq=256, dp=ranks // tp, tp=tp, ac=ac,
-                               value_bytes=4, loss_chunk=chunk)).total
-    print(f"ranks {ranks} tp {tp} ac {ac} chunk {chunk}: measured {measured / 2**20:.1f} MiB, "
+    estimated = estimate(Shape(SMALL, batch=4, seq=256, dp=dp, tp=tp, ac=ac, value_bytes=4,
+                               loss_chunk=chunk, cp=cp, pp=pp, microbatches=microbatches)).total
+    print(f"ranks {ranks} tp {tp} cp {cp} pp {pp} ac {ac} chunk {chunk}: measured {measured / 2**20:.1f} MiB, "
           f"estimated {estimated / 2**20:.1f} MiB ({estimated / measured - 1:+.0%})")
     assert abs(estimated / measured - 1) <= 0.25, (measured, estimated)
 

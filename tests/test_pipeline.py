@@ -127,12 +127,14 @@ def test_the_memory_plan_sizes_the_busiest_stage(cli, isolated):
 def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster, leftovers_cancelled,
                                                    tmp_path):
     """pp outermost: stage 0 on the first node's two ranks, stage 1 on the second's; the loss
-    is the one a dp run of the same global batch gives here."""
+    is the one a dp run of the same global batch gives here; profiled, each node's first rank
+    (one stage each) shows the bubble, and so does the report."""
     from conftest import wait_state
 
     sets = ["tiny=true", "n_layers=4", "dtype=fp32", "global_batch=8", "batch_size=2",
             "seq_len=32", "steps=4"]
-    args = [item for s in [*sets, "pp=2"] for item in ("--set", s)]
+    args = [item for s in [*sets, "pp=2", "profile=torch", "profile_steps=2:3"]
+            for item in ("--set", s)]
     result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args, "--json")
     assert result.code == 0, result.err
     job = json.loads(result.out)
@@ -149,3 +151,9 @@ def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster,
     assert sorted(across) == [1, 2, 3, 4]
     for step, loss in reference.items():
         assert across[step] == pytest.approx(loss, rel=1e-4), step
+    shown = json.loads(cli("profile", str(job["id"]), "--json").out)
+    assert [r["rank"] for r in shown["ranks"]] == [0, 2]
+    assert all(r["shares"]["bubble"] > 0 for r in shown["ranks"]), shown
+    report = json.loads(cli("report", str(job["id"]), "--json", "--out",
+                            str(tmp_path / "report")).out)
+    assert report[0]["bubble_pct"] > 0, report

@@ -201,6 +201,36 @@ def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cl
     assert found["ranks"][1]["shares"]["exposed_comm"] > 0  # across nodes, over TCP
 
 
+def test_a_pipeline_stage_waiting_on_its_neighbour_is_the_bubble_and_shown_only_then():
+    """A stage's send or receive in flight while nothing computes is the pipeline's bubble; an
+    all-reduce alone is exposed communication; the text's bubble column is there only for a
+    rank that had one."""
+    from mmm_orch.cli.view import profile_text
+    from mmm_orch.reporting.profile import rank_profile
+    from mmm_orch.usecases.profiles import Profile
+
+    def span(name, ts, dur, tid=1, cat="user_annotation"):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat}
+
+    stage = {"traceEvents": [
+        span("mmm:step#4", 0, 100), span("mmm:forward", 0, 80), span("mmm:optimizer", 80, 20),
+        span("aten::mm", 0, 30, cat="cpu_op"), span("aten::mm", 50, 30, cat="cpu_op"),
+        span("aten::add_", 90, 10, cat="cpu_op"),
+        span("gloo:recv", 25, 30, tid=9),        # 30-50 with nothing computing: the bubble
+        span("gloo:all_reduce", 80, 10, tid=9),  # 80-90 alone: exposed communication
+    ]}
+    piped = rank_profile(stage, 1, "n2")
+    parts = {k: v * 1000 for k, v in piped.steps[0].parts_ms.items()}
+    assert parts["bubble"] == pytest.approx(20) and parts["exposed_comm"] == pytest.approx(10)
+    assert parts["forward"] == pytest.approx(60) and parts["optimizer"] == pytest.approx(10)
+    assert sum(parts.values()) == pytest.approx(100)
+    stage["traceEvents"] = [e for e in stage["traceEvents"] if e["name"] != "gloo:recv"]
+    plain = rank_profile(stage, 0, "n1")
+    text = profile_text(Profile(Path("/runs/r/profile"), [piped, plain], None))
+    piped_part, plain_part = text.split("rank 0 (n1)")
+    assert "bubble" in piped_part and "bubble" not in plain_part, text
+
+
 def test_on_a_gpu_trace_kernels_decide_what_computed():
     """The summary's device path, on a trace laid out as CUDA's are (kernels on a stream beside
     the CPU thread, each range repeated on the stream as the H200's were): an NCCL kernel

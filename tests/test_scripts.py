@@ -73,7 +73,7 @@ def test_aurora_llama3_8b(cli, tmp_path):
     assert not used & {0, 52}, sorted(used & {0, 52})
     assert "--gpu-bind" not in launch
     # every block checkpointed on Aurora: its math attention kernel (workloads/llama3_8b.yaml)
-    assert launch.endswith("python3 -m mmm_orch.trainers.llama3 --tp 1 --pp 1 --config 8b --ac full")
+    assert launch.endswith("python3 -m mmm_orch.trainers.llama3 --tp 1 --pp 1 --cp 1 --config 8b --ac full")
     # -V passes the login environment into the job and breaks startup on ALCF systems.
     assert not re.search(r"(^#PBS.*\s-V\b)|qsub\s+-V", script, re.M)
 

@@ -385,11 +385,13 @@ def test_llama3_compile_with_tp_and_activation_checkpointing(tmp_path):
 
 
 STOP_AND_RESUME = {
-    # trainer: arguments of a run long enough to be stopped in the middle, and its last step
+    # trainer (-variant): arguments of a run long enough to be stopped in the middle, its last step
     "fsdp": (["--tiny", "--epochs", "3", "--train-samples", "256", "--batch-size", "16"], 24),
     "fsdp_tp": (["--tiny", "--steps", "24"], 24),
     "vit": (["--tiny", "--steps", "24"], 24),
     "llama3": (["--tiny", "--steps", "24", "--warmup-steps", "6"], 24),
+    "llama3-pp2": (["--tiny", "--steps", "24", "--warmup-steps", "6", "--pp", "2",
+                    "--global-batch", "4", "--batch-size", "1"], 24),
 }
 
 
@@ -401,6 +403,7 @@ def test_stop_signal_saves_exits_75_and_the_resumed_run_matches_an_uninterrupted
     the current step on every rank and exits 75; --resume then continues with the same data, the
     same learning-rate schedule and so the same losses as a run that was never stopped."""
     args, last = STOP_AND_RESUME[trainer]
+    trainer = trainer.split("-")[0]
     reference = tmp_path / "reference"
     reference.mkdir()
     assert launch(trainer, args, 2, "torchrun", reference / "out").returncode == 0

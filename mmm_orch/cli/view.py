@@ -219,8 +219,10 @@ def profile_text(found: Profile) -> str:
     """Per profiled rank, its window's steps split into PARTS (ms and share), then its top
     operators and collectives; the slowest rank last."""
     lines = [f"traces: {found.where}"]
-    header = ["step", "ms", *(_PART_NAMES.get(p, p) for p in PARTS), "comm (hidden)"]
     for rank in found.ranks:
+        # A pipeline's bubble where the rank had one (no transfers between stages: none)
+        parts = [p for p in PARTS if p != "bubble" or any(s.parts_ms[p] for s in rank.steps)]
+        header = ["step", "ms", *(_PART_NAMES.get(p, p) for p in parts), "comm (hidden)"]
         lines += ["", f"rank {rank.rank} ({rank.host}), step time by part (ms, share):"]
         table = [header]
         for step in rank.steps:
@@ -228,7 +230,7 @@ def profile_text(found: Profile) -> str:
                 [
                     str(step.step),
                     f"{step.total_ms:.1f}",
-                    *(f"{step.parts_ms[p]:.1f} {100 * step.share(p):.0f}%" for p in PARTS),
+                    *(f"{step.parts_ms[p]:.1f} {100 * step.share(p):.0f}%" for p in parts),
                     f"{step.comm_ms:.1f} ({step.hidden_comm_ms:.1f})",
                 ]
             )
@@ -236,7 +238,7 @@ def profile_text(found: Profile) -> str:
             [
                 "mean",
                 f"{rank.mean_step_ms:.1f}",
-                *(f"{100 * rank.mean_share(p):.0f}%" for p in PARTS),
+                *(f"{100 * rank.mean_share(p):.0f}%" for p in parts),
                 "",
             ]
         )

@@ -11,6 +11,8 @@ from mmm_orch.config.common import EnvName, Flag, NonEmptyStr, Number, PositiveI
 
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
+# Trainer options that define the parallel mesh; always passed explicitly to the trainer.
+LAYOUT_OPTIONS = ("tp", "pp", "cp")
 
 
 @config
@@ -224,7 +226,7 @@ class Workload:
                 self.options[key].coerce(key, value)
 
     def layout_value(self, name: str, args: dict[str, Any]) -> int:
-        """tp/pp as set in args, else the option default, else 1."""
+        """A LAYOUT_OPTIONS size as set in args, else the option default, else 1."""
         if name in args:
             return int(args[name])
         option = self.options.get(name)

@@ -27,8 +27,12 @@ activations, the embedding's or the output's states (the larger, V h), and the a
 the micro-batches in flight at once, which the schedule sets: GPipe all M of a step, 1F1B at
 most p on the first stage, interleaved 1F1B p (1 + (p - 1) / 2p) (two stages a rank, Narayanan
 et al. 2021); the loss's logits are whole per micro-batch there (no chunks).
+With context parallel over c ranks (cp) each rank holds s / c of a sequence's tokens, and every
+count above is of those, but for k and v, which each block keeps whole (gathered from the c
+ranks: 2 s b k / t) and the states, sharded over d x c x t.
 The measured peak on CPU is within 25% of this for the layouts the tests run (dp, dp x tp,
-checkpointing on and off); see tests/test_memory_plan.py.
+cp, pp, checkpointing on and off; on an H200, one rank: 7-16% high); see
+tests/test_memory_plan.py and benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from mmm_orch.model_shapes import (
     PIPELINE_SCHEDULES,
     LlamaArgs,
     Preset,
+    context_fault,
     micro_batches,
     pipeline_fault,
     run_model,
@@ -75,6 +80,7 @@ class Shape:
     # The math attention kernel saves each head's s x s probabilities (fused kernels do not).
     attention_matrix: bool = False
     pp: int = 1  # pipeline stages
+    cp: int = 1  # context-parallel ranks a sequence is split over
     schedule: str = "1f1b"
     microbatches: int = 1  # a step's, on each data-parallel rank
 
@@ -112,27 +118,30 @@ def estimate(shape: Shape) -> Estimate:
     h, f, s, b, v = m.dim, m.ffn_dim, shape.seq, shape.batch, m.vocab_size
     layers = m.n_layers // shape.pp  # the busiest stage's
     held = m.params if shape.pp == 1 else layers * m.block_params + v * h + h
-    states = held / (shape.dp * t)
-    tokens = s * b
+    states = held / (shape.dp * shape.cp * t)
+    local = s // shape.cp  # a sequence's tokens on this rank
+    tokens = local * b
     norms = 4 * h if t == 1 else 4 * h / t + 2 * h
     kv = m.n_kv_heads * m.head_dim
-    block = tokens * (norms + (3 * h + 2 * kv) / t + 4 * f / t) * w
+    # k and v are kept whole: gathered from the sequence's cp ranks (trainers/context.py)
+    block = (tokens * (norms + 3 * h / t + 4 * f / t) + s * b * 2 * kv / t) * w
     if shape.attention_matrix:
-        block += b * m.n_heads / t * s * s * w
+        block += b * m.n_heads / t * local * s * w
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
     # every_other checkpoints blocks 0, 2, 4, ... (trainers/parallelize.py)
     checkpointed = {"none": 0, "every_other": (layers + 1) // 2, "full": layers}[shape.ac]
     stored = ((layers - checkpointed) * block + checkpointed * kept) * shape.in_flight
     chunks = shape.loss_chunk and t == 1 and shape.pp == 1
-    chunk = min(shape.loss_chunk, s) if chunks else s
+    chunk = min(shape.loss_chunk, local) if chunks else local
     vocab_share = v / t if shape.loss_sharded else v
     # Per logit: its value, the fp32 log-softmax and its gradient; loss_parallel (TP) holds
     # two fp32 buffers more (its max- and sum-reduced exponentials).
     per_logit = w + (16 if t > 1 and shape.loss_sharded else 8)
     loss = 2 * tokens * h * w + b * chunk * vocab_share * per_logit
-    if chunk < s:  # trainers/loss.py's gradients made in forward
+    if chunk < local:  # trainers/loss.py's gradients made in forward
         loss += (v * h + tokens * h) * w
-    if shape.dp * t * shape.pp == 1:
+    copies: dict[str, float]
+    if shape.dp * shape.cp * t * shape.pp == 1:
         copies = {"autocast copies": m.n_layers * m.block_params * w if w < 4 else 0}
     else:
         gathered = (2 if shape.pp == 1 else 1) * v * h * w + 2 * m.block_params * (w + 4)
@@ -152,7 +161,8 @@ def estimate(shape: Shape) -> Estimate:
 
 def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[str]:
     """Changes that bring the estimate under `limit`, each with its estimate: more nodes,
-    checkpointing, a smaller batch, more tensor parallelism (inside a node)."""
+    checkpointing, a smaller batch, more tensor parallelism (inside a node), pipeline stages,
+    context parallel."""
     tried = []
     for factor in (2, 4, 8):
         tried.append((f"-N {nodes * factor}", replace(shape, dp=shape.dp * factor)))
@@ -174,6 +184,10 @@ def fixes(shape: Shape, limit: float, nodes: int, ranks_per_node: int) -> list[s
             if microbatches > shape.microbatches * pp:
                 change += f" --set global_batch={microbatches * shape.batch * dp}"
             tried.append((change, replace(shape, pp=grown, dp=dp, microbatches=microbatches)))
+    for cp in (2, 4, 8):
+        grown = cp * shape.cp
+        if shape.seq % (2 * grown) == 0 and shape.dp % cp == 0:
+            tried.append((f"--set cp={grown}", replace(shape, cp=grown, dp=shape.dp // cp)))
     return [
         f"{change} ({estimate(option).total / GIB:.0f} GiB)"
         for change, option in tried
@@ -189,10 +203,10 @@ def sized(machine, workload, args: dict, layout):
         return None
     arg, size = _readers(workload, args)
     preset, model = model_of(workload, args)
-    tp, pp = size("tp") or 1, size("pp") or 1
+    tp, pp, cp = size("tp") or 1, size("pp") or 1, size("cp") or 1
     accelerator = machine.node.gpus > 0
     batch = size("batch_size") or preset.batch_size
-    dp = max(1, layout.ranks // (tp * pp))
+    dp = max(1, layout.ranks // (tp * pp * cp))
     global_batch = size("global_batch", 0) or 0
     shape = Shape(
         model,
@@ -207,9 +221,10 @@ def sized(machine, workload, args: dict, layout):
         pp=pp,
         schedule=arg("pp_schedule") or "1f1b",
         microbatches=micro_batches(global_batch, batch, dp) or 1,
+        cp=cp,
     )
     check_global_batch(global_batch, shape)
-    check_pipeline(shape)
+    check_layout(shape)
     found = estimate(shape)
     device = machine.node.gpu_memory_gib if accelerator else None
     plan = MemoryPlan({k: v / GIB for k, v in found.parts.items()}, device, split(shape))
@@ -301,11 +316,12 @@ def split(shape: Shape) -> str:
     )
 
 
-def check_pipeline(shape: Shape) -> None:
-    """The trainer's rules for a pipeline (model_shapes.pipeline_fault), before the queue."""
+def check_layout(shape: Shape) -> None:
+    """The trainer's rules for a pipeline and a context split (model_shapes' pipeline_fault and
+    context_fault), before the queue."""
     fault = pipeline_fault(
         shape.model.n_layers, shape.pp, shape.schedule, shape.microbatches, shape.batch, shape.dp
-    )
+    ) or context_fault(shape.seq, shape.cp)
     if fault is not None:
         raise InvalidValue(*fault)
 

@@ -17,7 +17,7 @@ from mmm_orch.config.common import NODE_NAME
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import Queue
 from mmm_orch.config.registry import load_machine, load_workload, unknown_name
-from mmm_orch.config.workload import MachineOverride, Workload
+from mmm_orch.config.workload import LAYOUT_OPTIONS, MachineOverride, Workload
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.injob import protocol, windows
 from mmm_orch.injob.protocol import MODULES
@@ -47,8 +47,6 @@ from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit, way_
 from mmm_orch.version import __version__
 from mmm_orch.walltime import format_walltime, parse_walltime
 
-# Trainer options that define the parallel mesh; always passed explicitly to the trainer.
-LAYOUT_OPTIONS = ("tp", "pp")
 MAX_COMMAND_WORDS = 4096
 
 
@@ -535,6 +533,7 @@ def _layout(
     ranks = nodes * ranks_per_node
     tp = workload.layout_value("tp", args)
     pp = workload.layout_value("pp", args)
+    cp = workload.layout_value("cp", args)
     if tp < 1 or ranks_per_node % tp:
         raise fail(
             "tp",
@@ -544,6 +543,8 @@ def _layout(
         )
     if pp < 1 or ranks % (tp * pp):
         raise fail("pp", pp, f"tp x pp = {tp * pp} must divide the {ranks} ranks")
+    if cp < 1 or ranks % (tp * pp * cp):
+        raise fail("cp", cp, f"tp x pp x cp = {tp * pp * cp} must divide the {ranks} ranks")
     sharing = len(machine.devices.slots.ids) if devices and machine.devices.slots else None
     cpus_per_rank = max(
         1, machine.node.usable_cores * machine.node.threads_per_core // (sharing or ranks_per_node)
@@ -554,7 +555,7 @@ def _layout(
         ranks=ranks,
         gpus_per_node=machine.node.gpus,
         cpus_per_rank=cpus_per_rank,
-        mesh={"dp": ranks // (tp * pp), "tp": tp, "pp": pp},
+        mesh={"dp": ranks // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp},
     )
 
 

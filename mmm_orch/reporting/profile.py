@@ -3,9 +3,11 @@ runtime/profiling.py): pure functions of the trace's events, no torch.
 
 A step is the span of its `mmm:step#N` range on the thread that ran it. Its time is split, with
 nothing counted twice and nothing left over:
-- exposed communication: a collective in flight (gloo's threads, NCCL/RCCL/oneCCL kernels, the
-  c10d calls and waits) while nothing computes (the main thread's other operators on CPU, the
-  device's other kernels where the trace has them);
+- the pipeline's bubble: a point-to-point transfer (a stage's send or receive) in flight while
+  nothing computes, the stage waiting on its neighbour;
+- exposed communication: another collective in flight (gloo's threads, NCCL/RCCL/oneCCL
+  kernels, the c10d calls and waits) while nothing computes (the main thread's other operators
+  on CPU, the device's other kernels where the trace has them);
 - the rest of the step by the range it falls in: data, forward, backward, optimizer (the step's
   named ranges), and idle (in none of them).
 Communication hidden behind compute is the collectives' time while something computed; with the
@@ -26,6 +28,7 @@ from mmm_orch.injob.protocol import PROFILE_PHASES, PROFILE_RANGE, PROFILE_TRACE
 COLLECTIVE = re.compile(
     r"gloo:|nccl|rccl|ccl:|c10d::|_c10d_functional::|record_param_comms|wait", re.I
 )
+POINT_TO_POINT = re.compile(r"send|recv", re.I)  # of the collectives: a pipeline's transfers
 STEP = re.compile(re.escape(PROFILE_RANGE) + r"step#(\d+)$")
 TOP = 10
 
@@ -66,7 +69,7 @@ class RankProfile:
         return sum(s.parts_ms[part] for s in self.steps) / total if total else 0.0
 
 
-PARTS = (*PROFILE_PHASES, "exposed_comm", "idle")
+PARTS = (*PROFILE_PHASES, "bubble", "exposed_comm", "idle")
 
 
 def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
@@ -89,7 +92,8 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
         raise TraceError(f"no {PROFILE_RANGE}step#N ranges: not a trace of an mmm-orch window")
     main = steps[0][1].get("tid")
     kernels = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    comm = [_span(e) for e in spans if COLLECTIVE.search(str(e.get("name", "")))]
+    comm = [e for e in spans if COLLECTIVE.search(str(e.get("name", "")))]
+    transfers = _union([_span(e) for e in comm if POINT_TO_POINT.search(str(e["name"]))])
     if kernels:  # the device's timeline says what computed
         compute = [_span(e) for e in kernels if not COLLECTIVE.search(str(e["name"]))]
     else:
@@ -111,7 +115,7 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
         for name in PROFILE_PHASES
     }
     covered = _union([s for name in PROFILE_PHASES for s in phases[name]])
-    comm_u, compute_u = _union(comm), _union(compute)
+    comm_u, compute_u = _union([_span(e) for e in comm]), _union(compute)
     out = []
     for number, event in sorted(steps, key=lambda pair: pair[0]):
         step = [_span(event)]
@@ -119,7 +123,9 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
         exposed = _subtract(in_flight, compute_u)
         rest = _subtract(step, exposed)
         parts = {name: _length(_intersect(phases[name], rest)) for name in PROFILE_PHASES}
-        parts["exposed_comm"] = _length(exposed)
+        bubble = _length(_intersect(exposed, transfers))
+        parts["bubble"] = bubble
+        parts["exposed_comm"] = _length(exposed) - bubble
         parts["idle"] = _length(_subtract(rest, covered))
         out.append(
             StepShares(

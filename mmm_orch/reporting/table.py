@@ -34,6 +34,7 @@ COLUMNS = [
     ("final_loss", "final loss"),
     ("val_loss", "val loss"),
     ("comm_pct", "exposed comm %"),
+    ("bubble_pct", "bubble %"),
     ("data_pct", "data %"),
     ("weak", "weak eff"),
     ("strong", "strong eff"),
@@ -68,6 +69,7 @@ class Row:
     per_node_hour: float | None = None  # tokens (samples) per node-hour charged
     # Of the profiled steps' time (--profile torch): collectives nothing hid, data loading.
     comm_pct: float | None = None
+    bubble_pct: float | None = None  # a pipeline's (none without one)
     data_pct: float | None = None
 
 
@@ -104,6 +106,9 @@ def row(data: JobData) -> Row:
         busbw_gbps=sizes[-1]["busbw_gbps"] if sizes else None,
         charged=record.charge,
         comm_pct=None if data.profile is None else 100 * data.profile["exposed_comm"],
+        bubble_pct=100 * data.profile["bubble"]
+        if data.profile and data.profile["bubble"]
+        else None,
         data_pct=None if data.profile is None else 100 * data.profile["data"],
     )
     if out.throughput and record.charge and record.charged_seconds:
@@ -143,7 +148,7 @@ def cell(r: Row, key: str) -> str:
         return f"{value:.4f}" if value < 1 else f"{value:,.2f}"
     if key in ("weak", "strong", "final_loss", "val_loss"):
         return f"{value:.3f}" if key in ("final_loss", "val_loss") else f"{value:.2f}"
-    if key in ("comm_pct", "data_pct"):
+    if key in ("comm_pct", "bubble_pct", "data_pct"):
         return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"

@@ -105,20 +105,30 @@ def draw_seed(seed: int, rank: int) -> int:
     return seed * 1_000_003 + rank + 1
 
 
-def mesh(rt: Runtime, tp: int = 1, pp: int = 1) -> DeviceMesh:
-    """The (pp, dp, tp) mesh: TP groups are consecutive ranks (inside a node), dp across them,
+def mesh(rt: Runtime, tp: int = 1, pp: int = 1, cp: int = 1) -> DeviceMesh:
+    """The (pp, dp, cp, tp) mesh: TP groups are consecutive ranks (inside a node), a sequence's
+    context-parallel ranks next (their gathers of keys and values each layer), dp across them,
     and the pipeline's stages outermost (across nodes: one activation a micro-batch crosses)."""
-    if rt.world_size % (tp * pp):
+    if rt.world_size % (tp * pp * cp):
         refuse(
             rt.is_main,
             "runtime",
-            f"--tp {tp} x --pp {pp}: expected a divisor of the world size {rt.world_size}",
+            f"--tp {tp} x --pp {pp} x --cp {cp}: expected a divisor of the world size "
+            f"{rt.world_size}",
         )
     return init_device_mesh(
         rt.device.type,
-        (pp, rt.world_size // (tp * pp), tp),
-        mesh_dim_names=("pp", "dp", "tp"),
+        (pp, rt.world_size // (tp * pp * cp), cp, tp),
+        mesh_dim_names=("pp", "dp", "cp", "tp"),
     )
+
+
+def data_parallel(world: DeviceMesh) -> DeviceMesh:
+    """The ranks a model's gradients are averaged over: dp, and under context parallel the cp
+    ranks too (each holds part of the same samples' tokens, as many as the others)."""
+    if world["cp"].size() == 1:
+        return world["dp"]
+    return world["dp", "cp"]._flatten("dp_cp")
 
 
 def mean_across(value: torch.Tensor, group=None) -> float:

@@ -27,7 +27,13 @@ if (
 
 import torch
 
-from mmm_orch.model_shapes import DEFAULT_LOSS_CHUNK, LlamaArgs, pipeline_fault, run_model
+from mmm_orch.model_shapes import (
+    DEFAULT_LOSS_CHUNK,
+    LlamaArgs,
+    context_fault,
+    pipeline_fault,
+    run_model,
+)
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
@@ -38,6 +44,7 @@ from mmm_orch.runtime.flops import TokenRate, transformer_flops_per_token
 from mmm_orch.runtime.loop import (
     StepTimer,
     adamw,
+    data_parallel,
     draw_per_rank,
     mean_across,
     mesh,
@@ -48,6 +55,7 @@ from mmm_orch.runtime.loop import (
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize, pipeline
+from mmm_orch.trainers.context import ContextShard
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
 from mmm_orch.trainers.training import Training
@@ -72,6 +80,9 @@ class Config(RunOptions):
     )
     pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = option(
         "1f1b", "the pipeline's schedule (a step's micro-batches: --global-batch)"
+    )
+    cp: int = option(
+        1, "context parallel: each sequence split over cp ranks (2 x cp divides seq_len)", ge=1
     )
     steps: int = option(1000, ge=1)
     warmup_steps: int = option(200, ge=0)
@@ -133,58 +144,82 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
     return model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr, ac
 
 
+@dataclass(frozen=True)
+class Forward:
+    """How a batch goes through the model on this rank: the model, its pipeline (None without
+    one), the context its forward and loss run in (parallelize.fsdp's), its part of each
+    sequence under context parallel (None without), the TP degree and the loss's chunk."""
+
+    model: Transformer
+    staged: pipeline.Pipeline | None
+    precision: Callable[[], AbstractContextManager]
+    context: ContextShard | None
+    tp: int
+    loss_chunk: int
+
+    def place(
+        self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's whole sequences as this rank feeds them: its part of each, on `device`."""
+        if self.context is not None:
+            inputs, labels = self.context.split(inputs), self.context.split(labels)
+        return inputs.to(device), labels.to(device)
+
+
 def build_model(
     cfg: Config, args, seq_len: int, ac, rt, world
-) -> tuple[Transformer, list[Transformer], Callable[[], AbstractContextManager], tuple[int, int]]:
-    """The model on the meta device, parallelized (TP, then this rank's pipeline stages,
-    compile, activation checkpointing, FSDP), then materialized and initialized on this rank's
-    device; the stages (the model itself without a pipeline); the context its forward and loss
-    run in (parallelize.fsdp's); and the parameter counts (all, embedding), taken before
-    sharding."""
+) -> tuple[Transformer, list[Transformer], Forward, tuple[int, int]]:
+    """The model on the meta device, parallelized (TP, context parallel, then this rank's
+    pipeline stages, compile, activation checkpointing, FSDP), then materialized and initialized
+    on this rank's device; the stages (the model itself without a pipeline); how a batch goes
+    through it (its pipeline still to build); and the parameter counts (all, embedding), taken
+    before sharding."""
     with torch.device("meta"):
         model = Transformer(args, seq_len)
     counts = model.count_params()
     parallelize.tensor_parallel_llama(model, world["tp"])
+    context = parallelize.context_parallel(model, world["cp"])
     if cfg.pp > 1:
         model = pipeline.part(model, world["pp"], cfg.pp_schedule)
     if cfg.compile:  # inside the checkpoint wrapper: compiling around it fails with TP (see tests)
-        parallelize.compile_blocks(model.layers)
+        parallelize.compile_blocks(model.layers, whole=context is None)
     parallelize.activation_checkpointing(model.layers, ac)
     stages = pipeline.stages(model, world["pp"], cfg.pp_schedule) if cfg.pp > 1 else [model]
     for stage in stages:
         precision = parallelize.fsdp(
-            stage, stage.layers.values(), world["dp"], param_dtype(rt, cfg.dtype)
+            stage, stage.layers.values(), data_parallel(world), param_dtype(rt, cfg.dtype)
         )
     model.to_empty(device=rt.device.torch)
     model.init_weights(cfg.seed)
-    return model, stages, precision, counts
+    forward = Forward(model, None, precision, context, world["tp"].size(), cfg.loss_chunk)
+    return model, stages, forward, counts
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     args, batch_size, seq_len, lr, ac = resolve(cfg)
     rt = runtime_dist.setup()
-    world = mesh(rt, cfg.tp, cfg.pp)
-    dp_mesh, tp_mesh = world["dp"], world["tp"]
+    world = mesh(rt, cfg.tp, cfg.pp, cfg.cp)
+    dp_mesh = world["dp"]
     try:
         batches = GlobalBatch.of(
             cfg.global_batch, batch_size, dp_mesh.size(), dp_mesh.get_local_rank()
         )
-        check_pipeline(cfg, args, batches)
+        check_layout(cfg, args, batches, seq_len)
         train, val = open_data(cfg, args.vocab_size, seq_len)
         reader = None if cfg.resume else pretrained(cfg, args)  # a resume may not need it
     except ValueError as exc:  # every rank finds the same: the main one says it, all stop
         refuse(rt.is_main, "llama3", str(exc))
     out = run_dir(cfg.output_dir, cfg.run_name, "llama3", rt)
 
-    model, stages, precision, (params, embedding_params) = build_model(
+    model, stages, forward, (params, embedding_params) = build_model(
         cfg, args, seq_len, ac, rt, world
     )
-    staged = (
-        pipeline.build(stages, world["pp"], cfg.pp_schedule, batches.accumulation, rt.device.torch)
-        if cfg.pp > 1
-        else None
-    )
+    if cfg.pp > 1:
+        staged = pipeline.build(
+            stages, world["pp"], cfg.pp_schedule, batches.accumulation, rt.device.torch
+        )
+        forward = dataclasses.replace(forward, staged=staged)
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     scheduler = warmup_cosine(optimizer, min(cfg.warmup_steps, cfg.steps // 5 or 1), cfg.steps)
@@ -197,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     step = training.step
     consumed = training.restored.get("samples", step * batches.size)  # the next sample's index
     samples = SampleLog.where(
-        cfg.log_sample_ids and tp_mesh.get_local_rank() == 0 and world["pp"].get_local_rank() == 0,
+        cfg.log_sample_ids and all(world[dim].get_local_rank() == 0 for dim in ("tp", "cp", "pp")),
         out,
         batches,
         step,
@@ -217,32 +252,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def step_of_training(step: int) -> dict:
         nonlocal consumed
-        loss = train_step(
-            model,
-            staged,
-            precision,
-            train,
-            batches,
-            consumed,
-            timer,
-            device,
-            step,
-            samples,
-            tp_mesh.size(),
-            cfg.loss_chunk,
-        )
+        loss = train_step(forward, train, batches, consumed, timer, device, step, samples)
         with region("optimizer"):
             consumed += batches.size
-            grad_norm = clip_gradients(model, cfg.max_grad_norm, world["pp"] if staged else None)
+            grad_norm = clip_gradients(
+                model, cfg.max_grad_norm, world["pp"] if forward.staged else None
+            )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         times = timer.stop()
-        validated = validate(
-            cfg, step, model, staged, precision, val, batches, dp_mesh, tp_mesh.size(), device
-        )
+        validated = validate(cfg, step, forward, val, batches, dp_mesh, device)
         return {
-            "loss": mean_across(loss, dp_mesh.get_group()),
+            "loss": mean_across(loss, data_parallel(world).get_group()),
             "grad_norm": _full(grad_norm),
             "lr": scheduler.get_last_lr()[0],
             **times,
@@ -296,11 +318,12 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, pp_mesh) -> torch.Te
     return pipeline.clip_grad_norm(list(model.parameters()), max_norm, pp_mesh)
 
 
-def check_pipeline(cfg: Config, args: LlamaArgs, batches: GlobalBatch) -> None:
-    """ValueError for a pipeline the run cannot make (model_shapes.pipeline_fault)."""
+def check_layout(cfg: Config, args: LlamaArgs, batches: GlobalBatch, seq_len: int) -> None:
+    """ValueError for a pipeline or a context split the run cannot make (model_shapes'
+    pipeline_fault and context_fault)."""
     fault = pipeline_fault(
         args.n_layers, cfg.pp, cfg.pp_schedule, batches.accumulation, batches.batch_size, batches.dp
-    )
+    ) or context_fault(seq_len, cfg.cp)
     if fault is not None:
         name, value, allowed = fault
         raise ValueError(f"--{name.replace('_', '-')} {value}: expected {allowed}")
@@ -309,41 +332,38 @@ def check_pipeline(cfg: Config, args: LlamaArgs, batches: GlobalBatch) -> None:
 def validate(
     cfg: Config,
     step: int,
-    model,
-    staged: pipeline.Pipeline | None,
-    precision: Callable[[], AbstractContextManager],
+    forward: Forward,
     val,
     batches: GlobalBatch,
     dp_mesh,
-    tp: int,
     device: torch.device,
 ) -> dict[str, float]:
     """{"val_loss": ...} at the steps --eval-every names and at the last; {} at the others."""
     if not cfg.eval_every or (step % cfg.eval_every and step != cfg.steps):
         return {}
-    if staged is not None:
+    tp, context = forward.tp, forward.context
+    if forward.staged is not None:
         found = pipeline_validation_loss(
-            staged, val, cfg.eval_samples, batches, dp_mesh, tp, device
+            forward.staged, val, cfg.eval_samples, batches, dp_mesh, tp, device, context
         )
-    else:
-        with precision():
-            found = validation_loss(
-                model,
-                val,
-                cfg.eval_samples,
-                batches.batch_size,
-                dp_mesh,
-                tp,
-                cfg.loss_chunk,
-                device,
-            )
+        return {"val_loss": found}
+    with forward.precision():
+        found = validation_loss(
+            forward.model,
+            val,
+            cfg.eval_samples,
+            batches.batch_size,
+            dp_mesh,
+            tp,
+            forward.loss_chunk,
+            device,
+            context,
+        )
     return {"val_loss": found}
 
 
 def train_step(
-    model,
-    staged: pipeline.Pipeline | None,
-    precision: Callable[[], AbstractContextManager],
+    forward: Forward,
     data,
     batches: GlobalBatch,
     consumed: int,
@@ -351,20 +371,20 @@ def train_step(
     device: torch.device,
     step: int,
     samples: SampleLog | None,
-    tp: int,
-    loss_chunk: int,
 ) -> torch.Tensor:
     """Forward and backward over the step's micro-batches; this rank's mean loss over its
     tokens. The timer's forward mark is at the last micro-batch's loss. Through a pipeline, the
     same samples (micro-batch m is batches.micro(consumed, m)) and the mean loss over the
-    step's tokens on every stage; the forward mark at the schedule's end."""
+    step's tokens on every stage; the forward mark at the schedule's end. Under context
+    parallel each rank's loss is over its part of the tokens, as many as the others'."""
     timer.start()
+    tp, staged = forward.tp, forward.staged
     if staged is not None:
         each = [batches.micro(consumed, m) for m in range(batches.accumulation)]
-        inputs, labels = read_batch(data, torch.cat(each))
+        inputs, labels = forward.place(*read_batch(data, torch.cat(each)), device)
         # Forwards and backwards interleave in it; a pipeline is never one rank (no autocast).
         with loss_context(tp), region("forward"):
-            piped = staged.step(inputs.to(device), labels.to(device))
+            piped = staged.step(inputs, labels)
         timer.forward_done()
         if samples is not None:
             for indices in each:
@@ -373,15 +393,15 @@ def train_step(
     total = torch.zeros((), device=device)
     for micro in range(batches.accumulation):
         indices = batches.micro(consumed, micro)
-        inputs, labels = read_batch(data, indices)
+        inputs, labels = forward.place(*read_batch(data, indices), device)
         with loss_context(tp):
             # Every sample has seq_len labels, so the micro-batches' mean losses over their
             # number is the mean over the step's tokens (FSDP averages it over the dp ranks;
             # each micro-batch's gradients are reduced to their shards at once, which keeps the
             # gradients sharded between micro-batches).
-            with region("forward"), precision():
+            with region("forward"), forward.precision():
                 loss = (
-                    token_losses(model, inputs.to(device), labels.to(device), loss_chunk, tp)
+                    token_losses(forward.model, inputs, labels, forward.loss_chunk, tp)
                     / batches.accumulation
                 )
             if micro == batches.accumulation - 1:

@@ -8,7 +8,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from mmm_orch.trainers.models.llama import Transformer
+from mmm_orch.trainers.context import ContextShard
+from mmm_orch.trainers.models.llama import Block, Transformer
 
 
 def tensor_parallel_llama(model: Transformer, tp_mesh: DeviceMesh) -> None:
@@ -80,9 +81,22 @@ def activation_checkpointing(blocks: nn.ModuleDict, mode: str) -> None:
             blocks[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def compile_blocks(blocks: nn.ModuleDict) -> None:
+def compile_blocks(blocks: nn.ModuleDict, whole: bool = True) -> None:
+    """Each block compiled, as one graph where `whole` (not under context parallel: its gather
+    of keys and values, a collective inside an autograd function, breaks the graph there)."""
     for name, block in list(blocks.items()):
-        blocks[name] = compiled(block, fullgraph=True)
+        blocks[name] = compiled(block, fullgraph=whole)
+
+
+def context_parallel(model: Transformer, cp_mesh: DeviceMesh) -> ContextShard | None:
+    """Each block's attention over this rank's part of every sequence (trainers/context.py);
+    the part, None without context parallel."""
+    if cp_mesh.size() == 1:
+        return None
+    shard = ContextShard(cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size())
+    for block in model.layers.values():
+        cast(Block, block).attention.context = shard
+    return shard
 
 
 def compiled(module: nn.Module, **options: Any) -> nn.Module:

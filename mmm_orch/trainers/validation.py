@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from mmm_orch.runtime.data import GlobalBatch, micro_batch_indices
+from mmm_orch.trainers.context import ContextShard
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.pipeline import IGNORED, Pipeline
 
@@ -34,6 +35,7 @@ def validation_loss(
     tp: int,
     loss_chunk: int,
     device: torch.device,
+    context: ContextShard | None = None,
 ) -> float:
     """Mean loss per token over held-out samples 0 .. samples - 1 of `data`, split over the
     data-parallel ranks in micro-batches (every rank of a TP group on the same ones): the same
@@ -46,14 +48,14 @@ def validation_loss(
     for micro in range(math.ceil(samples / per_forward)):
         indices = micro_batch_indices(0, micro, dp_mesh.get_local_rank(), batch_size, dp)
         kept = (indices < samples).to(device)
-        inputs, labels = data.batch(torch.where(indices < samples, indices, 0))
+        inputs, labels = _part(context, *data.batch(torch.where(indices < samples, indices, 0)))
         with loss_context(tp):
             per_token = token_losses(
                 model, inputs.to(device), labels.to(device), loss_chunk, tp, "none"
             )
         totals[0] += (per_token.sum(1) * kept).sum()
         totals[1] += kept.sum() * labels.shape[1]
-    dist.all_reduce(totals, group=dp_mesh.get_group())
+    _sum_over(totals, dp_mesh, context)
     model.train()
     return (totals[0] / totals[1]).item()
 
@@ -67,6 +69,7 @@ def pipeline_validation_loss(
     dp_mesh,
     tp: int,
     device: torch.device,
+    context: ContextShard | None = None,
 ) -> float:
     """validation_loss through a pipeline: the same held-out samples in the same micro-batches
     (a step's worth at a time, the schedule's count), a slot past the last sample labelled
@@ -78,7 +81,7 @@ def pipeline_validation_loss(
     for first in range(0, math.ceil(samples / per_forward), micro):
         indices = torch.cat([batches.micro(0, first + m) for m in range(micro)])
         kept = indices < samples
-        inputs, labels = data.batch(torch.where(kept, indices, 0))
+        inputs, labels = _part(context, *data.batch(torch.where(kept, indices, 0)))
         labels = torch.where(kept.unsqueeze(1), labels, IGNORED)
         with loss_context(tp):
             losses = staged.evaluate(inputs.to(device), labels.to(device))
@@ -88,6 +91,22 @@ def pipeline_validation_loss(
                 totals[0] += loss * tokens
                 totals[1] += tokens
     staged.train(True)
-    dist.all_reduce(totals, group=dp_mesh.get_group())
+    _sum_over(totals, dp_mesh, context)
     totals = staged.on_every_stage(totals)  # the last stage's ranks hold them
     return (totals[0] / totals[1]).item()
+
+
+def _part(
+    context: ContextShard | None, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's part of each sequence under context parallel; the whole one without."""
+    if context is None:
+        return inputs, labels
+    return context.split(inputs), context.split(labels)
+
+
+def _sum_over(totals: torch.Tensor, dp_mesh, context: ContextShard | None) -> None:
+    """Every rank's sums of its samples' tokens: over dp, and over each sequence's parts."""
+    dist.all_reduce(totals, group=dp_mesh.get_group())
+    if context is not None:
+        dist.all_reduce(totals, group=context.group)

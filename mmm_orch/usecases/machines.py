@@ -7,7 +7,7 @@ from typing import Any
 
 from mmm_orch.config import registry
 from mmm_orch.config.machine import Machine
-from mmm_orch.config.workload import Workload
+from mmm_orch.config.workload import LAYOUT_OPTIONS, Workload
 from mmm_orch.config.yamlio import adapter
 from mmm_orch.walltime import format_walltime
 
@@ -35,7 +35,7 @@ def workload_rows() -> list[dict[str, Any]]:
     for name in registry.names("workloads"):
         w = registry.load_workload(name)
         layout = ", ".join(
-            f"{k}={w.layout_value(k, w.args)}" for k in ("tp", "pp") if k in w.options
+            f"{k}={w.layout_value(k, w.args)}" for k in LAYOUT_OPTIONS if k in w.options
         )
         rows.append(
             {

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mmm_orch.model_shapes import LlamaArgs, RopeScaling
+from mmm_orch.trainers.context import ContextShard
 from mmm_orch.trainers.models.init import draw_whole
 
 # Fused kernels first, cuDNN's before FlashAttention-2's, as torchtitan orders them: on Hopper
@@ -65,6 +66,8 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    context: ContextShard | None = None  # context parallel: this rank's part of each sequence
+
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.head_dim = args.head_dim
@@ -79,15 +82,17 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.context is not None:  # this rank's tokens sit at their places in the sequence
+            freqs = freqs[self.context.positions(seq, x.device)]
         q, k = apply_rope(q, freqs), apply_rope(k, freqs)
-        with sdpa_kernel(ATTENTION_KERNELS, set_priority=True):
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                is_causal=True,
-                enable_gqa=self.repeats > 1,
-            )
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.context is not None:
+            out = self.context.attention(q, k, v, ATTENTION_KERNELS, self.repeats > 1)
+        else:
+            with sdpa_kernel(ATTENTION_KERNELS, set_priority=True):
+                out = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, enable_gqa=self.repeats > 1
+                )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
