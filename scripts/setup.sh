@@ -11,7 +11,7 @@ if [[ ! -x $VENV/bin/python ]]; then
 fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
-"${pip[@]}" -e ".[train,test,plot,data,tensorboard,wandb]"
+"${pip[@]}" -e ".[train,test,plot,data,tensorboard,wandb,docs]"
 # The report tests open report.html in a real headless browser: Debian's Chromium.
 if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "installing chromium (Debian package) for the report tests" >&2

@@ -4,7 +4,7 @@
 # side by side (MMM_ORCH_TEST_WORKERS, default 6 on CI's 2 cores; tests sharing a module fixture
 # are kept on one worker by an xdist_group); the few that stop a shared scheduler (marked
 # `serial`) run first, alone.
-# Before the tests: ruff (lint and format) and mypy on mmm_orch.
+# Before the tests: ruff (lint and format) and mypy on mmm_orch, and the documentation site built.
 # `--fast`: only the tests that need no server, no root and no waiting (tests/conftest.py), for
 # a developer's loop; the servers are not started. Its tests keep the CPUs busy rather than
 # sleep, so it runs one worker a core (MMM_ORCH_TEST_WORKERS still wins) and no serial phase
@@ -29,6 +29,8 @@ failed=0
 "$BIN/ruff" check --quiet || failed=1
 "$BIN/ruff" format --check --quiet || { echo "ruff format: run .venv/bin/ruff format" >&2; failed=1; }
 "$BIN/mypy" || failed=1
+# The documentation site, warnings (a broken link, a page missing from the navigation) as errors.
+NO_MKDOCS_2_WARNING=1 "$BIN/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)" || failed=1
 run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial tests) is fine;
     # a failure in one phase still lets the other run, and the script fails at the end.
     "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || failed=$rc; }

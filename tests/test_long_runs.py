@@ -42,12 +42,13 @@ def metrics(run_dir: str | Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == "step"]
 
 
-def local_run(isolated: Path, steps: int, run_name: str, nice: int = 0) -> subprocess.Popen:
+def local_run(isolated: Path, steps: int, run_name: str, nice: int = 0,
+              sets: tuple[str, ...] = ()) -> subprocess.Popen:
     """The same training uninterrupted, on this computer (2 ranks, as one 2-rank test node)."""
     return subprocess.Popen(
         ["nice", "-n", str(nice), sys.executable, "-m", "mmm_orch", "submit", "local",
-         "llama_chain", "--set", f"steps={steps}", "--set", f"run_name={run_name}", "--walltime",
-         "00:30:00", "--follow"],
+         "llama_chain", "--set", f"steps={steps}", "--set", f"run_name={run_name}",
+         *(item for s in sets for item in ("--set", s)), "--walltime", "00:30:00", "--follow"],
         cwd=isolated, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=_reference_env(isolated))
 
@@ -75,9 +76,11 @@ def _stop_local_runs(isolated: Path, follower: subprocess.Popen) -> None:
 
 @pytest.mark.live
 @pytest.mark.starts_first
-@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+@pytest.mark.parametrize("kind,layout", [("slurm", []), ("pbs", ["pp=2"])], ids=["slurm", "pbs"])
 def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, isolated, kind,
-                                                                 leftovers_cancelled):
+                                                                 layout, leftovers_cancelled):
+    """On PBS the chain's run is a pipeline of two stages (its reference a dp run of the same
+    global batch): the links' stops and resumes are a pipeline's too."""
     request.getfixturevalue("slurm_cluster" if kind == "slurm" else "pbs_server")
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
     write_spec(isolated, "llama_chain", PACED_SPEC)
@@ -86,13 +89,15 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
     # ten times slower the ranks start in up to 30 s: 7 links of the 20.
     steps = round(3 * 35 / STEP_S)
 
-    result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", "--walltime",
+    same = ("dtype=fp32", "global_batch=16")  # as the reference: the same samples each step
+    sets = [item for s in (*same, *layout) for item in ("--set", s)]
+    result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", *sets, "--walltime",
                  "00:01:00", "--chain", "20", "--json")
     assert result.code == 0, result.err
     links = json.loads(result.out)
     # Beside the links, at the lowest priority: it takes only the CPU time they leave (their
     # ranks must start and save in time), and the test no longer waits for it after the chain.
-    reference = local_run(isolated, steps, "reference", nice=19)
+    reference = local_run(isolated, steps, "reference", nice=19, sets=same)
     request.addfinalizer(lambda: _stop_local_runs(isolated, reference))
     deadline = time.monotonic() + 1800
     while True:

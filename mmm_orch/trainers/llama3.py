@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         rt.world_size,
     )
     timer, device = training.timer, rt.device.torch
+    averaged = data_parallel(world).get_group()  # the ranks whose losses make the step's
     if step:
         training.logger.event(
             "resume", step=step, samples=consumed, checkpoint=str(training.checkpointer.root)
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         times = timer.stop()
         validated = validate(cfg, step, forward, val, batches, dp_mesh, device)
         return {
-            "loss": mean_across(loss, data_parallel(world).get_group()),
+            "loss": mean_across(loss, averaged),
             "grad_norm": _full(grad_norm),
             "lr": scheduler.get_last_lr()[0],
             **times,
