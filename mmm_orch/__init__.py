@@ -1,6 +1,6 @@
 """mmm-orch: turn a machine profile and a workload spec into a correct, reviewable, tracked job.
 
-From Python (mmm_orch/api.py; README "From Python"):
+From Python (mmm_orch/api.py; docs/reference/commands.md, "From Python"):
 
     import mmm_orch
     job = mmm_orch.submit("slurm-local", "fsdp", nodes=2, options={"epochs": 1})

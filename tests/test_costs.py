@@ -56,9 +56,8 @@ def test_every_charging_fact_in_a_facility_profile_has_a_source(machine):
         assert charging["balance"]["source"], machine
 
 
-def test_the_readme_tables_the_four_facilities_charging_rules():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## What runs cost", 1)[1].split("\n## ", 1)[0]
+def test_the_manual_tables_the_four_facilities_charging_rules():
+    section = (REPO / "docs" / "guides" / "costs.md").read_text()
     for machine in FACILITIES:
         assert re.search(rf"^\| {machine} \|", section, re.M), machine
 

@@ -3,7 +3,7 @@ ranks of one node SIGKILLed (the node is retired, a spare takes its place, train
 the last checkpoint with the same losses), a bad option, an exception after steps, the walltime
 stop, a node lost as the walltime ends (none retried), a hang (retried, blind), a second node lost
 with no spare left, a cancel; the failed node is remembered and the next job keeps off it. One
-test per row of the classification table in the README. And the loop's own failure ends the job
+test per row of the classification table in docs/guides/node-failures.md. And the loop's own failure ends the job
 loudly."""
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ def build_parser() -> ArgParser:
     parser = ArgParser(
         prog="mmm-orch",
         description="Render, submit and track FSDP/TP training jobs on HPC schedulers.",
+        epilog="The manual: README.md and docs/ in the source (`mkdocs serve` shows it as a "
+        "site); every command and option: docs/reference/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"mmm-orch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
