@@ -137,7 +137,7 @@ def test_import_is_instant_and_the_plan_is_the_clis():
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and script == cli.stdout
     plan = mmm_orch.plan("perlmutter", "fsdp_tp", nodes=2, account="m1234", options={"tp": 2})
-    assert plan.layout.mesh == {"dp": 4, "tp": 2, "pp": 1} and plan.queue.account == "m1234"
+    assert plan.layout.mesh == {"dp": 4, "tp": 2, "pp": 1, "cp": 1} and plan.queue.account == "m1234"
 
 
 @pytest.mark.slow

@@ -148,13 +148,13 @@ from mmm_orch.trainers.llama3 import Config, build_model, resolve
 cfg = parse(Config, sys.argv[1:])
 args, batch_size, seq_len, _, ac = resolve(cfg)
 rt = runtime_dist.setup()
-model, _, precision, _ = build_model(cfg, args, seq_len, ac, rt, mesh(rt))
+model, _, forward, _ = build_model(cfg, args, seq_len, ac, rt, mesh(rt))
 params = list(model.parameters())
 kept = {"sharded": any(isinstance(p, DTensor) for p in params),
         "kept": sorted({str(p.dtype) for p in params})}
 computed = []
 model.layers["0"].attention.wq.register_forward_hook(lambda m, i, o: computed.append(o.dtype))
-with precision():
+with forward.precision():
     model(torch.zeros(1, 8, dtype=torch.long), hidden_only=True)
 if rt.is_main:
     print(json.dumps({**kept, "computed": str(computed[0])}))
