@@ -312,6 +312,8 @@ def submit(
 
 @dataclass(frozen=True)
 class Sweep:
+    """A sweep's points, submitted together (`sweep()`); `mmm-orch status --sweep ID` shows it."""
+
     id: int
     jobs: list[Job]
     points: list[dict[str, Any]]  # each job's values of the swept options (nodes included)

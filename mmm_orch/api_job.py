@@ -210,9 +210,11 @@ class Job:
     run_dir = property(lambda self: self.record.run_dir)
 
     def to_dict(self) -> dict[str, Any]:
+        """Its record as plain data, as `mmm-orch status --json` shows a job."""
         return self.record.to_dict()
 
     def refresh(self) -> Job:
+        """Ask the scheduler where it stands now (as `mmm-orch status JOB`); itself."""
         refresh([self])
         return self
 

@@ -29,7 +29,9 @@ failed=0
 "$BIN/ruff" check --quiet || failed=1
 "$BIN/ruff" format --check --quiet || { echo "ruff format: run .venv/bin/ruff format" >&2; failed=1; }
 "$BIN/mypy" || failed=1
-# The documentation site, warnings (a broken link, a page missing from the navigation) as errors.
+# The documentation site: the pages made from the code up to date with it, and built with
+# warnings (a broken link, a page missing from the navigation) as errors.
+"$PY" -m mmm_orch.reference docs/reference --check || failed=1
 NO_MKDOCS_2_WARNING=1 "$BIN/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)" || failed=1
 run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial tests) is fine;
     # a failure in one phase still lets the other run, and the script fails at the end.

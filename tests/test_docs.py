@@ -1,8 +1,9 @@
 """The manual: a short README whose first commands are the two a fresh machine needs, and whose
-former sections each live on a page of the site; the generated command-line reference
-(docs/reference/cli.md) is the parser's: the page in the repository is what the parser makes
-today, and an option whose help changes in a scratch copy of the package makes the check fail
-until the page is made again. (scripts/test.sh builds the site with --strict.)"""
+former sections each live on a page of the site; the generated reference pages (docs/reference:
+the command line from the parser, the Python API from its docstrings, the schemas, the machines'
+queues and limits, the exit codes) are what the code makes today, and an option whose help
+changes in a scratch copy of the package makes the check fail until the pages are made again.
+(scripts/test.sh checks them too, and builds the site with --strict.)"""
 
 from __future__ import annotations
 
@@ -14,41 +15,82 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PAGE = REPO / "docs" / "reference" / "cli.md"
+PAGES = REPO / "docs" / "reference"
 
 
-def check(page: Path, package_root: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmm_orch.cli.reference", str(page), *extra],
+def check(pages: Path, package_root: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmm_orch.reference", str(pages), *extra],
                           capture_output=True, text=True, timeout=120, cwd=package_root,
                           env={**os.environ, "PYTHONPATH": str(package_root)})
 
 
-def test_the_reference_page_is_the_parser_s_today():
-    found = check(PAGE, REPO, "--check")
+def test_the_reference_pages_are_the_code_s_today():
+    # A profile of this user's own must not change what the pages say.
+    own = Path(os.environ["XDG_CONFIG_HOME"]) / "mmm-orch" / "machines"
+    own.mkdir(parents=True)
+    (own / "aurora.yaml").write_text("extends: aurora\nname: aurora\nmax_nodes: 7\n")
+    found = check(PAGES, REPO, "--check")
     assert found.returncode == 0, found.stderr
-    text = PAGE.read_text()
+    cli = (PAGES / "cli.md").read_text()
     for command in ("submit", "sweep", "launch", "profile", "export", "db recover"):
-        assert f"## `{command}`" in text, command
-    assert "| `-N NODES`, `--nodes NODES` |" in text
+        assert f"## `{command}`" in cli, command
+    assert "| `-N NODES`, `--nodes NODES` |" in cli
+    python = (PAGES / "python.md").read_text()
+    for name in ("mmm_orch.submit(", "class `mmm_orch.Job`", "#### `wait(timeout",
+                 "mmm_orch.runtime.report_step(", "mmm_orch.runtime.EXIT_CHECKPOINTED = 75"):
+        assert name in python, name
+    schemas = (PAGES / "schemas.md").read_text()
+    assert "| `login_shell` | boolean | `true` | The job script runs in a login shell" in schemas
+    assert "#### `JobLimit` { #machine-joblimit }" in schemas
+    machines = (PAGES / "machine-table.md").read_text()
+    assert ("| `debug` | 1-2 | 01:00:00 | yes | 1 running or queued job per user (ALCF-UG "
+            "running-jobs-aurora: Max 1 job running/accruing/queued per-user)") in machines
+    assert "up to 10624" in machines  # the packaged aurora, not this user's
+    codes = (PAGES / "exit-codes.md").read_text()
+    assert "| 75 | `EXIT_CHECKPOINTED` |" in codes
+    assert "| `SchedulerUnavailable` | `MmmError` | 3 |" in codes
 
 
-def test_a_changed_help_text_fails_the_check_until_the_page_is_made_again(tmp_path):
+def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(tmp_path):
     scratch = tmp_path / "scratch"
     shutil.copytree(REPO / "mmm_orch", scratch / "mmm_orch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    page = tmp_path / "cli.md"
-    shutil.copy(PAGE, page)
+    pages = tmp_path / "reference"
+    shutil.copytree(PAGES, pages)
     commands = scratch / "mmm_orch" / "cli" / "job_cmds.py"
     old = "then stream the log until the job ends; exit with the job's exit code"
     assert old in commands.read_text()
     commands.write_text(commands.read_text().replace(old, "then stream the log (changed)"))
 
-    stale = check(page, scratch, "--check")
+    stale = check(pages, scratch, "--check")
     assert stale.returncode == 1
-    assert "is out of date with the parser: regenerate it with" in stale.stderr
-    assert check(page, scratch).returncode == 0
-    assert "then stream the log (changed)" in page.read_text()
-    assert check(page, scratch, "--check").returncode == 0
+    assert stale.stderr.strip() == (f"out of date with the code: {pages / 'cli.md'}; regenerate "
+                                    "with `python -m mmm_orch.reference docs/reference`")
+    assert check(pages, scratch).returncode == 0
+    assert "then stream the log (changed)" in (pages / "cli.md").read_text()
+    assert check(pages, scratch, "--check").returncode == 0
+
+
+def test_a_changed_docstring_or_field_comment_fails_the_check(tmp_path):
+    scratch = tmp_path / "scratch"
+    shutil.copytree(REPO / "mmm_orch", scratch / "mmm_orch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    pages = tmp_path / "reference"
+    shutil.copytree(PAGES, pages)
+    api = scratch / "mmm_orch" / "api_job.py"
+    api.write_text(api.read_text().replace("The log as it is written", "The log (changed)"))
+    queues = scratch / "mmm_orch" / "config" / "queues.py"
+    queues.write_text(queues.read_text().replace(
+        "    # Needs an allocation or request first; never picked automatically.",
+        "    # Asked for first (changed)."))
+
+    stale = check(pages, scratch, "--check")
+    assert stale.returncode == 1
+    assert f"{pages / 'python.md'}, {pages / 'schemas.md'};" in stale.stderr
+    assert check(pages, scratch).returncode == 0
+    assert "The log (changed)" in (pages / "python.md").read_text()
+    assert "| `by_request` | boolean | `false` | Asked for first (changed). |" in (
+        pages / "schemas.md").read_text()
 
 
 # Where each section of the README as it was (1,600 lines, before the site) now lives.

@@ -30,7 +30,7 @@ LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.pa
           "mmm_orch.records", "mmm_orch.submission", "mmm_orch.tracking", "mmm_orch.reporting",
           "mmm_orch.usecases",
           "mmm_orch.api_job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
-          "mmm_orch.cli", "mmm_orch.__main__", "mmm_orch"]
+          "mmm_orch.cli", "mmm_orch.reference", "mmm_orch.__main__", "mmm_orch"]
 
 
 def _modules() -> dict[str, Path]:

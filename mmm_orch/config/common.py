@@ -66,9 +66,14 @@ def first_line_break(value: Any, loc: tuple = ()) -> tuple[tuple, str] | None:
     return None
 
 
+# Every class made by config(), by name: the JSON Schema's parts (config/notes.py describes them).
+CONFIGURED: dict[str, type] = {}
+
+
 @dataclass_transform(frozen_default=True, kw_only_default=True)
 def config(cls: type[T]) -> type[T]:
     """A frozen, keyword-only dataclass whose unknown keys are validation errors."""
+    CONFIGURED[cls.__name__] = cls
     pydantic_config: Any = cls
     pydantic_config.__pydantic_config__ = {"extra": "forbid"}
     return dataclass(frozen=True, kw_only=True)(cls)

@@ -54,6 +54,8 @@ _state: dict[str, Any] = {"runtime": None, "logger": None}
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A saved step of this run (`latest_checkpoint()`)."""
+
     step: int
     path: Path  # the directory checkpoint_path(step) gave when it was saved
 

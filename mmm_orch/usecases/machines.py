@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmm_orch.config import registry
+from mmm_orch.config import notes, registry
+from mmm_orch.config.common import CONFIGURED
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.workload import LAYOUT_OPTIONS, Workload
 from mmm_orch.config.yamlio import adapter
@@ -66,8 +67,10 @@ def show(kind: str, name: str, whole: bool) -> Any:
 
 
 def schema(kind: str) -> dict[str, Any]:
-    """The JSON schema of a machine profile or a workload spec."""
-    return adapter(Machine if kind == "machine" else Workload).json_schema()
+    """The JSON schema of a machine profile or a workload spec, each field described by the
+    comments beside it in the code."""
+    made = adapter(Machine if kind == "machine" else Workload).json_schema()
+    return notes.describe(made, list(CONFIGURED.values()))
 
 
 def is_machine(name: str) -> bool:

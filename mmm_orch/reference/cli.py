@@ -1,28 +1,20 @@
-"""The command-line reference (docs/reference/cli.md), made from the argument parser itself so
-that it cannot drift from it: every command, its usage, its options and their help.
-
-    python -m mmm_orch.cli.reference docs/reference/cli.md           # write it
-    python -m mmm_orch.cli.reference docs/reference/cli.md --check   # exit 1 if out of date
-"""
+"""The command-line reference (docs/reference/cli.md), made from the argument parser itself:
+every command, its usage, its options and their help."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-HEADER = """\
-# Command-line reference
-
-Generated from mmm-orch's argument parser by `python -m mmm_orch.cli.reference
-docs/reference/cli.md`; a test fails when it is out of date. `mmm-orch COMMAND --help` says the
-same.
-"""
+from mmm_orch.cli import build_parser
+from mmm_orch.reference import header
 
 
-def markdown(parser: argparse.ArgumentParser) -> str:
+def markdown() -> str:
     """The page: the global options, then each command (and sub-command) in the parser's order."""
-    sections = [HEADER, _section(parser, "mmm-orch", "")]
+    parser = build_parser()
+    intro = header("Command-line reference", "mmm-orch's argument parser")
+    intro += "\n`mmm-orch COMMAND --help` says the same.\n"
+    sections = [intro, _section(parser, "mmm-orch", "")]
     sections += [_section(sub, name, said) for name, sub, said in _commands(parser, "")]
     return "\n".join(sections).rstrip() + "\n"
 
@@ -77,30 +69,3 @@ def _row(action: argparse.Action) -> str:
         text += f" (default: {action.default})"
     text = text.replace("%(default)s", str(action.default)).replace("|", "\\|")
     return f"| {names} | {text} |"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write (or check) the command-line reference.")
-    parser.add_argument("page", type=Path)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
-    options = parser.parse_args(argv)
-    from mmm_orch.cli import build_parser
-
-    made = markdown(build_parser())
-    if options.check:
-        found = options.page.read_text() if options.page.exists() else ""
-        if found != made:
-            print(
-                f"{options.page} is out of date with the parser: regenerate it with "
-                f"`python -m mmm_orch.cli.reference {options.page}`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    options.page.parent.mkdir(parents=True, exist_ok=True)
-    options.page.write_text(made)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
