@@ -135,3 +135,32 @@ def test_every_former_readme_section_is_a_heading_of_a_page_the_readme_links():
         for heading in headings:
             assert re.search(rf"^#{{1,3}} {re.escape(heading)}$", text, re.M), (page, heading)
         assert f"(docs/{page})" in readme, page
+
+
+def _sections(page: Path) -> set[str]:
+    """The anchors of a page's headings, as the site's table of contents names them."""
+    headings = re.findall(r"^#{1,6} (.*?)(?: \{ #\S+ \})?$", page.read_text(), re.M)
+    return {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in headings}
+
+
+def test_each_command_s_help_ends_with_its_page_in_the_manual(cli):
+    from mmm_orch.cli import build_parser
+    from mmm_orch.cli.manual import commands
+
+    options = _sections(PAGES / "cli.md")
+    named = 0
+    for name, parser, _ in commands(build_parser()):
+        text = " ".join(parser.format_help().split())
+        found = re.search(r"The manual: docs/(\S+); every option: docs/reference/cli\.md#(\S+)\.$",
+                          text)
+        assert found, (name, text[-200:])
+        page, _, section = found.group(1).partition("#")
+        assert (REPO / "docs" / page).is_file(), (name, page)
+        assert not section or section in _sections(REPO / "docs" / page), (name, section)
+        assert found.group(2) in options, (name, found.group(2))
+        named += 1
+    assert named >= 30
+    shown = cli("submit", "--help")  # as a user sees it
+    assert shown.code == 0
+    assert " ".join(shown.out.split()).endswith(
+        "The manual: docs/guides/jobs.md; every option: docs/reference/cli.md#submit.")

@@ -21,6 +21,7 @@ from mmm_orch.cli import (
     usage_cmds,
 )
 from mmm_orch.cli.common import ArgParser
+from mmm_orch.cli.manual import link_pages
 from mmm_orch.errors import MmmError, one_line
 from mmm_orch.version import __version__
 
@@ -55,6 +56,7 @@ def build_parser() -> ArgParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
+    link_pages(parser)
     return parser
 
 

@@ -7,6 +7,7 @@ import argparse
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -17,8 +18,24 @@ from mmm_orch.limits import MAX_LINKS  # a constant: the use cases' import would
 MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, never breaking a word at its hyphen: a name or a link (`pack-run`,
+    `docs/...#db-recover`) stays whole to be copied."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = " ".join(text.split())
+        return textwrap.fill(
+            text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
+
+
 class ArgParser(argparse.ArgumentParser):
-    """argparse, with its errors as one line (`mmm-orch: error: ...`, exit 2), not a usage block."""
+    """argparse, with its errors as one line (`mmm-orch: error: ...`, exit 2), not a usage block,
+    and its help text wrapped between words only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         # "argument -N/--nodes: 'x' is invalid: ..." reads "--nodes 'x' is invalid: ...".

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from mmm_orch.cli import build_parser
+from mmm_orch.cli.manual import PAGES, commands
 from mmm_orch.reference import header
 
 
@@ -15,24 +16,8 @@ def markdown() -> str:
     intro = header("Command-line reference", "mmm-orch's argument parser")
     intro += "\n`mmm-orch COMMAND --help` says the same.\n"
     sections = [intro, _section(parser, "mmm-orch", "")]
-    sections += [_section(sub, name, said) for name, sub, said in _commands(parser, "")]
+    sections += [_section(sub, name, said) for name, sub, said in commands(parser)]
     return "\n".join(sections).rstrip() + "\n"
-
-
-def _commands(parser: argparse.ArgumentParser, prefix: str):
-    """(full command name, its parser, its one-line help), depth first, in the order they were
-    added."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
-            seen: set[int] = set()
-            for name, sub in action.choices.items():
-                if id(sub) in seen:  # an alias
-                    continue
-                seen.add(id(sub))
-                full = f"{prefix} {name}".strip()
-                yield full, sub, helps.get(name, "")
-                yield from _commands(sub, full)
 
 
 def _section(parser: argparse.ArgumentParser, name: str, said: str) -> str:
@@ -40,6 +25,9 @@ def _section(parser: argparse.ArgumentParser, name: str, said: str) -> str:
     for text in (said, parser.description):
         if text and " ".join(text.split()) not in lines:
             lines += [" ".join(text.split()), ""]
+    if name != "mmm-orch":
+        page = PAGES[name.split()[0]]
+        lines += [f"In the manual: [{page}](../{page}).", ""]
     usage = " ".join(parser.format_usage().removeprefix("usage: ").split())
     lines += ["```", usage, "```", ""]
     rows = [_row(action) for action in parser._actions if _shown(action)]
