@@ -7,11 +7,12 @@ refuses a split the trainer could not make and names cp where a long sequence do
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from test_pipeline import TINY, losses, trained
+from test_pipeline import TINY, assert_refused_before_the_queue, losses, trained
 from test_trainers import launch, steps
 
 LAYOUTS = {
@@ -21,37 +22,64 @@ LAYOUTS = {
     "tp2 x cp2": ["--tp", "2", "--cp", "2"],
     "pp2 x cp2": ["--pp", "2", "--cp", "2"],
 }
+ARGS = [*TINY, "--steps", "10", "--eval-every", "5", "--eval-samples", "13",
+        "--checkpoint-every", "5"]
+
+
+# The layouts' tests share their runs, so they run on one worker, one after the other: each
+# layout its own test (its own failure), each run made once.
+LAYOUT_RUNS = pytest.mark.xdist_group("context-parallel-layouts")
+
+
+@pytest.fixture(scope="session")
+def layout_run(tmp_path_factory):
+    """A layout's run (ARGS on 4 ranks), made the first time a test asks for it."""
+    made: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp("context-parallel") / name.replace(" ", "")
+            proc = launch("llama3", [*ARGS, *LAYOUTS[name]], 4, "torchrun", out)
+            assert proc.returncode == 0, (name, proc.stderr[-3000:])
+            made[name] = out
+        return made[name]
+
+    return run
+
+
+def curves(out: Path) -> dict[int, float]:
+    """A run's loss at each step, and its validation loss at -step."""
+    return {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
 
 
 @pytest.mark.slow
-def test_every_layout_with_context_parallel_gives_the_same_loss_and_a_cp2_run_resumes_at_cp1(
-        tmp_path):
-    found = {}
-    args = [*TINY, "--steps", "10", "--eval-every", "5", "--eval-samples", "13",
-            "--checkpoint-every", "5"]
-    for name, layout in LAYOUTS.items():
-        out = tmp_path / name.replace(" ", "")
-        proc = launch("llama3", [*args, *layout], 4, "torchrun", out)
-        assert proc.returncode == 0, (name, proc.stderr[-3000:])
-        found[name] = {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
-        assert trained(out) == list(range(80)), name  # 10 steps x 8 samples, each once
-    reference = found["dp4"]
+@LAYOUT_RUNS
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_layout_with_context_parallel_gives_dp4_s_losses(layout_run, name):
+    reference, found = curves(layout_run("dp4")), curves(layout_run(name))
     assert sorted(reference) == [-10, -5, *range(1, 11)]
-    for name, curve in found.items():
-        for step, loss in reference.items():
-            assert curve[step] == pytest.approx(loss, rel=1e-4), (name, step)
+    assert sorted(found) == sorted(reference)
+    for step, loss in reference.items():
+        assert found[step] == pytest.approx(loss, rel=1e-4), (name, step)
+    assert trained(layout_run(name)) == list(range(80))  # 10 steps x 8 samples, each once
 
-    # The dp2 x cp2 run's step-5 checkpoint, resumed without context parallel.
+
+@pytest.mark.slow
+@LAYOUT_RUNS
+def test_a_cp2_run_resumes_without_context_parallel(layout_run, tmp_path):
+    """The dp2 x cp2 run's step-5 checkpoint, resumed on dp4: the same losses after it, every
+    sample once across the two layouts."""
+    cp2 = layout_run("dp2 x cp2")
     resumed = tmp_path / "cp2-then-dp4"
-    shutil.copytree(tmp_path / "dp2xcp2", resumed)
+    shutil.copytree(cp2, resumed)
     (resumed / "run" / "checkpoints" / "latest").write_text("step-5")
-    proc = launch("llama3", [*args, "--resume"], 4, "torchrun", resumed)
+    proc = launch("llama3", [*ARGS, "--resume"], 4, "torchrun", resumed)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[resume] step=5" in proc.stdout
-    after = losses(resumed)
+    after, before = losses(resumed), losses(cp2)
     for step in range(6, 11):
-        assert after[step] == pytest.approx(found["dp2 x cp2"][step], rel=1e-5), step
-    assert trained(resumed) == list(range(80))  # every sample once across the layouts
+        assert after[step] == pytest.approx(before[step], rel=1e-5), step
+    assert trained(resumed) == list(range(80))
 
 
 @pytest.mark.slow
@@ -59,7 +87,8 @@ def test_compiled_blocks_under_context_parallel_train_like_eager_ones(tmp_path):
     """The gather of keys and values breaks a compiled block's graph: compiled in parts there,
     the run has the eager one's losses."""
     common = ["--tiny", "--cp", "2", "--steps", "4", "--dtype", "fp32", "--seq-len", "32"]
-    runs = {name: launch("llama3", [*common, *extra], 2, "torchrun", tmp_path / name)
+    # (the limit catches a hang: inductor's compile alone takes minutes on a loaded 2-core host)
+    runs = {name: launch("llama3", [*common, *extra], 2, "torchrun", tmp_path / name, timeout=600)
             for name, extra in (("compiled", ["--compile"]), ("eager", []))}
     for name, proc in runs.items():
         assert proc.returncode == 0, (name, proc.stderr[-3000:])
@@ -87,12 +116,8 @@ def test_each_rank_holds_two_chunks_that_balance_the_causal_work():
      "cp 4 is invalid: a divisor of half the sequence length 36"),
     (["tiny=true", "cp=2", "tp=2", "pp=2"], "tp x pp x cp = 8 must divide the 4 ranks"),
 ])
-def test_a_split_the_trainer_cannot_make_is_refused_before_the_queue(cli, isolated, sets, said):
-    args = [item for s in sets for item in ("--set", s)]
-    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args)
-    assert result.code == 2 and said in result.err, result.err
-    assert len(result.err.strip().splitlines()) == 1
-    assert not (isolated.parent / "state" / "mmm-orch").exists()
+def test_a_split_the_trainer_cannot_make_is_refused_before_the_queue(cli, sets, said):
+    assert_refused_before_the_queue(cli, sets, said)
 
 
 def test_the_memory_plan_splits_a_long_sequence_and_names_cp_where_it_fits(cli, isolated):

@@ -7,6 +7,7 @@ across the two nodes of the Slurm cluster."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -92,12 +93,18 @@ def test_the_layers_split_into_stages_of_as_many_each():
     (["tiny=true", "n_layers=8", "pp=2", "pp_schedule=interleaved_1f1b", "global_batch=24",
       "batch_size=4"], "a multiple of pp 2 (interleaved_1f1b)"),
 ])
-def test_a_pipeline_the_trainer_cannot_make_is_refused_before_the_queue(cli, isolated, sets, said):
+def test_a_pipeline_the_trainer_cannot_make_is_refused_before_the_queue(cli, sets, said):
+    assert_refused_before_the_queue(cli, sets, said)
+
+
+def assert_refused_before_the_queue(cli, sets: list[str], said: str) -> None:
+    """`submit slurm-local llama3_debug -N 2 --set ...` refused: exit 2, one line saying
+    `said`, before anything is written (no job database, no record)."""
     args = [item for s in sets for item in ("--set", s)]
     result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args)
     assert result.code == 2 and said in result.err, result.err
     assert len(result.err.strip().splitlines()) == 1
-    assert not (isolated.parent / "state" / "mmm-orch").exists()
+    assert not (Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch").exists()
 
 
 def memory_line(cli, *args: str) -> str:

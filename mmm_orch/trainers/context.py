@@ -75,6 +75,16 @@ class ContextShard:
         return torch.cat(out, dim=2)
 
 
+def sequence_part(
+    context: ContextShard | None, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's inputs and labels as this rank feeds them: its part of each sequence under
+    context parallel, the whole sequences without."""
+    if context is None:
+        return inputs, labels
+    return context.split(inputs), context.split(labels)
+
+
 class _Gather(torch.autograd.Function):
     """All-gather of each rank's part; in backward, each rank's part of the summed gradients (an
     all-reduce rather than a reduce-scatter: gloo has none, and K and V are small)."""

@@ -26,6 +26,7 @@ if (
     stop.catch()
 
 import torch
+import torch.distributed as dist
 
 from mmm_orch.model_shapes import (
     DEFAULT_LOSS_CHUNK,
@@ -55,7 +56,7 @@ from mmm_orch.runtime.loop import (
 from mmm_orch.runtime.options import RunOptions, option, parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize, pipeline
-from mmm_orch.trainers.context import ContextShard
+from mmm_orch.trainers.context import ContextShard, sequence_part
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.models.llama import Transformer
 from mmm_orch.trainers.training import Training
@@ -161,8 +162,7 @@ class Forward:
         self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch's whole sequences as this rank feeds them: its part of each, on `device`."""
-        if self.context is not None:
-            inputs, labels = self.context.split(inputs), self.context.split(labels)
+        inputs, labels = sequence_part(self.context, inputs, labels)
         return inputs.to(device), labels.to(device)
 
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         times = timer.stop()
-        validated = validate(cfg, step, forward, val, batches, dp_mesh, device)
+        validated = validate(cfg, step, forward, val, batches, dp_mesh, averaged, device)
         return {
             "loss": mean_across(loss, averaged),
             "grad_norm": _full(grad_norm),
@@ -337,6 +337,7 @@ def validate(
     val,
     batches: GlobalBatch,
     dp_mesh,
+    summed: dist.ProcessGroup,
     device: torch.device,
 ) -> dict[str, float]:
     """{"val_loss": ...} at the steps --eval-every names and at the last; {} at the others."""
@@ -345,7 +346,7 @@ def validate(
     tp, context = forward.tp, forward.context
     if forward.staged is not None:
         found = pipeline_validation_loss(
-            forward.staged, val, cfg.eval_samples, batches, dp_mesh, tp, device, context
+            forward.staged, val, cfg.eval_samples, batches, summed, tp, device, context
         )
         return {"val_loss": found}
     with forward.precision():
@@ -355,6 +356,7 @@ def validate(
             cfg.eval_samples,
             batches.batch_size,
             dp_mesh,
+            summed,
             tp,
             forward.loss_chunk,
             device,

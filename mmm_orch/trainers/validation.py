@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from mmm_orch.runtime.data import GlobalBatch, micro_batch_indices
-from mmm_orch.trainers.context import ContextShard
+from mmm_orch.trainers.context import ContextShard, sequence_part
 from mmm_orch.trainers.loss import loss_context, token_losses
 from mmm_orch.trainers.pipeline import IGNORED, Pipeline
 
@@ -32,14 +32,16 @@ def validation_loss(
     samples: int,
     batch_size: int,
     dp_mesh,
+    summed: dist.ProcessGroup,
     tp: int,
     loss_chunk: int,
     device: torch.device,
     context: ContextShard | None = None,
 ) -> float:
     """Mean loss per token over held-out samples 0 .. samples - 1 of `data`, split over the
-    data-parallel ranks in micro-batches (every rank of a TP group on the same ones): the same
-    samples, so the same number, on any layout. Every rank runs the same number of forwards
+    data-parallel ranks in micro-batches (every rank of a TP group, and of a sequence's
+    context-parallel group, on the same ones), the totals summed over `summed` (dp, x cp): the
+    same samples, so the same number, on any layout. Every rank runs the same number of forwards
     (FSDP gathers parameters in each); a slot past the last sample counts with weight 0."""
     samples = min(samples, getattr(data, "windows", samples))  # a small split: each once
     model.eval()
@@ -48,14 +50,16 @@ def validation_loss(
     for micro in range(math.ceil(samples / per_forward)):
         indices = micro_batch_indices(0, micro, dp_mesh.get_local_rank(), batch_size, dp)
         kept = (indices < samples).to(device)
-        inputs, labels = _part(context, *data.batch(torch.where(indices < samples, indices, 0)))
+        inputs, labels = sequence_part(
+            context, *data.batch(torch.where(indices < samples, indices, 0))
+        )
         with loss_context(tp):
             per_token = token_losses(
                 model, inputs.to(device), labels.to(device), loss_chunk, tp, "none"
             )
         totals[0] += (per_token.sum(1) * kept).sum()
         totals[1] += kept.sum() * labels.shape[1]
-    _sum_over(totals, dp_mesh, context)
+    dist.all_reduce(totals, group=summed)
     model.train()
     return (totals[0] / totals[1]).item()
 
@@ -66,7 +70,7 @@ def pipeline_validation_loss(
     data,
     samples: int,
     batches: GlobalBatch,
-    dp_mesh,
+    summed: dist.ProcessGroup,
     tp: int,
     device: torch.device,
     context: ContextShard | None = None,
@@ -81,7 +85,7 @@ def pipeline_validation_loss(
     for first in range(0, math.ceil(samples / per_forward), micro):
         indices = torch.cat([batches.micro(0, first + m) for m in range(micro)])
         kept = indices < samples
-        inputs, labels = _part(context, *data.batch(torch.where(kept, indices, 0)))
+        inputs, labels = sequence_part(context, *data.batch(torch.where(kept, indices, 0)))
         labels = torch.where(kept.unsqueeze(1), labels, IGNORED)
         with loss_context(tp):
             losses = staged.evaluate(inputs.to(device), labels.to(device))
@@ -91,22 +95,6 @@ def pipeline_validation_loss(
                 totals[0] += loss * tokens
                 totals[1] += tokens
     staged.train(True)
-    _sum_over(totals, dp_mesh, context)
+    dist.all_reduce(totals, group=summed)
     totals = staged.on_every_stage(totals)  # the last stage's ranks hold them
     return (totals[0] / totals[1]).item()
-
-
-def _part(
-    context: ContextShard | None, inputs: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's part of each sequence under context parallel; the whole one without."""
-    if context is None:
-        return inputs, labels
-    return context.split(inputs), context.split(labels)
-
-
-def _sum_over(totals: torch.Tensor, dp_mesh, context: ContextShard | None) -> None:
-    """Every rank's sums of its samples' tokens: over dp, and over each sequence's parts."""
-    dist.all_reduce(totals, group=dp_mesh.get_group())
-    if context is not None:
-        dist.all_reduce(totals, group=context.group)
