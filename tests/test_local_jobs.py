@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 from conftest import assert_nothing_recorded, run_cli, write_probe
 from mmm_orch.hosts import LocalHost
 from mmm_orch.records.db import JobDB, open_db
+from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, RESULT_FILE
+from mmm_orch.schedulers.local_run import GRACE_S
 
 
 def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
@@ -105,13 +109,46 @@ def test_cancel_stops_the_whole_process_tree(cli, isolated, monkeypatch):
     time.sleep(0.5)
     ranks = [int((isolated / f"pid-{r}").read_text()) for r in (0, 1)]
     assert all(psutil.pid_exists(p) for p in ranks)
+    asked = time.monotonic()
     result = cli("cancel", "1")
     assert result.code == 0 and "state cancelled" in result.out, result.out + result.err
+    # The ranks end at the first SIGTERM: the cancel does not wait out the grace time, though the
+    # supervisor it signalled stays a zombie until this process (its parent) reaps it.
+    assert time.monotonic() - asked < GRACE_S
     gone, alive = psutil.wait_procs([psutil.Process(p) for p in ranks if psutil.pid_exists(p)], 15)
     assert not alive
     row = json.loads(cli("status", "1", "--json").out)[0]
     assert row["state"] == "cancelled" and row["exit_code"] is None
     assert "already cancelled" in cli("cancel", "1").out
+    # How the job script itself ended: its SIGTERM trap's code, not one made up for a process
+    # reaped by someone else.
+    ended = json.loads((Path(row["job_dir"]) / RESULT_FILE).read_text())
+    assert (ended["exit_code"], ended["cancelled"]) == (EXIT_STOPPED_BY_TERM, True), ended
+
+
+@pytest.mark.slow
+def test_a_job_submitted_from_a_process_that_lives_on_is_cancelled_at_once(cli, isolated):
+    """A notebook (the Python API) submits a local job and goes on without reaping its ended
+    supervisor, which stays a zombie: cancel does not wait on it."""
+    (isolated / "marker").unlink(missing_ok=True)
+    notebook = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, mmm_orch\n"
+         "job = mmm_orch.submit('local', command=[sys.executable, '-c', "
+         "'import pathlib, time; pathlib.Path(\"marker\").touch(); time.sleep(600)'])\n"
+         "print(job.id, flush=True)\n"
+         "time.sleep(120)\n"],
+        cwd=isolated, stdout=subprocess.PIPE, text=True)
+    try:
+        assert notebook.stdout.readline().strip() == "1"
+        wait_running(cli, 1, isolated / "marker")
+        asked = time.monotonic()
+        result = cli("cancel", "1")
+        assert result.code == 0 and "state cancelled" in result.out, result.out + result.err
+        assert time.monotonic() - asked < GRACE_S
+    finally:
+        notebook.kill()
+        notebook.wait()
 
 
 @pytest.mark.slow

@@ -109,7 +109,9 @@ class LocalScheduler:
                 native_id=job.native_id,
                 state=state,
                 native_state=native,
-                exit_code=result["exit_code"],
+                # (a cancelled job has no exit code of its own, as Slurm and PBS record it; the
+                # script's, its trap's 143, stays in the result file)
+                exit_code=None if result["cancelled"] else result["exit_code"],
                 signal=result["signal"],
                 started_at=started,
                 ended_at=result["ended_at"],
@@ -166,7 +168,7 @@ class LocalScheduler:
         # its grace) reads as cancelled, not vanished, to whoever looks before this writes one.
         (job.job_dir / CANCEL_SENT_FILE).touch()
         proc.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(tree, timeout=2 * GRACE_S + 5)  # the stop signal's, TERM's
+        alive = _wait_ended(tree, 2 * GRACE_S + 5)  # the stop signal's grace, then TERM's
         for leftover in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 leftover.kill()
@@ -184,6 +186,24 @@ class LocalScheduler:
                 )
             )
             os.replace(tmp, job.job_dir / RESULT_FILE)
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Up to `timeout` s for `procs` to end; those still running. A zombie has ended: its
+    parent reaps it when it will (the supervisor's may be a sweep or a notebook that lives on)."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
+        alive = [proc for proc in alive if _running(proc)]
+    return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _supervisor_info(job: JobRef) -> dict | None:

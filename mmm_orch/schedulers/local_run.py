@@ -70,9 +70,19 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
                 signalled.add(proc.pid)
         return tree
 
+    def wait_for(tree: list[psutil.Process], timeout: float) -> None:
+        # The script is reaped by its Popen, which keeps its exit status (psutil's wait would
+        # reap it first, and Popen would then say 0); the rest by psutil (this process is the
+        # job's subreaper: an orphan of the job is a child here).
+        others = [proc for proc in tree if proc.pid != script.pid]
+        if others:
+            psutil.wait_procs(others, timeout=timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            script.wait(0 if others else timeout)
+
     deadline = time.monotonic() + grace
     while tree := signal_all(signal.SIGTERM):
-        psutil.wait_procs(tree, timeout=0.2)  # also reaps them
+        wait_for(tree, 0.2)
         if time.monotonic() > deadline:
             left = me.children(recursive=True)
             print(
@@ -80,7 +90,7 @@ def stop_job(script: subprocess.Popen, grace: float) -> None:
                 "SIGKILL",
                 flush=True,
             )
-            psutil.wait_procs(signal_all(signal.SIGKILL), timeout=5)
+            wait_for(signal_all(signal.SIGKILL), 5)
             break
     script.wait()
 
