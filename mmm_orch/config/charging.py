@@ -17,7 +17,9 @@ class Balance:
     # Its words ({account}: the project, checked as a plain name before it gets here).
     command: list[AccountTemplated]
     parser: Literal["sbank", "showusage"]  # allocations.PARSERS
+    # Seconds to wait for the tool.
     timeout_s: Number = 20.0
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -33,6 +35,7 @@ class Balance:
 class Charging:
     """How the facility charges a job to its allocation (planning/cost.py prices plans with it)."""
 
+    # What the allocation is counted in.
     unit: str = "node-hours"
     # The machine's charge factor (NERSC's "system charge factor"): allocation units per node-hour.
     factor: Number = 1.0
@@ -42,8 +45,11 @@ class Charging:
     minimum: Walltime | None = None
     # Nodes are allocated whole: spare nodes held for failover are charged like active ones.
     whole_nodes: Flag = True
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
+    # What else a user should know about charging.
     notes: str = ""
+    # The tool that tells what an allocation has left (`mmm-orch balance`).
     balance: Balance | None = None
 
     def __post_init__(self) -> None:

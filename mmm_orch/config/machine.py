@@ -41,15 +41,20 @@ from mmm_orch.injob import protocol
 
 @config
 class SchedulerCommands:
+    # The submit command, if not the scheduler's own (sbatch, qsub).
     submit: str = ""
+    # The status command, if not the scheduler's own.
     query: str = ""
+    # The cancel command, if not the scheduler's own.
     cancel: str = ""
     accounting: str = ""  # finished jobs (sacct); PBS keeps history in `qstat -x`
 
 
 @config
 class Scheduler:
+    # Which scheduler module speaks to it.
     kind: Literal["pbs", "slurm", "local"]
+    # Its commands, where they differ from the usual names.
     commands: SchedulerCommands = field(default_factory=SchedulerCommands)
     # Directive for the chosen queue unless the queue lists its own, e.g. "-q {queue}".
     queue_directive: str = ""
@@ -70,14 +75,21 @@ class Scheduler:
 
 @config
 class NodeShape:
+    # Physical CPU cores per node.
     cores: PositiveInt
+    # Hardware threads per core.
     threads_per_core: PositiveInt = 1
+    # Cores kept for the system, never bound to a rank (e.g. Aurora's 0 and 52).
     reserved_cores: list[NonNegativeInt] = field(default_factory=list)
     # Accelerators as the launcher counts them: GPUs, PVC tiles or MI250X GCDs.
     gpus: NonNegativeInt
+    # The accelerators' kind, as torch names its device type.
     device: Literal["cuda", "rocm", "xpu", "cpu"]
+    # The accelerator's name, for people.
     gpu_model: str = ""
+    # Memory per device; the memory plan refuses a job that does not fit in it.
     gpu_memory_gib: PositiveNumber | None = None
+    # The node's memory.
     memory_gib: PositiveNumber | None = None
     # What torch's scaled_dot_product_attention runs in training here: a fused kernel, or the
     # math one, which saves every head's s x s attention probabilities (planning/memory.py).
@@ -90,7 +102,9 @@ class NodeShape:
 
 @config
 class EnvVar:
+    # The variable's value (one line; quoted into the script).
     value: ShellValue
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
 
@@ -98,14 +112,21 @@ class EnvVar:
 class Preset:
     """A named, cited group of environment variables (e.g. the oneCCL minimal set)."""
 
+    # The name --preset and --no-preset take.
     name: NonEmptyStr
+    # What it is for, in one line.
     description: str = ""
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
+    # On unless --no-preset NAME.
     default: Flag = False
     # Applies only within this node-count range (e.g. NCCL_NET=Socket on one node).
     min_nodes: PositiveInt = 1
+    # Applies only up to this many nodes.
     max_nodes: PositiveInt | None = None
+    # Variables it sets: a value, or a value with its source.
     set: dict[EnvName, ShellValue | EnvVar] = field(default_factory=dict)
+    # Variables it removes from the job's environment.
     unset: list[EnvName] = field(default_factory=list)
 
     def applies_to(self, nodes: int) -> bool:
@@ -114,8 +135,11 @@ class Preset:
 
 @config
 class Launcher:
+    # Which launcher: mpiexec (PALS or MPICH), srun or torchrun.
     kind: Literal["mpiexec", "srun", "torchrun"]
+    # The launcher's program (mpiexec, srun, torchrun).
     command: Templated
+    # Its arguments, each one word; a placeholder in braces is filled in from the plan.
     args: list[Templated] = field(default_factory=list)
     # mpiexec/srun start "python -m trainer"; torchrun takes "-m trainer" itself.
     python_prefix: Flag = True
@@ -131,6 +155,7 @@ class Launcher:
     # launcher's default); `on_nodes` for some of them ({nodelist}: comma-separated names,
     # {hostfile}: a file with one name a line), used when the job holds spare nodes.
     hosts: str = ""
+    # The launcher's words that run it on some nodes only ({nodelist}, {hostfile}).
     on_nodes: str = ""
     # What the launch gets to save a checkpoint and stop before the walltime: srun forwards
     # USR1 to every task (TERM makes it kill them), torchrun forwards TERM (USR1 kills it).
@@ -138,6 +163,7 @@ class Launcher:
     # Seconds between two launches started side by side in one allocation (`sweep --pack`):
     # some facilities ask for a pause between background launches (OLCF: `sleep 1` between srun).
     start_gap: Annotated[float, Bound("Ge", 0), Bound("Le", 60)] = 0
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
 
@@ -157,11 +183,14 @@ class Profiler:
     protocol.PROFILE_WINDOWS). Its words are literal: they are quoted into the job script and
     split again inside the job, never run by a shell."""
 
+    # What it shows, in one line.
     description: NonEmptyStr
+    # Words put before each rank's program.
     command: list[ProfilerWord]
     window: str
     # Shell lines before the launch that make the tool available (a module load).
     setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -213,6 +242,7 @@ class DeviceSlots:
     set: dict[EnvName, Annotated[ShellValue, Check(after=_slot_placeholders)]] = field(
         default_factory=dict
     )
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -237,6 +267,7 @@ class Devices:
     # Each rank sees only its own device (srun --gpus-per-task=1): index 0 for every rank.
     one_per_rank: Flag = False
     slots: DeviceSlots | None = None
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
     def index_for(self, local_rank: int, gpus_per_node: int) -> int:
@@ -256,11 +287,13 @@ class Devices:
 class Rendezvous:
     # Shell expressions evaluated in the job script on the first node.
     master_addr: str = field(default="", metadata=SHELL_LINES)
+    # The rendezvous port (MASTER_PORT).
     master_port: str = field(default="", metadata=SHELL_LINES)
     # The address at which ranks reach a node of the job's node list ({node}: its name there,
     # {short}: up to the first dot). Failover puts rank 0 on the first active node, which need
     # not be the job's first.
     host_addr: NodeTemplated = "{node}"
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
 
@@ -304,10 +337,15 @@ class FailureSignature:
     """A known way for a job to fail: a regex over log lines (a `host` group names the node),
     what it means, the documented fix and where that fix comes from."""
 
+    # Its name, as diagnose and failover print it.
     name: NonEmptyStr
+    # A regular expression a line of the log matches.
     pattern: Regex
+    # What happened, in words.
     meaning: str = ""
+    # What to do about it.
     fix: str = ""
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
     # fallout: a consequence of a failure elsewhere (ranks killed after another rank died), never
     # reported as the first failure. catch_all: only reported when nothing specific matched.
@@ -339,22 +377,30 @@ class JobEnvironment:
     path: ShellValue
     # Node-local storage the environment is copied to with --stage-env (one copy per node).
     stage_dir: ShellValue = "/tmp"
+    # Where the facility says so: its page (and date), or the live server's setting.
     source: str = ""
 
 
 @config
 class Account:
+    # A job without -A (or $MMM_ORCH_ACCOUNT, or the default) is refused.
     required: Flag = False
+    # The account when none is given.
     default: str = ""
 
 
 @config
 class Machine:
+    # The name `mmm-orch submit NAME` takes; the file's name, too.
     name: NonEmptyStr
+    # Who runs the machine (ALCF, NERSC, OLCF), as `mmm-orch machines` shows it.
     facility: str = ""
+    # One line about the machine: its nodes and network.
     description: str = ""
     extends: str = ""  # only meaningful in user override files; resolved by the registry
+    # The scheduler, its commands and its directives' rules.
     scheduler: Scheduler
+    # Where `submit --host` and `env create --host` log in (SSH), in order.
     login_hosts: list[str] = field(default_factory=list)
     # Host names of the machine (compute and login nodes), each a regular expression matched
     # whole, as ReFrame's `hostnames`: `mmm-orch launch` without a MACHINE finds the profile
@@ -362,28 +408,45 @@ class Machine:
     hostnames: list[Regex] = field(default_factory=list)
     # Job directories on the login node when submitting over SSH (relative to the remote home).
     remote_jobs_dir: str = ".local/state/mmm-orch/jobs"
+    # One compute node: its cores, accelerators and memory.
     node: NodeShape
+    # The most nodes a job may ask for.
     max_nodes: PositiveInt
+    # How the job starts its ranks (mpiexec, srun or torchrun), and their binding.
     launcher: Launcher
+    # torch.distributed's backend on this machine's devices.
     backend: Literal["nccl", "xccl", "ccl", "gloo"]
     ranks_per_node: PositiveInt | None = None  # default: one per accelerator
+    # The shortest walltime the scheduler takes, if it has one.
     min_walltime: Walltime | None = None
+    # Whether a job needs an account (-A), and its default.
     account: Account = field(default_factory=Account)
+    # How jobs are charged, and the tool that tells an allocation's balance.
     charging: Charging = field(default_factory=Charging)
+    # Directives of every job; a placeholder in braces ({nodes}, ...) is filled in from the plan.
     directives: list[Templated] = field(default_factory=list)
+    # The queues (partitions, QOS) in the order a job without --queue tries them.
     queues: list[Queue] = field(default_factory=list)
+    # Shell lines run before the launch (module loads), written into the script as they are.
     setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
     # The job script runs in a login shell (bash -l: the start-up files that set up `module`,
     # as the facilities' examples do); the test servers' jobs must not read this host's.
     login_shell: Flag = True
+    # Named, cited groups of environment variables, on by default or by --preset.
     presets: list[Preset] = field(default_factory=list)
+    # How a rank picks its device (the visible-devices variable, slots for packed runs).
     devices: Devices = field(default_factory=Devices)
+    # Where the ranks meet (MASTER_ADDR and port).
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     python: str = "python3"  # "auto": the interpreter running mmm-orch
+    # The job environment: where `mmm-orch env create` makes the virtual environment the jobs run
+    # in.
     environment: JobEnvironment | None = None
+    # Facts a reader of the profile should know; shown by `mmm-orch show machine`.
     notes: list[str] = field(default_factory=list)
     # Job-count limits over all the machine's queues (e.g. 100 jobs per user in all of them).
     job_limits: list[JobLimit] = field(default_factory=list)
+    # Log lines that name a known failure, its cause and fix (`mmm-orch diagnose`, failover).
     failures: list[FailureSignature] = field(default_factory=list)
     # The facility's profilers by the name --profile takes (nsys, unitrace, rocprof, ...).
     profilers: dict[Annotated[str, Check(after=lambda name: _profiler_name(name))], Profiler] = (

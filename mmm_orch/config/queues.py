@@ -23,9 +23,13 @@ from mmm_orch.walltime import format_walltime
 class Tier:
     """An execution queue behind a routing queue, or a node-count bin with its own walltime."""
 
+    # The execution queue's name, where it has one.
     name: str = ""
+    # Its smallest job.
     min_nodes: PositiveInt
+    # Its largest job.
     max_nodes: PositiveInt
+    # Its longest walltime.
     max_walltime: Walltime
 
 
@@ -44,8 +48,11 @@ MAX_JOB_LIMIT = 1_000_000  # no facility lets one user queue more; a bigger numb
 class JobLimit:
     """At most `jobs` of one user's (or one project's) jobs, counted as `counts` says."""
 
+    # How many.
     jobs: Annotated[NonNegativeInt, Bound("Le", MAX_JOB_LIMIT)]
+    # Counted for each user, or for the whole project.
     per: Literal["user", "project"]
+    # Which jobs count (JobCount above).
     counts: JobCount
     source: NonEmptyStr  # where the facility states it (a page, or the live server's setting)
 
@@ -66,10 +73,15 @@ class JobLimit:
 
 @config
 class Queue:
+    # The name --queue takes and the directive names.
     name: NonEmptyStr
+    # The fewest nodes a job in it may ask for.
     min_nodes: PositiveInt = 1
+    # The most nodes a job in it may ask for.
     max_nodes: PositiveInt
+    # Its longest walltime.
     max_walltime: Walltime
+    # A routing queue's execution queues, or node-count bins with walltimes of their own.
     tiers: list[Tier] = field(default_factory=list)
     # May be picked when the user gives no --queue (preemptable queues should not be).
     automatic: Flag = True
@@ -77,6 +89,7 @@ class Queue:
     by_request: Flag = False
     # Overrides Scheduler.queue_directive, e.g. a debug QOS on a batch partition.
     directives: list[str] | None = None
+    # What a user should know about it, in one line.
     notes: str = ""
     # The facility's job-count limits in this queue (a routing queue's count its tiers' jobs).
     job_limits: list[JobLimit] = field(default_factory=list)

@@ -21,13 +21,21 @@ class Option:
     Numbers may carry bounds (`ge`, `gt`, `le`); floats are always finite; a `pattern` (a full
     match) constrains strings. Every bad value is refused before anything is written."""
 
+    # What the value is; `choice`: one of `choices`.
     type: Literal["int", "float", "str", "bool", "choice"]
+    # Its value when --set does not give one (the trainer's own default if none).
     default: Any = None
+    # The values a `choice` takes.
     choices: list[str] = field(default_factory=list)
+    # A number's lowest value.
     ge: Number | None = None
+    # A number it must be above.
     gt: Number | None = None
+    # A number's highest value.
     le: Number | None = None
+    # A regular expression a string must match whole.
     pattern: str = ""
+    # What it does, in one line.
     help: str = ""
     required: bool = False  # a run cannot start without it: planning refuses a plan that lacks it
 
@@ -118,7 +126,9 @@ def _num(value: float) -> str:
 
 @config
 class Defaults:
+    # Nodes without --nodes.
     nodes: PositiveInt = 1
+    # Walltime without --walltime (seconds, or HH:MM:SS in YAML).
     walltime: Walltime = 3600
 
 
@@ -126,6 +136,7 @@ class Defaults:
 class Resources:
     # Refuse machines whose nodes have no accelerator (e.g. an 8B model on a laptop CPU).
     accelerator: Flag = False
+    # Refuse machines whose devices have less memory.
     min_gpu_memory_gib: Number | None = None
     # The trainer's peak memory is estimated per device (planning/memory.py) and a plan that
     # cannot fit the profile's gpu_memory_gib is refused: "llama3" for the Llama 3 trainer.
@@ -137,6 +148,7 @@ class Watchdog:
     """Ends a launch in which no training step completed for too long (a hung collective), so it
     does not burn the whole allocation: the job exits 124 and is recorded `hung`."""
 
+    # Whether the watchdog runs at all.
     enabled: Flag = True
     first_step_timeout: Walltime = 1800  # launch to first step: imports, init, compile
     step_timeout: Walltime = 900  # between two completed steps
@@ -160,17 +172,25 @@ class Watchdog:
 
 @config
 class MachineOverride:
+    # Trainer options on this machine, over the workload's args.
     args: dict[str, Any] = field(default_factory=dict)
+    # Extra environment variables on this machine.
     env: dict[EnvName, str] = field(default_factory=dict)
+    # The machine's presets turned on for this workload.
     presets: list[str] = field(default_factory=list)
+    # The machine's presets turned off for this workload.
     no_presets: list[str] = field(default_factory=list)
+    # Default nodes on this machine.
     nodes: PositiveInt | None = None
+    # Default walltime on this machine.
     walltime: Walltime | None = None
 
 
 @config
 class Workload:
+    # The name `mmm-orch submit MACHINE NAME` takes; the file's name, too.
     name: NonEmptyStr
+    # One line about it, as `mmm-orch workloads` shows it.
     description: str = ""
     # python -m <trainer>; "" for a workload that runs the user's command (`-- CMD ARGS...`)
     trainer: str = ""
@@ -178,14 +198,20 @@ class Workload:
     # save and exit 75 on the stop signal, resume when told), so chains, failover resumes and the
     # stop before the walltime apply to it. A trainer's own --resume option says that for it.
     resumable: Flag = False
+    # The trainer options --set may give, with their types and bounds.
     options: dict[str, Option] = field(default_factory=dict)
     args: dict[str, Any] = field(
         default_factory=dict
     )  # options always passed, before per-machine args and --set
+    # Nodes and walltime when the command line gives none.
     defaults: Defaults = field(default_factory=Defaults)
+    # What a machine must have for it.
     resources: Resources = field(default_factory=Resources)
+    # When a launch that makes no progress is ended.
     watchdog: Watchdog = field(default_factory=Watchdog)
+    # Extra environment variables for its jobs.
     env: dict[EnvName, str] = field(default_factory=dict)
+    # Per machine (by name): its own options, variables, presets and defaults.
     machines: dict[str, MachineOverride] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
