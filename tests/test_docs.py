@@ -36,8 +36,9 @@ def test_the_reference_pages_are_the_code_s_today():
         assert f"## `{command}`" in cli, command
     assert "| `-N NODES`, `--nodes NODES` |" in cli
     python = (PAGES / "python.md").read_text()
-    for name in ("mmm_orch.submit(", "class `mmm_orch.Job`", "#### `wait(timeout",
-                 "mmm_orch.runtime.report_step(", "mmm_orch.runtime.EXIT_CHECKPOINTED = 75"):
+    for name in ("### `mmm_orch.submit`\n\n```python\nsubmit(machine: str | Plan",
+                 "class `mmm_orch.Job`", "#### `Job.wait`\n\n```python\nwait(timeout",
+                 "### `mmm_orch.runtime.report_step`", "mmm_orch.runtime.EXIT_CHECKPOINTED = 75"):
         assert name in python, name
     schemas = (PAGES / "schemas.md").read_text()
     assert "| `login_shell` | boolean | `true` | The job script runs in a login shell" in schemas

@@ -55,7 +55,7 @@ def _entry(obj: Any, name: str, said: str = "") -> str:
         return f"### `{name} = {obj}`\n\n{said}\n"
     if inspect.isclass(obj):
         return _class(obj, name, said)
-    return f"### `{name}{_signature(obj)}`\n\n{_text(obj.__doc__)}\n"
+    return f"### `{name}`\n\n{_code(name, obj)}\n\n{_text(obj.__doc__)}\n"
 
 
 def _class(cls: type, name: str, said: str) -> str:
@@ -76,12 +76,20 @@ def _class(cls: type, name: str, said: str) -> str:
     if fields:
         lines += ["Fields (as last refreshed): " + ", ".join(f"`{n}`" for n in fields) + ".", ""]
     for member_name, member in shown:
+        heading = f"#### `{cls.__name__}.{member_name}`"
         if member_name in fields:
             continue
         if isinstance(member, property):
-            lines += [f"#### `{member_name}` (property)", "", _text(member.__doc__), ""]
+            lines += [f"{heading} (property)", "", _text(member.__doc__), ""]
         elif callable(member):
-            lines += [f"#### `{member_name}{_signature(member)}`", "", _text(member.__doc__), ""]
+            lines += [
+                heading,
+                "",
+                _code(member_name, member),
+                "",
+                _text(member.__doc__),
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -89,6 +97,11 @@ def _constant(module: ModuleType, name: str) -> str:
     """The comment at the end of the line in `module` that defines the constant `name`."""
     found = re.search(rf"^{name} = .*#\s*(.*)$", inspect.getsource(module), re.M)
     return found.group(1) if found else ""
+
+
+def _code(name: str, function: Callable) -> str:
+    """The call's signature, as a code block."""
+    return f"```python\n{name.rsplit('.', 1)[-1]}{_signature(function)}\n```"
 
 
 def _signature(function: Callable) -> str:
