@@ -1,10 +1,11 @@
-"""The first page a user reads cannot be wrong: every command block of docs/getting-started.md is
-run as written, by the installed command, as a user would type it. The fresh machine's main job
+"""The manual's examples run as written. The first page a user reads cannot be wrong: every
+command block of docs/getting-started.md is run as written, by the installed command, as a user would type it. The fresh machine's main job
 runs on the local executor. The first time on a facility runs on the live PBS test server,
 standing in for Aurora (a profile of the user's own named `aurora`, as a user may override one,
 whose jobs run a Python of their own without mmm-orch, as a facility's module gives them), after
 `pip install ./mmm-orch` into a fresh virtual environment; the review (`--dry-run`) needs no
-scheduler and runs against the real Aurora profile."""
+scheduler and runs against the real Aurora profile. The page on adding a workload: its spec, a
+trainer module of the user's that reports its steps, and its commands, on the local executor."""
 
 from __future__ import annotations
 
@@ -30,16 +31,16 @@ NOT_RUN = {
 }
 
 
-def blocks() -> list[list[str]]:
-    """The page's command blocks (indented by four spaces), each a list of its lines, without
-    their comments."""
+def blocks(page: Path = PAGE, comments: bool = False) -> list[list[str]]:
+    """The page's code blocks (indented by four spaces), each a list of its lines, without
+    their comments unless `comments`."""
     found: list[list[str]] = []
     previous = ""
-    for line in PAGE.read_text().splitlines():
+    for line in page.read_text().splitlines():
         if line.startswith("    ") and line.strip():
             if not previous.startswith("    "):
                 found.append([])
-            found[-1].append(line.strip().split("  #")[0].strip())
+            found[-1].append(line[4:] if comments else line.strip().split("  #")[0].strip())
         previous = line if line.strip() else previous if previous.startswith("    ") else line
     return found
 
@@ -123,3 +124,52 @@ def test_the_first_time_on_a_facility(isolated, pbs_server, facility_python, tmp
     assert "module load frameworks" in script.stdout
     after = run("mmm-orch status --json", isolated, fresh / "bin")
     assert len(json.loads(after.stdout)) == 1  # the review submitted nothing
+
+
+WORKLOAD_PAGE = REPO / "docs" / "development" / "adding-a-workload.md"
+# The user's trainer: takes the spec's options, reports each step as the watchdog reads them.
+MYPKG_TRAIN = """\
+import argparse, time
+from mmm_orch import runtime
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, required=True)
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--batch-size", type=int, default=8)
+parser.add_argument("--compile", action="store_true")
+args = parser.parse_args()
+for step in range(1, args.steps + 1):
+    runtime.report_step(step, loss=1.0 / step, lr=args.lr)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_adding_a_workload(isolated):
+    spec, commands, refused = blocks(WORKLOAD_PAGE, comments=True)[:3]
+    assert spec[0] == "# ./.mmm-orch/workloads/mytrain.yaml"
+    (isolated / ".mmm-orch" / "workloads").mkdir(parents=True)
+    (isolated / ".mmm-orch" / "workloads" / "mytrain.yaml").write_text("\n".join(spec) + "\n")
+    (isolated / "mypkg").mkdir()
+    (isolated / "mypkg" / "__init__.py").write_text("")
+    (isolated / "mypkg" / "train.py").write_text(MYPKG_TRAIN)
+    bin_dir = Path(sys.prefix) / "bin"
+    assert commands == ["mmm-orch show workload mytrain",
+                        "mmm-orch submit local mytrain --set lr=1e-3 --dry-run",
+                        "mmm-orch submit local mytrain --set lr=1e-3 --follow"]
+
+    shown = run(commands[0], isolated, bin_dir)
+    assert shown.returncode == 0 and "trainer: mypkg.train" in shown.stdout, shown.stderr
+    review = run(commands[1], isolated, bin_dir)
+    assert review.returncode == 0, review.stderr
+    said = re.search(r"ends `(-m mypkg\.train [^`]*)`", WORKLOAD_PAGE.read_text())
+    assert said and re.search(rf"launch: .*{re.escape(said.group(1))}'$", review.stdout, re.M)
+    done = run(commands[2], isolated, bin_dir)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"^step=20 .*lr=0\.001", done.stdout, re.M), done.stdout[-2000:]
+
+    command, message = refused
+    bad = run(command.removeprefix("$ "), isolated, bin_dir)
+    assert (bad.returncode, bad.stderr.strip()) == (2, message)
+    status = run("mmm-orch status --json", isolated, bin_dir)
+    assert len(json.loads(status.stdout)) == 1  # the one run, nothing of the refusal
