@@ -71,7 +71,14 @@ class LocalScheduler:
             ) from None
         partial = submission.job_dir / f".{SUPERVISOR_FILE}.{os.getpid()}"  # (its own: .tmp)
         partial.write_text(
-            json.dumps({"pid": proc.pid, "create_time": started, "host": socket.gethostname()})
+            json.dumps(
+                {
+                    "pid": proc.pid,
+                    "create_time": started,
+                    "started_at": time.time(),  # until the supervisor says (its own clock)
+                    "host": socket.gethostname(),
+                }
+            )
         )
         partial.replace(submission.job_dir / SUPERVISOR_FILE)
         return str(proc.pid)
@@ -89,7 +96,8 @@ class LocalScheduler:
 
     def _status(self, job: JobRef) -> JobStatus:
         supervisor = _supervisor_info(job)
-        started = supervisor["create_time"] if supervisor else None  # no queue: it starts at once
+        # No queue: it starts at once (by its own clock once it runs; local_run.supervise).
+        started = supervisor.get("started_at", supervisor["create_time"]) if supervisor else None
         # Whether it lives, asked before the result is read: the supervisor writes the result and
         # then exits, so one found gone has left its result. In the other order, a job ending
         # between the two reads would read as vanished, and a terminal state is never asked again.

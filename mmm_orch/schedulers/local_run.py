@@ -143,9 +143,18 @@ def supervise(
     """`holder`: the process the job belongs to (`pid:start time`, a launch in the foreground);
     its end, however it comes (a SIGKILL, the allocation's end), stops the job as a cancel."""
     me = psutil.Process()
+    # The start by this clock, as the result's end is: psutil's create_time counts from the boot
+    # time, which the kernel gives in whole seconds, so it can read up to 1 s early (a point of
+    # a pack would seem to start before the one whose nodes it took had ended). create_time
+    # stays what identifies the process.
     _write_json(
         job_dir / SUPERVISOR_FILE,
-        {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()},
+        {
+            "pid": me.pid,
+            "create_time": me.create_time(),
+            "started_at": time.time(),
+            "host": socket.gethostname(),
+        },
     )
     _adopt_orphans()
     outcome = {"cancelled": False, "timed_out": False}
