@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PAGES = REPO / "docs" / "reference"
 
@@ -52,12 +54,19 @@ def test_the_reference_pages_are_the_code_s_today():
     assert "| `SchedulerUnavailable` | `MmmError` | 3 |" in codes
 
 
-def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(tmp_path):
+@pytest.fixture
+def copies(tmp_path) -> tuple[Path, Path]:
+    """A scratch copy of the package to change, and of the reference pages to check against it."""
     scratch = tmp_path / "scratch"
     shutil.copytree(REPO / "mmm_orch", scratch / "mmm_orch",
                     ignore=shutil.ignore_patterns("__pycache__"))
     pages = tmp_path / "reference"
     shutil.copytree(PAGES, pages)
+    return scratch, pages
+
+
+def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(copies):
+    scratch, pages = copies
     commands = scratch / "mmm_orch" / "cli" / "job_cmds.py"
     old = "then stream the log until the job ends; exit with the job's exit code"
     assert old in commands.read_text()
@@ -72,12 +81,8 @@ def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(tmp_
     assert check(pages, scratch, "--check").returncode == 0
 
 
-def test_a_changed_docstring_or_field_comment_fails_the_check(tmp_path):
-    scratch = tmp_path / "scratch"
-    shutil.copytree(REPO / "mmm_orch", scratch / "mmm_orch",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    pages = tmp_path / "reference"
-    shutil.copytree(PAGES, pages)
+def test_a_changed_docstring_or_field_comment_fails_the_check(copies):
+    scratch, pages = copies
     api = scratch / "mmm_orch" / "api_job.py"
     api.write_text(api.read_text().replace("The log as it is written", "The log (changed)"))
     queues = scratch / "mmm_orch" / "config" / "queues.py"

@@ -25,12 +25,16 @@ PAGES = {
 COMMAND = "python -m mmm_orch.reference docs/reference"
 
 
-def header(title: str, source: str) -> str:
-    """A generated page's first lines: its title, and where it comes from."""
-    return (
-        f"# {title}\n\nGenerated from {source} by `{COMMAND}`; a test fails when it is out of "
-        "date with the code.\n"
-    )
+def header(title: str, source: str, intro: str = "") -> str:
+    """A generated page's first lines: its title, where it comes from, and what it holds."""
+    said = f"# {title}\n\nGenerated from {source} by `{COMMAND}`; a test fails when it is out of "
+    said += "date with the code.\n"
+    return said + (f"\n{intro.strip()}\n" if intro.strip() else "")
+
+
+def cell(text: str | None) -> str:
+    """Text as one line of a markdown table's cell."""
+    return " ".join((text or "").split()).replace("|", "\\|")
 
 
 def maker(page: str) -> Callable[[], str]:

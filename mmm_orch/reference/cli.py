@@ -13,8 +13,11 @@ from mmm_orch.reference import header
 def markdown() -> str:
     """The page: the global options, then each command (and sub-command) in the parser's order."""
     parser = build_parser()
-    intro = header("Command-line reference", "mmm-orch's argument parser")
-    intro += "\n`mmm-orch COMMAND --help` says the same.\n"
+    intro = header(
+        "Command-line reference",
+        "mmm-orch's argument parser",
+        "`mmm-orch COMMAND --help` says the same.",
+    )
     sections = [intro, _section(parser, "mmm-orch", "")]
     sections += [_section(sub, name, said) for name, sub, said in commands(parser)]
     return "\n".join(sections).rstrip() + "\n"

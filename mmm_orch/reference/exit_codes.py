@@ -9,7 +9,7 @@ import re
 
 from mmm_orch import errors
 from mmm_orch.injob import protocol
-from mmm_orch.reference import header
+from mmm_orch.reference import cell, header
 
 INTRO = """
 A command's own exit codes (0 done, 1 a bug, 2 refused, 3 unreachable, 130 interrupted) are
@@ -19,11 +19,10 @@ explained with [the commands](commands.md#exit-codes).
 
 def markdown() -> str:
     parts = [
-        header("Exit codes and errors", "mmm_orch/errors.py and mmm_orch/injob/protocol.py"),
-        INTRO.strip() + "\n",
+        header("Exit codes and errors", "mmm_orch/errors.py and mmm_orch/injob/protocol.py", INTRO),
         "## Errors",
         "",
-        _text(errors.__doc__),
+        cell(errors.__doc__),
         "",
         "Every error is an `mmm_orch.MmmError`; its `str` is the one line the command prints "
         "after `mmm-orch: error:`.",
@@ -37,7 +36,7 @@ def markdown() -> str:
     for kind in kinds:
         parent = kind.__mro__[1].__name__ if kind is not errors.MmmError else "Exception"
         parts.append(
-            f"| `{kind.__name__}` | `{parent}` | {kind.exit_code} | {_text(kind.__doc__)} |"
+            f"| `{kind.__name__}` | `{parent}` | {kind.exit_code} | {cell(kind.__doc__)} |"
         )
     parts += [
         "",
@@ -52,9 +51,5 @@ def markdown() -> str:
     source = inspect.getsource(protocol)
     for name, code, said in re.findall(r"^(EXIT_\w+) = (\d+)\s+#\s*(.*)$", source, re.M):
         assert getattr(protocol, name) == int(code), name  # the line read is the value used
-        parts.append(f"| {code} | `{name}` | {_text(said)} |")
+        parts.append(f"| {code} | `{name}` | {cell(said)} |")
     return "\n".join(parts).rstrip() + "\n"
-
-
-def _text(doc: str | None) -> str:
-    return " ".join((doc or "").split()).replace("|", "\\|")

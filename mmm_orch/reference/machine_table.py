@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mmm_orch.reference import header
+from mmm_orch.reference import cell, header
 
 INTRO = """
 Each value in a profile (`mmm_orch/machines/NAME.yaml`) has its source in a comment beside it;
@@ -21,8 +21,7 @@ def markdown() -> str:
 
     machines = [registry.load_machine(name) for name in registry.names("machines")]
     parts = [
-        header("Machines: queues, limits and sources", "the packaged machine profiles"),
-        INTRO.strip() + "\n",
+        header("Machines: queues, limits and sources", "the packaged machine profiles", INTRO),
         "| machine | facility | scheduler | nodes | accelerators / node | launcher | backend |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -44,7 +43,7 @@ def _machine(m: Any) -> str:
 
     lines = [f"## {m.name}", ""]
     if m.description:
-        lines += [_cell(m.description), ""]
+        lines += [cell(m.description), ""]
     if m.queues:
         lines += [
             "| queue | nodes | walltime at most | chosen without --queue | job limits | notes |",
@@ -61,21 +60,21 @@ def _machine(m: Any) -> str:
             notes = "; ".join(n for n in (q.notes, tiers and f"tiers: {tiers}") if n)
             lines.append(
                 f"| `{q.name}` | {q.min_nodes}-{q.max_nodes} | "
-                f"{format_walltime(q.max_walltime)} | {chosen} | {_cell(limits)} | "
-                f"{_cell(notes)} |"
+                f"{format_walltime(q.max_walltime)} | {chosen} | {cell(limits)} | "
+                f"{cell(notes)} |"
             )
         lines.append("")
     if m.job_limits:
         lines += [
             "Across its queues: "
-            + "; ".join(f"{limit.words()} ({_cell(limit.source)})" for limit in m.job_limits)
+            + "; ".join(f"{limit.words()} ({cell(limit.source)})" for limit in m.job_limits)
             + ".",
             "",
         ]
     sources = sorted(set(_sources(m, "")))
     if sources:
         lines += ["Sources named in the profile's fields:", ""]
-        lines += [f"- `{where}`: {_cell(source)}" for where, source in sources]
+        lines += [f"- `{where}`: {cell(source)}" for where, source in sources]
         lines.append("")
     return "\n".join(lines)
 
@@ -96,7 +95,3 @@ def _sources(value: Any, where: str):
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _sources(item, f"{where}.{key}")
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")

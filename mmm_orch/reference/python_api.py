@@ -25,8 +25,9 @@ def markdown() -> str:
     from mmm_orch import api, runtime
 
     parts = [
-        header("Python API", "the docstrings and signatures of mmm_orch and mmm_orch.runtime"),
-        INTRO.strip() + "\n",
+        header(
+            "Python API", "the docstrings and signatures of mmm_orch and mmm_orch.runtime", INTRO
+        ),
         "## `mmm_orch`",
         "",
         _text(api.__doc__),

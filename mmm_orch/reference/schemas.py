@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mmm_orch.reference import header
+from mmm_orch.reference import cell, header
 
 INTRO = """
 A profile (`machines/*.yaml`, or your own in `./.mmm-orch/machines/`) and a spec
@@ -21,7 +21,7 @@ machine](../development/adding-a-machine.md) shows a profile of your own.
 def markdown() -> str:
     from mmm_orch.usecases.machines import schema
 
-    parts = [header("Machine and workload schemas", "the JSON Schema of `mmm-orch schema`"), INTRO]
+    parts = [header("Machine and workload schemas", "the JSON Schema of `mmm-orch schema`", INTRO)]
     for kind in ("machine", "workload"):
         made = schema(kind)
         parts += [f"## The {kind} {'profile' if kind == 'machine' else 'spec'}", ""]
@@ -38,7 +38,7 @@ def _anchor(kind: str, name: str) -> str:
 def _part(part: dict[str, Any], name: str, kind: str, level: str) -> str:
     lines = [f"{level} `{name}` {{ #{_anchor(kind, name)} }}", ""]
     if part.get("description"):
-        lines += [_cell(part["description"]), ""]
+        lines += [cell(part["description"]), ""]
     properties = part.get("properties", {})
     if properties:
         required = set(part.get("required", []))
@@ -47,7 +47,7 @@ def _part(part: dict[str, Any], name: str, kind: str, level: str) -> str:
             default = "required" if field in required else _value(spec.get("default"))
             lines.append(
                 f"| `{field}` | {_type(spec, kind)} | {default} | "
-                f"{_cell(spec.get('description', ''))} |"
+                f"{cell(spec.get('description', ''))} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -78,8 +78,4 @@ def _type(spec: dict[str, Any], kind: str) -> str:
 def _value(value: Any) -> str:
     if value is None or value in ("", [], {}):
         return "" if value is None else f"`{json.dumps(value)}`"
-    return _cell(f"`{json.dumps(value)}`")
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return cell(f"`{json.dumps(value)}`")
