@@ -266,8 +266,9 @@ def assert_nothing_recorded() -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh interpreter (for import checks and real exit codes)."""
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh interpreter (for import checks and real exit codes). The limit
+    catches a hang: a report's figures take over a minute on a 2-core host under full load."""
     return subprocess.run(
         [sys.executable, "-m", "mmm_orch", *args],
         capture_output=True, text=True, timeout=timeout,

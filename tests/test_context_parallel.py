@@ -39,7 +39,8 @@ def layout_run(tmp_path_factory):
     def run(name: str) -> Path:
         if name not in made:
             out = tmp_path_factory.mktemp("context-parallel") / name.replace(" ", "")
-            proc = launch("llama3", [*ARGS, *LAYOUTS[name]], 4, "torchrun", out)
+            # (a hang guard: tp2 x cp2 took over 240 s on 2 loaded cores)
+            proc = launch("llama3", [*ARGS, *LAYOUTS[name]], 4, "torchrun", out, timeout=600)
             assert proc.returncode == 0, (name, proc.stderr[-3000:])
             made[name] = out
         return made[name]

@@ -26,7 +26,7 @@ def sweep(tmp_path_factory):
     return root, env, rows
 
 
-def cli(sweep, *args: str, timeout: float = 60):
+def cli(sweep, *args: str, timeout: float = 300):  # a hang guard (see run_cli)
     root, env, _ = sweep
     return run_cli(*args, env=env, cwd=root, timeout=timeout)
 

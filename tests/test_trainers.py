@@ -141,12 +141,14 @@ def test_llama3_resume_continues_the_loss_curve(tmp_path):
 ONE_RANK_PRECISION = r"""
 import json, sys, torch
 from torch.distributed.tensor import DTensor
-from mmm_orch.runtime import dist as runtime_dist
+from mmm_orch.runtime import device, dist as runtime_dist
 from mmm_orch.runtime.loop import mesh
 from mmm_orch.runtime.options import parse
 from mmm_orch.trainers.llama3 import Config, build_model, resolve
 cfg = parse(Config, sys.argv[1:])
 args, batch_size, seq_len, _, ac = resolve(cfg)
+# The layout under bf16, on any CPU: one without native bf16 math would compute in fp32.
+device._cpu_has_bf16 = lambda: True
 rt = runtime_dist.setup()
 model, _, forward, _ = build_model(cfg, args, seq_len, ac, rt, mesh(rt))
 params = list(model.parameters())
