@@ -79,7 +79,7 @@ class NodeShape:
     cores: PositiveInt
     # Hardware threads per core.
     threads_per_core: PositiveInt = 1
-    # Cores kept for the system, never bound to a rank (e.g. Aurora's 0 and 52).
+    # Cores kept for the system, never bound to a rank (a profile names them).
     reserved_cores: list[NonNegativeInt] = field(default_factory=list)
     # Accelerators as the launcher counts them: GPUs, PVC tiles or MI250X GCDs.
     gpus: NonNegativeInt
