@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import assert_nothing_recorded, run_cli, write_probe
+from conftest import assert_nothing_recorded, run_cli, write_probe, write_spec
 from mmm_orch.hosts import LocalHost
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, RESULT_FILE
@@ -301,17 +301,21 @@ def test_without_the_scheduler_here_submit_goes_to_the_login_host(cli, isolated,
 def test_elapsed_is_the_jobs_own_not_when_status_looked(cli, isolated, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "nap", "import time\ntime.sleep(4)\n")
+    submitted = time.time()
     assert cli("submit", "local", "nap").code == 0
     result = Path(JobDB(db_path()).get(1).job_dir) / "result.json"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not result.exists():  # no status call until the job has ended
         assert time.monotonic() < deadline
         time.sleep(0.2)
+    seen_ended = time.time()
     time.sleep(3)
     row = wait_terminal(cli, 1)
     assert row["state"] == "completed"
-    assert 4 <= row["ended_at"] - row["started_at"] < 20, row
-    assert row["ended_at"] <= time.time() - 2  # when it ended, not when we looked
+    # Within the job's own life, however long a loaded host takes to start it: not from the
+    # submission, and not up to when status looked.
+    assert submitted <= row["started_at"] and row["ended_at"] <= seen_ended, (submitted, row)
+    assert row["ended_at"] - row["started_at"] >= 4, row
 
 
 def _steps(path: Path) -> list[int]:
@@ -330,16 +334,21 @@ def _wait_steps(path: Path, count: int, timeout: float = 120) -> None:
 @pytest.mark.parametrize("how", ["cancel", "walltime"])
 def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolated, how):
     """The supervisor stops the job as a scheduler does and waits for every process, so rank 0
-    finishes its checkpoint; a resumed run continues at the next step, not at step 1."""
-    args = ["submit", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=100000",
-            "--json"] + (["--walltime", "00:01:00"] if how == "walltime" else [])
+    finishes its checkpoint; a resumed run continues at the next step, not at step 1. Its steps
+    are paced (they wait, not compute, until the stop): two minutes leave a loaded host's start
+    room before the walltime stop."""
+    from test_long_runs import PACED_SPEC
+
+    write_spec(isolated, "llama_chain", PACED_SPEC)
+    args = ["submit", "local", "llama_chain", "--set", "steps=100000",
+            "--json"] + (["--walltime", "00:02:00"] if how == "walltime" else [])
     first = json.loads(cli(*args).out)
     record = open_db(None).get(first["id"])
     metrics = Path(record.run_dir) / "metrics.jsonl"
-    _wait_steps(metrics, 3)
+    _wait_steps(metrics, 3, timeout=240)
     if how == "cancel":
         assert cli("cancel", str(first["id"])).code == 0
-    row = wait_state(cli, first["id"], ("cancelled", "timeout"), timeout=150)
+    row = wait_state(cli, first["id"], ("cancelled", "timeout"), timeout=300)
     assert row["state"] == ("cancelled" if how == "cancel" else "timeout")
     saved = [json.loads(line) for line in metrics.read_text().splitlines()
              if '"event": "checkpoint"' in line]
@@ -347,7 +356,7 @@ def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolate
     last = _steps(metrics)[-1]
     assert saved[-1]["step"] == last
     run_name = Path(record.run_dir).name
-    again = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set", f"steps={last + 3}",
+    again = cli("submit", "local", "llama_chain", "--set", f"steps={last + 3}",
                 "--set", f"run_name={run_name}", "--set", "resume=true", "--follow")
     assert again.code == 0, again.err
     assert _steps(metrics)[-3:] == [last + 1, last + 2, last + 3]

@@ -76,6 +76,7 @@ def _stop_local_runs(isolated: Path, follower: subprocess.Popen) -> None:
 
 @pytest.mark.live
 @pytest.mark.starts_first
+@pytest.mark.timeout(1800)  # as its own deadline: up to 20 links of a minute on a loaded host
 @pytest.mark.parametrize("kind,layout", [("slurm", []), ("pbs", ["pp=2"])], ids=["slurm", "pbs"])
 def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, isolated, kind,
                                                                  layout, leftovers_cancelled):
@@ -107,8 +108,8 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
             break
         assert time.monotonic() < deadline, chain
         time.sleep(5)
-    assert "the training finished in link" in chain, chain
     ran = [r for r in rows if r["state"] != "cancelled"]
+    assert "the training finished in link" in chain, (chain, _logs(cli, ran))
     assert len(ran) >= 3, rows
     assert all(r["state"] == "timeout" for r in ran[:-1]) and ran[-1]["state"] == "completed"
     assert all(r["reason"].startswith("resumable at step") for r in ran[:-1])
@@ -126,6 +127,12 @@ def test_a_chain_of_one_minute_links_reaches_the_end_of_training(request, cli, i
     assert "[mmm-orch] checkpointed before the walltime: step=" in log
     timeline = cli("timeline", str(ran[0]["id"])).out
     assert "walltime stop" in timeline
+
+
+def _logs(cli, rows: list[dict]) -> str:
+    """The ends of the jobs' logs, for a failure's message."""
+    return "\n".join(f"== job {r['id']} ({r['state']})\n" + cli("logs", str(r["id"])).out[-1500:]
+                     for r in rows)
 
 
 @pytest.mark.starts_first
@@ -178,7 +185,7 @@ watchdog: {walltime_margin: "00:00:01"}
 
 
 def test_rerun_resume_continues_a_stopped_run(cli, isolated):
-    write_spec(isolated, "llama_chain", CHAIN_SPEC)
+    write_spec(isolated, "llama_chain", PACED_SPEC)  # its steps wait rather than compute
     # Two minutes: on a loaded host the two ranks may take most of a minute to reach step 1.
     first = cli("submit", "local", "llama_chain", "--set", "steps=100000", "--walltime",
                 "00:02:00", "--json")
