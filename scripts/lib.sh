@@ -50,3 +50,9 @@ cancel_recovered_jobs() {  # cancel_recovered_jobs LIST_COMMAND CANCEL_COMMAND..
     log "cancelling $(wc -w <<<"$jobs") job(s) left by an earlier run"
     "$@" $jobs || true  # one may have ended meanwhile
 }
+
+# The daemons that run the test jobs (slurmd, PBS's MoM) start at a higher priority than the
+# tests, so their jobs too: the test nodes share this host with the suite's own work, where on a
+# facility a job has its nodes to itself. On a loaded host of two cores a job's start-up would
+# otherwise race its walltime (a chain's link reaching no step before its stop).
+as_job_daemon() { nice -n -10 "$@"; }

@@ -128,7 +128,7 @@ STARTED=""
 start_pbs() {
     if ! daemons_up; then
         log "starting PBS (server, scheduler, comm, mom)"
-        "$PBS_EXEC/libexec/pbs_init.d" start >/dev/null 2>&1 || true
+        as_job_daemon "$PBS_EXEC/libexec/pbs_init.d" start >/dev/null 2>&1 || true
         STARTED=1
     fi
     wait_for 60 "pbs_server" "$PBS_EXEC/bin/qstat" -B

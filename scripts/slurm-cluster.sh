@@ -167,7 +167,7 @@ NODES=(n1 n2 n3)
 start_nodes() {
     for node in "${NODES[@]}"; do
         mkdir -p "/var/spool/slurmd-$node"
-        running "slurmd -N $node" || slurmd -N "$node"
+        running "slurmd -N $node" || as_job_daemon slurmd -N "$node"
     done
     # Nodes left DOWN by an earlier unclean stop come back; then wait until all take jobs.
     scontrol update nodename="$(IFS=,; echo "${NODES[*]}")" state=resume >/dev/null 2>&1 || true

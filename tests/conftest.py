@@ -109,23 +109,6 @@ def live_fixtures(item) -> set[str]:
     return LIVE_FIXTURES & reached
 
 
-# The suite's own processes (its tests and the local jobs they start) run at a lower priority
-# than the test schedulers' jobs, which the daemons (started at the normal one) run: on a loaded
-# host a job's start-up otherwise races its walltime as it never does on a facility's node, which
-# the job has to itself. Only the workers: the serial phase restarts the daemons.
-WORKER_NICE = 10
-
-
-def pytest_configure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.nice(WORKER_NICE)
-
-
-def _normal_priority() -> None:
-    """For the daemons a fixture starts from a worker: back to the normal priority (as root)."""
-    os.setpriority(os.PRIO_PROCESS, 0, 0)
-
-
 def pytest_collection_modifyitems(config, items):
     """With --fast, only the fast tier. The tests marked starts_first go to the front
     (pytest-xdist hands tests out in this order); the rest keep theirs."""
@@ -329,7 +312,6 @@ def slurm_cluster():
         pytest.skip("REAL SLURM CLUSTER TESTS NOT RUN: they need root to install and start munge, "
                     "MariaDB, slurmdbd, slurmctld and two slurmd (run as root, as CI does)")
     proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                          preexec_fn=_normal_priority,
                           timeout=600)
     assert proc.returncode == 0, f"slurm-cluster.sh up failed:\n{proc.stdout}\n{proc.stderr}"
     return CLUSTER_SCRIPT
@@ -346,7 +328,6 @@ def pbs_server():
         pytest.skip("LIVE PBS SERVER TESTS NOT RUN: they need root to install and start OpenPBS "
                     "(run as root, as CI does)")
     proc = subprocess.run(["bash", str(PBS_SCRIPT), "up"], capture_output=True, text=True,
-                          preexec_fn=_normal_priority,
                           timeout=900)
     assert proc.returncode == 0, f"pbs-server.sh up failed:\n{proc.stdout}\n{proc.stderr}"
     return PBS_SCRIPT
