@@ -2,7 +2,7 @@
 project in examples/tinytrain: the contract in a process of its own (steps reported, a stop
 signal saves and exits 75, a resume goes on from the latest checkpoint, a resume with nothing to
 resume from is refused); and on the live schedulers, the project carried across walltimes by
-`--chain 3`, surviving the SIGKILL of one node's ranks with `--spare-nodes 1`, and launched
+`--chain 4`, surviving the SIGKILL of one node's ranks with `--spare-nodes 1`, and launched
 inside an allocation."""
 
 from __future__ import annotations
