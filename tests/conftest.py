@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import inspect
 import json
@@ -315,6 +317,16 @@ def slurm_cluster():
                           timeout=600)
     assert proc.returncode == 0, f"slurm-cluster.sh up failed:\n{proc.stdout}\n{proc.stderr}"
     return CLUSTER_SCRIPT
+
+
+@contextlib.contextmanager
+def scheduler_script_held(name: str):
+    """The lock scripts/NAME.sh runs under (lib.sh run_locked), held: a test that changes the
+    scheduler's rules holds it, so that another worker's `up`, which sets them afresh, waits
+    until the test has put them back."""
+    with open(f"/run/mmm-orch-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 PBS_SCRIPT = REPO / "scripts" / "pbs-server.sh"

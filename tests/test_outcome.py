@@ -191,6 +191,8 @@ WATCHDOG = [sys.executable, "-m", "mmm_orch.injob.watchdog", "--first-step-timeo
 @pytest.mark.parametrize("line, code, why, detail, last, saved", [
     ("echo step=1; echo step=2", 0, files.WHY_COMPLETED, "the launch finished", 2, None),
     ("echo step=1; exit 3", 3, files.WHY_FAILED, "the launch exited 3", 1, None),
+    # Two ranks that each print their steps, interleaved: the furthest step is the last.
+    ("echo step=5; echo step=4; exit 1", 1, files.WHY_FAILED, "the launch exited 1", 5, None),
     pytest.param("echo step=1; sleep 300", 124, files.WHY_HUNG,
                  "no step completed in 2s after step 1; last_step=1", 1, None,
                  marks=pytest.mark.slow),  # waits out the watchdog's 2 s
@@ -300,6 +302,28 @@ def test_a_chain_link_after_one_without_progress_is_skipped_and_said(tmp_path):
     assert _outcome(job_dir).detail.startswith("link 2/3 skipped: link 1 made no progress")
     state = ChainState.from_json(chain.read_text())
     assert state.status == "stopped" and state.reason.startswith("link 1 made no progress")
+
+
+
+def test_a_link_that_stops_the_chain_cancels_only_the_later_links_and_ends_it_first(tmp_path):
+    """Link 2 finds link 1 made no progress: it cancels links 3 and 4, never its own job (a
+    scheduler's cancel of it would kill this very process). The chain's end is written before any
+    cancel: the cancel command here kills the process that runs it, as a cancel of its own job
+    would, and the links after still skip."""
+    chain = tmp_path / protocol.CHAIN_FILE
+    cancel = tmp_path / "cancel"
+    cancel.write_text('#!/bin/sh\necho "$1" >> "$(dirname "$0")/cancelled"\nkill -KILL $PPID\n')
+    cancel.chmod(0o755)
+    chain.write_text(ChainState(4, str(tmp_path / "run"), (str(cancel),),
+                                progress={1: LinkProgress(0, time.time() - 60)}).to_json())
+    for link in range(1, 5):
+        (tmp_path / f"link-{link}.id").write_text(f"10{link}\n")
+    argv = [sys.executable, "-m", "mmm_orch.injob.chain", "begin", "--chain", str(chain)]
+    assert _logged(tmp_path / "job2", [*argv, "--link", "2"]) == -signal.SIGKILL
+    assert (tmp_path / "cancelled").read_text() == "103\n"  # the first after its own
+    state = ChainState.from_json(chain.read_text())
+    assert state.status == "stopped" and state.reason.startswith("link 1 made no progress")
+    assert _logged(tmp_path / "job4", [*argv, "--link", "4"]) == protocol.EXIT_CHAIN_SKIP
 
 
 # -- status: the outcome first, the log for jobs without one, a damaged file noted --------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PBS_BIN, ssh_config
+from conftest import PBS_BIN, scheduler_script_held, ssh_config
 from mmm_orch.config.registry import load_machine
 from mmm_orch.planning import drift
 from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit
@@ -176,17 +176,19 @@ def _pbs_jobs(queues: tuple[str, ...]) -> list[str]:
 
 @pytest.fixture
 def pbs_rule_queues_empty(pbs_server):
-    """The PBS rule queues hold none of this user's jobs before and after the test."""
+    """The PBS rule queues hold none of this user's jobs before and after the test, and their
+    rules are as pbs-server.sh sets them after it (no `up` sets them meanwhile)."""
     queues = ("single", "pair", "routed", "routed-small", "routed-large")
 
     def clear():
         for native in _pbs_jobs(queues):
             subprocess.run([QDEL, "-W", "force", native], capture_output=True)
-    clear()
-    yield queues
-    clear()
-    for setting in RULES_AS_CONFIGURED:  # what the tests change, as pbs-server.sh sets it
-        subprocess.run([QMGR, "-c", setting], check=True)
+    with scheduler_script_held("pbs-server"):
+        clear()
+        yield queues
+        clear()
+        for setting in RULES_AS_CONFIGURED:  # what the tests change, as pbs-server.sh sets it
+            subprocess.run([QMGR, "-c", setting], check=True)
 
 
 @RULES
@@ -275,16 +277,19 @@ def test_machines_check_over_ssh(cli, isolated, sshd, pbs_rule_queues_empty):
 
 @pytest.fixture
 def slurm_rules_reset(slurm_cluster):
+    """The rule QOS hold no jobs before and after the test, and what the tests change is put
+    back after it (no `up` sets it meanwhile: slurm-cluster.sh sets the QOS afresh)."""
     def clear():  # (scancel takes one QOS at a time)
         for qos in ("single", "pair", "team"):
             subprocess.run(["scancel", f"--qos={qos}"], capture_output=True)
-    clear()
-    yield
-    clear()
-    subprocess.run(["sacctmgr", "-i", "modify", "qos", "pair", "set", "MaxJobsPerUser=1",
-                    "MaxSubmitJobsPerUser=2"], capture_output=True)
-    subprocess.run(["scontrol", "update", "partitionname=short", "MaxNodes=2", "MaxTime=20"],
-                   capture_output=True)
+    with scheduler_script_held("slurm-cluster"):
+        clear()
+        yield
+        clear()
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", "pair", "set", "MaxJobsPerUser=1",
+                        "MaxSubmitJobsPerUser=2"], capture_output=True)
+        subprocess.run(["scontrol", "update", "partitionname=short", "MaxNodes=2", "MaxTime=20"],
+                       capture_output=True)
 
 
 def _squeue(qos: str) -> list[str]:

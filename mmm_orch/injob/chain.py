@@ -69,8 +69,11 @@ def link_ids(path: Path) -> dict[int, str]:
 
 
 def _stop(path: Path, held: Held, status: str, reason: str, after: int) -> None:
-    """End the chain and cancel every link after `after` that the scheduler still holds."""
+    """End the chain and cancel every link after `after` that the scheduler still holds. The
+    chain's end is written first: were this process killed while cancelling, the links left
+    would still skip."""
     held.state = dataclasses.replace(held.state, status=status, reason=reason)
+    protocol.write_atomically(path, held.state.to_json())
     waiting = [native_id for index, native_id in sorted(link_ids(path).items()) if index > after]
     for native_id in waiting:
         subprocess.run([*held.state.cancel, native_id], capture_output=True, timeout=60)
@@ -105,7 +108,9 @@ def begin(path: Path, link: int) -> int:
                 f"link {link - 1} made no progress (it started at step {before.start_step}; "
                 f"the newest checkpoint is {f'step {step}' if step is not None else 'none'})"
             )
-            _stop(path, held, "stopped", why, link - 1)
+            # Only the links after this one are cancelled: this one skips (cancelling its own
+            # job would kill this process while it cancels the rest).
+            _stop(path, held, "stopped", why, link)
             return _skip(link, total, why)
         if over := _over_budget(state, link):
             _stop(path, held, "stopped", over, link)

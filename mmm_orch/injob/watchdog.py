@@ -111,7 +111,9 @@ class Launch:
         for line in lines:
             self.lines.append(line.decode(errors="replace"))
             if match := protocol.STEP_BYTES.search(line):
-                self.last_step, self.last_progress = int(match[1]), time.monotonic()
+                # The furthest step reported: ranks that each print theirs interleave.
+                step = max(int(match[1]), self.last_step or 0)
+                self.last_step, self.last_progress = step, time.monotonic()
             elif self._progress_line is not None and self._progress_line.search(line):
                 self.progressed, self.last_progress = True, time.monotonic()
             if match := protocol.SAVED_BYTES.search(line):
