@@ -152,16 +152,15 @@ def test_a_sweep_over_its_budget_submits_nothing(cli, isolated, slurm_cluster):
 
 def test_a_chain_stops_linking_at_its_budget_and_says_so(cli, isolated, slurm_cluster,
                                                          leftovers_cancelled):
-    """Links of one node and one minute (0.0167 node-hours each) under a budget of 0.025: link 1
-    fits, and once it has run (about 40 s, stopping before its walltime) link 2 could pass the
-    budget, so the chain ends there and cancels the links still waiting."""
-    write_spec(isolated, "llama_chain", """extends: llama3_debug
-name: llama_chain
-args: {config: debug, tiny: true, steps: 1000000}
-watchdog: {walltime_margin: "00:00:20"}
-""")
-    result = cli("submit", "slurm-local", "llama_chain", "-N", "1", "--walltime", "00:01:00",
-                 "--chain", "3", "--max-node-hours", "0.025")
+    """Links of one node and two minutes (0.0333 node-hours each) under a budget of 0.05: link 1
+    fits, and once it has run (about 100 s, stopping before its walltime) link 2 could pass the
+    budget, so the chain ends there and cancels the links still waiting. Two minutes leave a
+    loaded host's start room; the steps are paced (they wait rather than compute)."""
+    from test_long_runs import PACED_SPEC
+
+    write_spec(isolated, "llama_chain", PACED_SPEC)
+    result = cli("submit", "slurm-local", "llama_chain", "-N", "1", "--set", "steps=1000000",
+                 "--walltime", "00:02:00", "--chain", "3", "--max-node-hours", "0.05")
     assert result.code == 0, result.err
     deadline = time.monotonic() + 900
     while True:
@@ -174,11 +173,11 @@ watchdog: {walltime_margin: "00:00:20"}
     # The chain's line read after every link has ended (read before, it could still show the
     # last link running: a link may end between the two reads).
     line = cli("status").out.splitlines()[1]
-    assert ": budget: 0.025 node-hours reach" in line, line  # the note is cut at 60 characters
-    said = re.search(r"chain: stopped: budget: 0.025 node-hours reached \(links 1-1 used "
-                     r"(0\.\d+); link 2 could take 0.0167 more\)",
+    assert ": budget: 0.05 node-hours reach" in line, line  # the note is cut at 60 characters
+    said = re.search(r"chain: stopped: budget: 0.05 node-hours reached \(links 1-1 used "
+                     r"(0\.\d+); link 2 could take 0.0333 more\)",
                      cli("logs", str(rows[0]["id"])).out)
-    assert said and 0.005 < float(said[1]) <= 0.0167, said
+    assert said and 0.0167 < float(said[1]) <= 0.0334, said
     assert line.split()[4] == "cancelled", line  # the user's limit, not a failure
     assert rows[0]["state"] == "timeout" and rows[0]["charge"] > 0.005, rows[0]
     assert [r["state"] for r in rows[1:]] == ["cancelled", "cancelled"]
