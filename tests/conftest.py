@@ -378,6 +378,21 @@ def write_machine(directory: Path, name: str, text: str) -> None:
     (profiles / f"{name}.yaml").write_text(text)
 
 
+# The llama_chain workload of tiny Llama 3 with every step lasting PACED_STEP_S
+# (tests/paced_llama3.py): the tiny model's steps take about 0.03 s on a quiet host, so even ten
+# times slower a step still lasts PACED_STEP_S. A fixed number of steps then needs the same
+# walltime however loaded the host is, and a run waiting for its stop waits rather than computes.
+PACED_STEP_S = 0.5
+PACED_SPEC = f"""extends: llama3_debug
+name: llama_chain
+trainer: paced_llama3
+args: {{config: debug, tiny: true, warmup_steps: 20}}
+watchdog: {{walltime_margin: "00:00:20"}}
+env: {{PYTHONUNBUFFERED: "1", PYTHONPATH: "{Path(__file__).resolve().parent}",
+       MMM_TEST_STEP_S: "{PACED_STEP_S}"}}
+"""
+
+
 def write_spec(directory: Path, name: str, text: str) -> None:
     """A user workload spec `name` (YAML `text`) in the directory's .mmm-orch/workloads."""
     specs = directory / ".mmm-orch" / "workloads"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli, wait_state, write_spec
+from conftest import PACED_SPEC, run_cli, wait_state, write_spec
 from mmm_orch.allocations import parse_sbank, parse_showusage
 from mmm_orch.planning import Request, resolve
 from mmm_orch.schedulers.pbs_parse import parse_qstat_dsv, statuses
@@ -156,8 +156,6 @@ def test_a_chain_stops_linking_at_its_budget_and_says_so(cli, isolated, slurm_cl
     fits, and once it has run (about 100 s, stopping before its walltime) link 2 could pass the
     budget, so the chain ends there and cancels the links still waiting. Two minutes leave a
     loaded host's start room; the steps are paced (they wait rather than compute)."""
-    from test_long_runs import PACED_SPEC
-
     write_spec(isolated, "llama_chain", PACED_SPEC)
     result = cli("submit", "slurm-local", "llama_chain", "-N", "1", "--set", "steps=1000000",
                  "--walltime", "00:02:00", "--chain", "3", "--max-node-hours", "0.05")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import assert_nothing_recorded, run_cli, write_probe, write_spec
+from conftest import PACED_SPEC, assert_nothing_recorded, run_cli, write_probe, write_spec
 from mmm_orch.hosts import LocalHost
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, RESULT_FILE
@@ -337,8 +337,6 @@ def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolate
     finishes its checkpoint; a resumed run continues at the next step, not at step 1. Its steps
     are paced (they wait, not compute, until the stop): two minutes leave a loaded host's start
     room before the walltime stop."""
-    from test_long_runs import PACED_SPEC
-
     write_spec(isolated, "llama_chain", PACED_SPEC)
     args = ["submit", "local", "llama_chain", "--set", "steps=100000",
             "--json"] + (["--walltime", "00:02:00"] if how == "walltime" else [])

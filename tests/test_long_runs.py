@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_state, write_spec
+from conftest import PACED_SPEC, PACED_STEP_S, wait_state, write_spec
 
 pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
 
@@ -22,18 +22,6 @@ CHAIN_SPEC = """extends: llama3_debug
 name: llama_chain
 args: {config: debug, tiny: true, warmup_steps: 20}
 watchdog: {walltime_margin: "00:00:20"}
-"""
-# The same training with every step lasting STEP_S (tests/paced_llama3.py): the tiny model's
-# steps take about 0.03 s on a quiet host, so even ten times slower a step still lasts STEP_S,
-# and a fixed number of steps needs the same links however loaded the host is.
-STEP_S = 0.5
-PACED_SPEC = f"""extends: llama3_debug
-name: llama_chain
-trainer: paced_llama3
-args: {{config: debug, tiny: true, warmup_steps: 20}}
-watchdog: {{walltime_margin: "00:00:20"}}
-env: {{PYTHONUNBUFFERED: "1", PYTHONPATH: "{Path(__file__).resolve().parent}",
-       MMM_TEST_STEP_S: "{STEP_S}"}}
 """
 
 
@@ -88,7 +76,7 @@ def test_a_chain_of_short_links_reaches_the_end_of_training(request, cli, isolat
     # At most 95 s of training fit in one link (2 minutes, less the 20 s margin and a start of
     # 5 s or more), so 200 s of steps cross at least two walltimes; eight links leave a loaded
     # host's starts (a minute each) room. A link that reaches no step stops the chain.
-    steps = round(200 / STEP_S)
+    steps = round(200 / PACED_STEP_S)
 
     same = ("dtype=fp32", "global_batch=16")  # as the reference: the same samples each step
     sets = [item for s in (*same, *layout) for item in ("--set", s)]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (assert_nothing_recorded, in_an_interactive_qsub, qsub_own_script,
-                      wait_state, write_probe, write_spec)
+from conftest import (PACED_SPEC, assert_nothing_recorded, in_an_interactive_qsub,
+                      qsub_own_script, wait_state, write_probe, write_spec)
 from mmm_orch.submission import pack
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
@@ -390,7 +390,7 @@ def test_a_pack_stops_its_points_before_its_walltime_and_rerun_resume_finishes_t
     second, recorded `not started`. `rerun --resume` of the pack goes on with the first from its
     checkpoint (20 s of steps left) and then runs the second: every step of each once. Up to
     two minutes of start-up (a loaded host) still leaves the second its 80 s."""
-    from test_long_runs import PACED_SPEC, metrics
+    from test_long_runs import metrics
 
     write_spec(isolated, "llama_chain", PACED_SPEC)
     result = cli("sweep", "slurm-local", "llama_chain", "--set", "steps=480,20", "--pack",
