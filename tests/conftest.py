@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -329,6 +330,26 @@ def scheduler_script_held(name: str):
         yield
 
 
+# The trainings the tests start on this host themselves (torchrun and its ranks, not a
+# scheduler's job) are CPU-bound: two of them on CI's 2 cores only slow each other, and with them
+# the live tests' jobs, whose walltimes and deadlines do not wait. One runs at a time across the
+# workers; the wait for its turn is no part of its own timeout.
+TRAINING_TURN = Path(tempfile.gettempdir()) / f"mmm-orch-tests-training-{os.getuid()}.lock"
+
+
+@contextlib.contextmanager
+def training_turn():
+    with open(TRAINING_TURN, "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        yield
+
+
+def run_training(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run of a CPU-bound training on this host, in its turn."""
+    with training_turn():
+        return subprocess.run(argv, **kwargs)
+
+
 PBS_SCRIPT = REPO / "scripts" / "pbs-server.sh"
 PBS_BIN = "/opt/pbs/bin"  # where the test server's commands are; not on PATH (as on a login node)
 
@@ -378,19 +399,28 @@ def write_machine(directory: Path, name: str, text: str) -> None:
     (profiles / f"{name}.yaml").write_text(text)
 
 
-# The llama_chain workload of tiny Llama 3 with every step lasting PACED_STEP_S
+# A workload of tiny Llama 3 (llama_chain unless named) with every step lasting PACED_STEP_S
 # (tests/paced_llama3.py): the tiny model's steps take about 0.03 s on a quiet host, so even ten
 # times slower a step still lasts PACED_STEP_S. A fixed number of steps then needs the same
 # walltime however loaded the host is, and a run waiting for its stop waits rather than computes.
 PACED_STEP_S = 0.5
-PACED_SPEC = f"""extends: llama3_debug
-name: llama_chain
+
+
+def paced_spec(name: str = "llama_chain", args: str = "",
+               watchdog: str = 'walltime_margin: "00:00:20"', step_s: float = PACED_STEP_S) -> str:
+    """The paced Llama workload `name`, with more trainer `args` and its `watchdog` settings
+    (each YAML mapping items, comma-separated), each step lasting `step_s`."""
+    return f"""extends: llama3_debug
+name: {name}
 trainer: paced_llama3
-args: {{config: debug, tiny: true, warmup_steps: 20}}
-watchdog: {{walltime_margin: "00:00:20"}}
+args: {{config: debug, tiny: true, warmup_steps: 20{", " + args if args else ""}}}
+watchdog: {{{watchdog}}}
 env: {{PYTHONUNBUFFERED: "1", PYTHONPATH: "{Path(__file__).resolve().parent}",
-       MMM_TEST_STEP_S: "{PACED_STEP_S}"}}
+       MMM_TEST_STEP_S: "{step_s}"}}
 """
+
+
+PACED_SPEC = paced_spec()
 
 
 def write_spec(directory: Path, name: str, text: str) -> None:

@@ -17,16 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, wait_state, write_probe, write_spec
+from conftest import TERMINAL, paced_spec, wait_state, write_probe, write_spec
 from faults import signal_node, trainer_pids
 from mmm_orch.injob.protocol import EXIT_INTERNAL_ERROR
 from mmm_orch.runtime.metrics import parse_line
 
-# 300 steps of about 0.1 s on 4 CPU ranks, a checkpoint every 10: time to fail in the middle.
-SPEC = """extends: llama3_debug
-name: llama_fo
-args: {config: debug, tiny: true, warmup_steps: 20, steps: 300, checkpoint_every: 10}
-"""
+# Tiny Llama 3 on 4 CPU ranks, a checkpoint every 10 steps, each step lasting 0.25 s or more
+# (a quiet host's take 0.1 s): a kill after step 45 of 150 comes in the middle on any host, and a
+# run that waits for its walltime waits rather than computes beside the other tests' jobs.
+STEPS = 150
+CHECKPOINTS = f"checkpoint_every: 10, steps: {STEPS}"
+SPEC = paced_spec("llama_fo", CHECKPOINTS, step_s=0.25)
+RANKS = "paced_llama3"  # the module its ranks run, by which the tests find them
+UNTIL_THE_WALLTIME = paced_spec("llama_fo", "checkpoint_every: 10, steps: 100000",
+                                'walltime_margin: "00:00:15"', step_s=0.25)
 MACHINE = {"slurm": "slurm-local", "pbs": "pbs-local"}
 
 
@@ -93,7 +97,7 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
     note = json.loads(cli("status", str(row["id"]), "--json").out)[0]["reason"]
     assert f"active {','.join(first_active)}, spare {spare[0]}" in note
     victim = first_active[1]
-    signal_node(row["native_id"], victim, signal.SIGKILL)
+    signal_node(row["native_id"], victim, signal.SIGKILL, RANKS)
 
     done = wait_state(cli, row["id"], timeout=400)
     log = cli("logs", str(row["id"])).out
@@ -111,11 +115,11 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
     before, after = step_losses(lines[:cut]), step_losses(lines[cut:])
     resumed_at = min(after)
     assert f"[resume] step={resumed_at - 1} " in log and resumed_at % 10 == 1, resumed_at
-    assert "[mmm-orch] resumed_step=" in log and sorted(after) == list(range(resumed_at, 301))
+    assert "[mmm-orch] resumed_step=" in log and sorted(after) == list(range(resumed_at, STEPS + 1))
     replayed = [(before[step], after[step]) for step in after if step in before]
     # (None replayed when the kill came right after a checkpoint, as under a loaded host.)
     assert max(before) >= resumed_at - 1 and all(abs(a - b) < 1e-4 for a, b in replayed), replayed
-    assert [r["step"] for r in steps(row["run_dir"])] == list(range(1, 301))
+    assert [r["step"] for r in steps(row["run_dir"])] == list(range(1, STEPS + 1))
     timeline = cli("timeline", str(row["id"])).out
     assert f"retired {victim}" in timeline and f"resumed at step {resumed_at}" in timeline
 
@@ -145,8 +149,8 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
 
 def test_a_bad_option_fails_at_start_and_is_not_retried(cli, isolated, slurm_cluster,
                                                         leftovers_cancelled):
-    write_spec(isolated, "llama_fo", SPEC.replace("checkpoint_every: 10}", "checkpoint_every: 10, bogus: 1}")
-               + "options:\n  bogus: {type: int}\n")
+    write_spec(isolated, "llama_fo", "extends: llama3_debug\nname: llama_fo\n"  # the trainer's own
+               "args: {config: debug, tiny: true, bogus: 1}\noptions:\n  bogus: {type: int}\n")
     row = submit(cli, "slurm-local", "--spare-nodes", "1")
     done = wait_state(cli, row["id"], timeout=240)
     log = cli("logs", str(row["id"])).out
@@ -160,10 +164,9 @@ def test_a_bad_option_fails_at_start_and_is_not_retried(cli, isolated, slurm_clu
 
 def test_the_walltime_ends_the_run_and_is_not_retried(cli, isolated, slurm_cluster,
                                                       leftovers_cancelled):
-    write_spec(isolated, "llama_fo", SPEC.replace("steps: 300", "steps: 100000")
-               + 'watchdog: {walltime_margin: "00:00:15"}\n')
-    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:01:00")
-    done = wait_state(cli, row["id"], timeout=300)
+    write_spec(isolated, "llama_fo", UNTIL_THE_WALLTIME)
+    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:02:00")
+    done = wait_state(cli, row["id"], timeout=420)
     log = cli("logs", str(row["id"])).out
     assert "attempt 1/2: checkpointed: saved a checkpoint before the walltime" in log, log[-3000:]
     assert "attempt=2/2" not in log
@@ -172,15 +175,15 @@ def test_the_walltime_ends_the_run_and_is_not_retried(cli, isolated, slurm_clust
 
 def test_a_node_lost_as_the_walltime_ends_is_not_retried(cli, isolated, slurm_cluster,
                                                         leftovers_cancelled):
-    """A node fault with under 30 s of walltime left: a relaunch could not reach a step."""
-    write_spec(isolated, "llama_fo", SPEC.replace("steps: 300", "steps: 100000")
-               + 'watchdog: {walltime_margin: "00:00:15"}\n')
-    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:01:00")
+    """A node fault with under 30 s of walltime left: a relaunch could not reach a step. (Three
+    minutes of walltime: a loaded host's start and five steps come well before the fault.)"""
+    write_spec(isolated, "llama_fo", UNTIL_THE_WALLTIME)
+    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:03:00")
     active = running_past(cli, row, 5)["active"][0]
     log = cli("logs", str(row["id"])).out
     job_start = float(log.split("[mmm-orch] job_start=", 1)[1].split()[0])
-    time.sleep(max(0.0, job_start + 33 - time.time()))  # 27 s left, before the 15 s margin stop
-    signal_node(row["native_id"], active, signal.SIGKILL)
+    time.sleep(max(0.0, job_start + 153 - time.time()))  # 27 s left, before the 15 s margin stop
+    signal_node(row["native_id"], active, signal.SIGKILL, RANKS)
     done = wait_state(cli, row["id"], timeout=240)
     log = cli("logs", str(row["id"])).out
     assert "attempt 1/2: walltime: the walltime is spent" in log, log[-3000:]
@@ -211,12 +214,12 @@ def test_a_hang_is_retried_on_the_spare_and_the_guess_is_not_remembered(cli, iso
                                                                           leftovers_cancelled):
     """SIGSTOP on the ranks: nothing dies and no line names a node, the watchdog ends the hang,
     one node is rotated out blind (and said to be a guess), and the run resumes on the spare."""
-    write_spec(isolated, "llama_fo", SPEC.replace("steps: 300", "steps: 150")
-               + 'watchdog: {step_timeout: "00:00:08"}\n')
+    write_spec(isolated, "llama_fo", paced_spec("llama_fo", CHECKPOINTS, 'step_timeout: "00:00:08"',
+                                                 step_s=0.25))
     row = submit(cli, "slurm-local", "--spare-nodes", "1")
     state = running_past(cli, row, 25)
     stalled = state["active"][0]
-    signal_node(row["native_id"], stalled, signal.SIGSTOP)
+    signal_node(row["native_id"], stalled, signal.SIGSTOP, RANKS)
     done = wait_state(cli, row["id"], timeout=400)
     log = cli("logs", str(row["id"])).out
     assert "[mmm-orch] hung: no step completed in 8s" in log, log[-3000:]
@@ -231,12 +234,12 @@ def test_with_no_spare_left_the_job_stops_and_says_so(cli, isolated, slurm_clust
     write_spec(isolated, "llama_fo", SPEC)
     row = submit(cli, "slurm-local", "--spare-nodes", "1")
     first = running_past(cli, row, 25)["active"][0]
-    signal_node(row["native_id"], first, signal.SIGKILL)
+    signal_node(row["native_id"], first, signal.SIGKILL, RANKS)
     second = until(lambda: (s := failover_state(row)) and s["attempt"] == 2 and s["active"][0],
                    240, lambda: cli("logs", str(row["id"])).out[-3000:])
-    until(lambda: trainer_pids(row["native_id"], second) and steps(row["run_dir"])[-1]["step"] >= 35,
-          240, lambda: cli("logs", str(row["id"])).out[-3000:])
-    signal_node(row["native_id"], second, signal.SIGKILL)
+    until(lambda: trainer_pids(row["native_id"], second, RANKS)
+          and steps(row["run_dir"])[-1]["step"] >= 35, 240, lambda: cli("logs", str(row["id"])).out[-3000:])
+    signal_node(row["native_id"], second, signal.SIGKILL, RANKS)
     done = wait_state(cli, row["id"], timeout=300)
     log = cli("logs", str(row["id"])).out
     assert done["state"] == "failed", log[-3000:]

@@ -385,9 +385,11 @@ def test_concurrent_local_runs_never_share_a_run_directory(cli, isolated):
     assert dirs[0] != dirs[1]
     for run in dirs:
         assert _steps(Path(run) / "metrics.jsonl") == list(range(1, 11))  # each its own, whole
-    # Naming the same run twice at once: the second refuses instead of interleaving.
-    same = [json.loads(cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--set",
-                           "steps=400", "--set", "run_name=shared", "--json").out)["id"]
+    # Naming the same run twice at once: the second refuses instead of interleaving. (Paced
+    # steps: the first holds the run for 30 s or more on any host, waiting rather than computing.)
+    write_spec(isolated, "llama_chain", PACED_SPEC)
+    same = [json.loads(cli("submit", "local", "llama_chain", "--set", "steps=60", "--set",
+                           "run_name=shared", "--json").out)["id"]
             for _ in range(2)]
     rows = [wait_state(cli, i, ("completed", "failed"), timeout=300) for i in same]
     assert sorted(r["state"] for r in rows) == ["completed", "failed"]

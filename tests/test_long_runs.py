@@ -74,14 +74,14 @@ def test_a_chain_of_short_links_reaches_the_end_of_training(request, cli, isolat
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
     write_spec(isolated, "llama_chain", PACED_SPEC)
     # At most 95 s of training fit in one link (2 minutes, less the 20 s margin and a start of
-    # 5 s or more), so 200 s of steps cross at least two walltimes; eight links leave a loaded
-    # host's starts (a minute each) room. A link that reaches no step stops the chain.
+    # 5 s or more), so 200 s of steps cross at least two walltimes; twelve links leave a loaded
+    # host's starts (a minute and more each) room. A link that reaches no step stops the chain.
     steps = round(200 / PACED_STEP_S)
 
     same = ("dtype=fp32", "global_batch=16")  # as the reference: the same samples each step
     sets = [item for s in (*same, *layout) for item in ("--set", s)]
     result = cli("submit", machine, "llama_chain", "--set", f"steps={steps}", *sets, "--walltime",
-                 "00:02:00", "--chain", "8", "--json")
+                 "00:02:00", "--chain", "12", "--json")
     assert result.code == 0, result.err
     links = json.loads(result.out)
     # Beside the links, at the lowest priority: it takes only the CPU time they leave (their

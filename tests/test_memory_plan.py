@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_training
+from test_trainers import free_port, launch, steps
 
 from mmm_orch.model_shapes import PRESETS
 from mmm_orch.planning.memory import GIB, Shape, estimate
-from test_trainers import free_port, launch, steps
 
 HERE = Path(__file__).resolve().parent
 SMALL = dataclasses.replace(PRESETS["debug"].model, n_layers=4)  # 256 wide, vocabulary 2048
@@ -34,10 +34,10 @@ def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chu
             "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk),
             "--cp", str(cp), "--pp", str(pp), "--global-batch", str(4 * dp * microbatches)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv],
-                          capture_output=True, text=True, timeout=300,
-                          env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
+    proc = run_training([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv],
+                        capture_output=True, text=True, timeout=300,
+                        env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
     estimated = estimate(Shape(SMALL, batch=4, seq=256, dp=dp, tp=tp, ac=ac, value_bytes=4,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_training, training_turn
 
 TRAINERS = {
     # trainer: (tiny arguments for a short launch check, arguments for a learning run)
@@ -45,8 +46,8 @@ def launch(trainer: str, args: list[str], ranks: int, launcher: str, out: Path,
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
                 "SLURM_NTASKS", "MASTER_ADDR"):
         env.pop(key, None)
-    return subprocess.run([*cmd, *args, "--output-dir", str(out), "--run-name", "run"],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=out.parent)
+    return run_training([*cmd, *args, "--output-dir", str(out), "--run-name", "run"],
+                        capture_output=True, text=True, timeout=timeout, env=env, cwd=out.parent)
 
 
 def steps(out: Path) -> list[dict]:
@@ -173,7 +174,7 @@ def test_one_rank_computes_in_bf16_over_fp32_parameters_and_resumes_on_two_and_b
     script.write_text(ONE_RANK_PRECISION)
     seen = {}
     for ranks in (1, 2):
-        proc = subprocess.run(
+        proc = run_training(
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              f"--nproc-per-node={ranks}", str(script), "--tiny", "--dtype", "bf16"],
             capture_output=True, text=True, timeout=240,
@@ -416,17 +417,18 @@ def test_stop_signal_saves_exits_75_and_the_resumed_run_matches_an_uninterrupted
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
         env.pop(key, None)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node=2", "-m", f"mmm_orch.trainers.{trainer}", *args,
-                             "--output-dir", str(out), "--run-name", "run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    metrics = out / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and metrics.read_text().count('"event": "step"') >= 4):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
-    _, stderr = proc.communicate(timeout=120)
+    with training_turn():
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc-per-node=2", "-m", f"mmm_orch.trainers.{trainer}", *args,
+                                 "--output-dir", str(out), "--run-name", "run"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        metrics = out / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count('"event": "step"') >= 4):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
+        _, stderr = proc.communicate(timeout=120)
     saved = [json.loads(line) for line in metrics.read_text().splitlines()
              if '"event": "checkpoint"' in line]
     assert len(saved) == 1 and saved[0]["reason"] == "signal", stderr[-3000:]
