@@ -331,17 +331,27 @@ def scheduler_script_held(name: str):
 
 
 # The trainings the tests start on this host themselves (torchrun and its ranks, not a
-# scheduler's job) are CPU-bound: two of them on CI's 2 cores only slow each other, and with them
-# the live tests' jobs, whose walltimes and deadlines do not wait. One runs at a time across the
-# workers; the wait for its turn is no part of its own timeout.
-TRAINING_TURN = Path(tempfile.gettempdir()) / f"mmm-orch-tests-training-{os.getuid()}.lock"
+# scheduler's job) are CPU-bound: more than two at once on CI's 2 cores only slow each other, and
+# with them the live tests' jobs, whose walltimes and deadlines do not wait. They take turns, two
+# at a time across the workers (one alone left the other workers idle behind it at the end of the
+# suite); the wait for a turn is no part of a run's own timeout.
+TRAINING_TURNS = [Path(tempfile.gettempdir()) / f"mmm-orch-tests-training-{os.getuid()}-{slot}.lock"
+                  for slot in range(2)]
 
 
 @contextlib.contextmanager
 def training_turn():
-    with open(TRAINING_TURN, "a") as turn:
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        yield
+    """Held while one training runs: the first of the TRAINING_TURNS free."""
+    while True:
+        for path in TRAINING_TURNS:
+            with open(path, "a") as turn:
+                try:
+                    fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                yield
+                return
+        time.sleep(0.5)
 
 
 def run_training(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
