@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACED_SPEC, PACED_STEP_S, wait_state, write_spec
+from conftest import PACED_SPEC, PACED_STEP_S, paced_spec, wait_state, write_spec
 
 pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
 
@@ -147,18 +147,17 @@ def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster
 
 def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,
                                                    leftovers_cancelled):
-    """A bigger model whose save takes seconds, with a margin below the save time: the watchdog
-    raises the margin to twice the longest save it saw (the periodic checkpoints show it) and
-    the stop still ends in a checkpoint before Slurm's kill."""
-    write_spec(isolated, "big", """extends: fsdp_tp
-name: big
-args: {dim: 512, n_layers: 6, n_heads: 8, n_kv_heads: 4, vocab_size: 32000, seq_len: 32,
-       batch_size: 2, steps: 100000, tp: 1, checkpoint_every: 1}
-watchdog: {walltime_margin: "00:00:01"}
-""")
-    # Two minutes: on a loaded host the ranks take up to a minute to start, and the stop must come
-    # after a periodic save (one after every step: the first comes however slow the host).
-    result = cli("submit", "slurm-local", "big", "--walltime", "00:02:00")
+    """A model whose save takes seconds, with a margin below the save time: the watchdog raises
+    the margin to twice the longest save it saw (the periodic checkpoints show it) and the stop
+    still ends in a checkpoint before Slurm's kill."""
+    # A wide vocabulary makes the checkpoint big (33M parameters and AdamW's states: 0.4 GB) and
+    # the paced steps leave the CPU to the saves and the tests beside it.
+    write_spec(isolated, "big", paced_spec(
+        "big", "vocab_size: 256000, batch_size: 1, seq_len: 16, steps: 100000, checkpoint_every: 3",
+        'walltime_margin: "00:00:01"', step_s=1.0))
+    # Three minutes: on a loaded host the ranks take up to a minute to start, and the stop must
+    # come after a periodic save.
+    result = cli("submit", "slurm-local", "big", "--walltime", "00:03:00")
     assert result.code == 0, result.err
     row = wait_state(cli, 1, timeout=300)
     log = cli("logs", "1").out
