@@ -6,11 +6,14 @@
    fp32, on one batch: the loss (whole and in chunks) and the gradients on CPU and CUDA;
 3. the chunked loss on CUDA in bf16 (FSDP's parameter dtype) against one cross-entropy over the
    whole vocabulary's logits;
+3b. the chunked loss's compiled softmax and gradient (the trainer's --compile on CUDA) against
+   its eager path, on the 8B shape's output layer in bf16 autocast: loss, gradients, time, memory;
 4. `mmm-orch submit ... --profile torch` of the llama3 trainer on this GPU (a machine profile of
    one GPU extending `local`, NCCL), then `mmm-orch profile JOB`: the kernels and the NCCL
    collective it names.
 
     python benchmarks/cuda_checks.py      # results: $OUT/cuda_checks.json, else benchmarks/results/
+    python benchmarks/cuda_checks.py compiled_loss_bf16    # only the checks named
 """
 
 from __future__ import annotations
@@ -140,6 +143,64 @@ def chunked_loss_bf16_on_cuda() -> dict:
             "peak_gib_whole": whole[3], "peak_gib_chunked": chunked[3]}
 
 
+def compiled_loss_bf16_on_cuda() -> dict:
+    """The trainer's loss as --compile runs it on one GPU (fp32 output weight, bf16 autocast,
+    8192 tokens of the 8B shape in chunks of 1024), compiled chunks against eager ones: the
+    loss, both gradients, the median time of loss and backward over 5 repeats, the peak."""
+    import statistics
+
+    import torch
+
+    from mmm_orch.trainers.loss import token_losses
+
+    torch.manual_seed(0)
+    vocab, dim, seq, chunk = 128256, 4096, 8192, 1024
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Parameter(torch.randn(1, seq, dim, device="cuda"))
+            self.output = torch.nn.Linear(dim, vocab, bias=False, device="cuda")
+
+        def forward(self, tokens, hidden_only=False):
+            return self.hidden.to(torch.bfloat16) if hidden_only else self.output(self.hidden)
+
+    head = Head()
+    labels = torch.randint(vocab, (1, seq), device="cuda")
+    tokens = torch.zeros_like(labels)
+    out: dict = {}
+    for compiled in (False, True):
+        times = []
+        for _ in range(6):  # the first: compilation and warm-up, left out
+            head.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            started = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = token_losses(head, tokens, labels, chunk, tp=1, compiled=compiled)
+            loss.backward()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        out[compiled] = {"loss": loss.item(), "grad_hidden": head.hidden.grad.clone(),
+                         "grad_weight": head.output.weight.grad.clone(),
+                         "ms": round(1000 * statistics.median(times[1:]), 2),
+                         "first_ms": round(1000 * times[0], 1),
+                         "peak_gib": (torch.cuda.max_memory_allocated() - base) / 2**30}
+    eager, fused = out[False], out[True]
+
+    def rel(name):
+        return ((fused[name] - eager[name]).norm() / eager[name].norm()).item()
+
+    return {"shape": f"vocab {vocab}, dim {dim}, {seq} tokens, chunks of {chunk}, "
+                     "fp32 weight, bf16 autocast",
+            "loss_eager": eager["loss"], "loss_compiled": fused["loss"],
+            "grad_hidden_rel_diff": rel("grad_hidden"), "grad_weight_rel_diff": rel("grad_weight"),
+            "ms_eager": eager["ms"], "ms_compiled": fused["ms"],
+            "first_call_ms_eager": eager["first_ms"], "first_call_ms_compiled": fused["first_ms"],
+            "peak_gib_eager": eager["peak_gib"], "peak_gib_compiled": fused["peak_gib"]}
+
+
 ONE_GPU = """\
 extends: local
 name: one-gpu
@@ -182,11 +243,15 @@ def profile_through_the_cli(work: Path, device: str = "cuda") -> dict:
 def main() -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "cuda_checks.json"
     report: dict = {}
+    only = sys.argv[1:]
     for name, check in (("same_batch_cpu_and_cuda", same_batch_cpu_and_cuda),
                         ("chunked_loss_bf16", chunked_loss_bf16_on_cuda),
+                        ("compiled_loss_bf16", compiled_loss_bf16_on_cuda),
                         ("trainers_learn", lambda: trainers_learn(Path(tempfile.mkdtemp()))),
                         ("profile_through_the_cli",
                          lambda: profile_through_the_cli(Path(tempfile.mkdtemp()) / "cli"))):
+        if only and name not in only:
+            continue
         started = time.monotonic()
         try:
             report[name] = check()

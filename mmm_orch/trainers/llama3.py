@@ -149,7 +149,9 @@ def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
 class Forward:
     """How a batch goes through the model on this rank: the model, its pipeline (None without
     one), the context its forward and loss run in (parallelize.fsdp's), its part of each
-    sequence under context parallel (None without), the TP degree and the loss's chunk."""
+    sequence under context parallel (None without), the TP degree, the loss's chunk and whether
+    the chunks' softmax and gradient run compiled (--compile on CUDA: on the CPU its compilation
+    would cost more than it saves)."""
 
     model: Transformer
     staged: pipeline.Pipeline | None
@@ -157,6 +159,7 @@ class Forward:
     context: ContextShard | None
     tp: int
     loss_chunk: int
+    compile_loss: bool = False
 
     def place(
         self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device
@@ -191,7 +194,10 @@ def build_model(
         )
     model.to_empty(device=rt.device.torch)
     model.init_weights(cfg.seed)
-    forward = Forward(model, None, precision, context, world["tp"].size(), cfg.loss_chunk)
+    compile_loss = cfg.compile and rt.device.torch.type == "cuda"
+    forward = Forward(
+        model, None, precision, context, world["tp"].size(), cfg.loss_chunk, compile_loss
+    )
     return model, stages, forward, counts
 
 
@@ -404,7 +410,14 @@ def train_step(
             # gradients sharded between micro-batches).
             with region("forward"), forward.precision():
                 loss = (
-                    token_losses(forward.model, inputs, labels, forward.loss_chunk, tp)
+                    token_losses(
+                        forward.model,
+                        inputs,
+                        labels,
+                        forward.loss_chunk,
+                        tp,
+                        compiled=forward.compile_loss,
+                    )
                     / batches.accumulation
                 )
             if micro == batches.accumulation - 1:
