@@ -34,13 +34,16 @@ def _pairs(items: list[str]) -> dict[str, str] | None:
     return found
 
 
+PARSER = build_parser()  # one for the corpus: each of xdist's workers reads it as it collects
+
+
 def api_call(argv: list[str]):
     """The API call that asks what `mmm-orch ARGV` asks, or None where Python cannot spell the
     mistake (the parser's own type errors are tested below, in Python's types)."""
     at = argv.index("--") if "--" in argv else len(argv)
     program = argv[at + 1:] if at < len(argv) else None
     try:
-        args = build_parser().parse_args(argv[:at])
+        args = PARSER.parse_args(argv[:at])
     except SystemExit:
         return None
     if args.command not in ("render", "submit", "sweep") or getattr(args, "out", None):
