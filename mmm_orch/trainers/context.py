@@ -56,8 +56,9 @@ class ContextShard:
         """Causal attention of this rank's queries (batch, heads, seq / cp, head_dim) over the
         whole sequence's keys and values, gathered: each of its two chunks attends to the keys
         up to its own end, the causal mask aligned to the lower right."""
-        keys, values = self.whole(k.transpose(1, 2)), self.whole(v.transpose(1, 2))
-        keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+        # Keys and values side by side in one gather: one collective a layer each way, not two.
+        both = self.whole(torch.cat([k.transpose(1, 2), v.transpose(1, 2)], dim=-1))
+        keys, values = both.transpose(1, 2).chunk(2, dim=-1)
         length = q.shape[2] // 2
         out = []
         for half, chunk in zip(q.split(length, dim=2), self.chunk_indices(), strict=True):
