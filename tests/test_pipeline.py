@@ -21,7 +21,8 @@ TINY = ["--tiny", "--n-layers", "8", "--dtype", "fp32", "--global-batch", "8", "
 LAYOUTS = {
     "dp4": [],
     "dp2 x pp2": ["--pp", "2"],
-    "tp2 x pp2": ["--tp", "2", "--pp", "2"],
+    # 4 micro-batches of 2 (8 of 1 paid tensor parallel's collectives twice as often)
+    "tp2 x pp2": ["--tp", "2", "--pp", "2", "--batch-size", "2"],
     "pp4 interleaved": ["--pp", "4", "--pp-schedule", "interleaved_1f1b"],
     "dp2 x pp2 gpipe": ["--pp", "2", "--pp-schedule", "gpipe"],
 }
