@@ -70,7 +70,7 @@ def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chu
 
 @pytest.mark.slow
 def test_the_loss_in_chunks_is_the_loss(tmp_path):
-    """The sequence's logits a chunk at a time (remade in backward) train exactly as whole."""
+    """The sequence's logits a chunk at a time (each one's gradient made with its loss) train exactly as whole."""
     curves = {}
     for chunk in (0, 16):
         proc = launch("llama3", ["--tiny", "--dtype", "fp32", "--steps", "6", "--warmup-steps",
