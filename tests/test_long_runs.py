@@ -145,11 +145,12 @@ def test_a_chain_whose_first_link_fails_stops_there(cli, isolated, slurm_cluster
         cli("logs", "1").out and "exit 2" in line
 
 
-def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,
-                                                   leftovers_cancelled):
+def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, pbs_server, leftovers_cancelled):
     """A model whose save takes seconds, with a margin below the save time: the watchdog raises
     the margin to twice the longest save it saw (the periodic checkpoints show it) and the stop
-    still ends in a checkpoint before Slurm's kill."""
+    still ends in a checkpoint before the scheduler's kill. On PBS: a Slurm job this long also
+    asks for Slurm's own early signal, which may reach the ranks first (it did, 10 s before the
+    end), and then the watchdog's stop finds the save made."""
     # A wide vocabulary makes the checkpoint big (33M parameters and AdamW's states: 0.4 GB) and
     # the paced steps leave the CPU to the saves and the tests beside it.
     write_spec(isolated, "big", paced_spec(
@@ -157,7 +158,7 @@ def test_a_slow_save_still_beats_the_walltime_kill(cli, isolated, slurm_cluster,
         'walltime_margin: "00:00:01"', step_s=1.0))
     # Three minutes: on a loaded host the ranks take up to a minute to start, and the stop must
     # come after a periodic save.
-    result = cli("submit", "slurm-local", "big", "--walltime", "00:03:00")
+    result = cli("submit", "pbs-local", "big", "--walltime", "00:03:00")
     assert result.code == 0, result.err
     row = wait_state(cli, 1, timeout=300)
     log = cli("logs", "1").out

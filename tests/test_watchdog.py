@@ -90,3 +90,20 @@ def test_a_rank_s_code_does_not_hide_a_signal_the_scheduler_sent(tmp_path):
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
+
+
+@pytest.mark.parametrize("stop_after_the_save", [False, True])
+def test_a_save_on_the_scheduler_s_own_early_signal_is_said(stop_after_the_save):
+    """Slurm's --signal reaches the ranks, not the watchdog, and may come before the watchdog's
+    own stop: the trainers save, say so, and exit 75. The watchdog says the run checkpointed,
+    also when its own stop came after that save (the stop then finds the save already made)."""
+    left = 2 if stop_after_the_save else 3600  # seconds to the walltime; the margin is 1
+    launch = ("trap '' USR1; echo 'step=3 loss=1'; "
+              "echo '[checkpoint] step=3 path=run/checkpoints/step-3 save_s=0.1 blocking_s=0.1 "
+              "reason=signal'; sleep 3; exit 75")
+    proc = subprocess.run([*WATCHDOG, "--first-step-timeout", "30", "--step-timeout", "30",
+                           "--walltime-end", str(time.time() + left), "--margin", "1", "--", launch],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert ("asking the trainers to save" in proc.stdout) == stop_after_the_save, proc.stdout
+    assert "[mmm-orch] checkpointed before the walltime: step=3;" in proc.stdout, proc.stdout

@@ -381,8 +381,11 @@ class _Guard:
     def _finish(self, code: int) -> Launch:
         launch, stop_sent_after = self.launch, self.stop_sent_after
         saved_since = launch.saved_step is not None and launch.saved_step != stop_sent_after
+        # Exit 75 after a save: the trainers saved on a stop, this one's or the scheduler's own
+        # early signal (Slurm's --signal reaches the ranks, not the watchdog, and may come first).
+        saved_on_a_stop = launch.saved_step is not None and code == protocol.EXIT_CHECKPOINTED
         launch.code = code
-        if stop_sent_after is not None and saved_since:
+        if (stop_sent_after is not None and saved_since) or saved_on_a_stop:
             protocol.say(
                 protocol.CHECKPOINTED,
                 f" step={launch.saved_step}; continue with "
