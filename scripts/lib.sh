@@ -20,6 +20,21 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
     return 1
 }
 
+# A running test's command may read a configuration file at any moment (`scancel` read slurm.conf
+# empty while another worker's `up` rewrote it with `cat >`): a file is replaced whole, by a
+# rename, and only when its text changed. Returns 0 when it changed.
+write_if_changed() {  # write_if_changed FILE [MODE] < TEXT
+    local file=$1 mode=${2:-} new
+    new=$(mktemp "$file.XXXXXX")
+    cat >"$new"
+    if [[ -f $file ]] && cmp -s "$new" "$file"; then
+        rm -f "$new"
+        return 1
+    fi
+    chmod "${mode:-644}" "$new"
+    mv -f "$new" "$file"
+}
+
 apt_install() {  # apt_install PACKAGE...: those not installed yet
     local missing=()
     for pkg in "$@"; do

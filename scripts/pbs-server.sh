@@ -83,7 +83,7 @@ fix_hosts() {
 write_conf() {
     local host
     host=$(hostname)
-    cat >/etc/pbs.conf <<EOF
+    write_if_changed /etc/pbs.conf <<EOF || true
 PBS_SERVER=$host
 PBS_START_SERVER=1
 PBS_START_SCHED=1
@@ -105,7 +105,7 @@ EOF
     fi
     # Job output goes straight to its final path (-k doe), and the mom copies files with cp.
     mkdir -p $PBS_HOME/mom_priv
-    cat >$PBS_HOME/mom_priv/config <<EOF
+    write_if_changed $PBS_HOME/mom_priv/config <<EOF || true
 \$clienthost $host
 \$usecp *:/ /
 EOF
@@ -225,7 +225,10 @@ configure_queue_rules() {
     # Per-project limits count a job's project: ALCF's -A is it (a queuejob hook sets it here).
     "$PBS_EXEC/bin/qmgr" -c "list hook account_project" >/dev/null 2>&1 \
         || qmgr "create hook account_project event=queuejob"
-    qmgr "import hook account_project application/x-python default $HERE/scripts/pbs/account_project.py"
+    # Imported only when it differs: the server checks every submission against this hook.
+    "$PBS_EXEC/bin/qmgr" -c "export hook account_project application/x-python default" 2>/dev/null \
+        | cmp -s - "$HERE/scripts/pbs/account_project.py" \
+        || qmgr "import hook account_project application/x-python default $HERE/scripts/pbs/account_project.py"
 }
 
 configure_vnodes() {

@@ -50,9 +50,9 @@ start_mariadb() {
 
 write_configs() {
     mkdir -p "$CONF" /var/spool/slurmctld /var/log/slurm
-    local old=""
-    [[ -f $CONF/slurm.conf ]] && old=$(cat "$CONF/slurm.conf")
-    cat >"$CONF/slurm.conf" <<EOF
+    local changed=""
+    [[ -f $CONF/slurm.conf ]] && changed=existing
+    write_if_changed "$CONF/slurm.conf" <<EOF || changed=""
 # Written by mmm-orch scripts/slurm-cluster.sh: a three-node test cluster on one host.
 ClusterName=${CLUSTER}
 SlurmctldHost=localhost
@@ -98,7 +98,7 @@ PartitionName=parked Nodes=n1,n2,n3 MaxTime=60 State=DOWN
 # A partition's own bounds (nodes, walltime), as Frontier's and Perlmutter's partitions have.
 PartitionName=short Nodes=n1,n2,n3 MaxNodes=2 MaxTime=20 State=UP
 EOF
-    cat >"$CONF/slurmdbd.conf" <<EOF
+    write_if_changed "$CONF/slurmdbd.conf" 600 <<EOF || true
 # Written by mmm-orch scripts/slurm-cluster.sh
 AuthType=auth/munge
 DbdHost=localhost
@@ -111,8 +111,7 @@ StorageUser=slurm
 StoragePass=${DB_PASS}
 StorageLoc=slurm_acct_db
 EOF
-    chmod 600 "$CONF/slurmdbd.conf"
-    if [[ -n $old && $old != "$(cat "$CONF/slurm.conf")" ]] && running slurmctld; then
+    if [[ -n $changed ]] && running slurmctld; then
         log "slurm.conf changed: restarting slurmctld and the slurmd"
         pkill -x slurmd 2>/dev/null || true
         stop_controller
