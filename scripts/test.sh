@@ -38,9 +38,9 @@ run() {  # pytest, where "no test selected" (exit 5, e.g. a file without serial 
     "$PY" -m pytest -q "$@" || { rc=$?; [[ $rc -eq 5 ]] || failed=$rc; }
 }
 if [[ $fast -eq 1 ]]; then
-    run -n "${MMM_ORCH_TEST_WORKERS:-$(nproc)}" --dist loadgroup --durations=40 "$@"
+    run -n "${MMM_ORCH_TEST_WORKERS:-$(nproc)}" --dist loadgroup --no-loadscope-reorder --durations=40 "$@"
 else
     run -m serial -p no:xdist "$@"
-    run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-6}" --dist loadgroup --durations=40 "$@"
+    run -m "not serial" -n "${MMM_ORCH_TEST_WORKERS:-6}" --dist loadgroup --no-loadscope-reorder --durations=40 "$@"
 fi
 exit "$failed"

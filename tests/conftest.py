@@ -39,6 +39,9 @@ def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
                      help="only the tests that need no server, no root and no waiting (the "
                           "developer's loop; CI runs them all)")
+    parser.addoption("--store-durations", action="store_true",
+                     help="write this run's durations to tests/durations.json (a fresh "
+                          "clone's order of the tests)")
 
 
 # Past these a module is worth splitting along its users' seams, a function into named steps: a
@@ -113,19 +116,132 @@ def live_fixtures(item) -> set[str]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """With --fast, only the fast tier. The tests marked starts_first go to the front
-    (pytest-xdist hands tests out in this order); the rest keep theirs."""
+    """With --fast, only the fast tier. Then the order in which pytest-xdist hands the tests out
+    (scripts/test.sh keeps it: --no-loadscope-reorder): those marked starts_first, then the
+    rest longest first by their recorded durations (a group by its tests' sum), so that the run
+    does not end with one worker alone on the slowest tests; unrecorded ones keep their order."""
     for item in items:
         if any(getattr(item, "originalname", None) == name and fragment in item.name
                for name, fragment in SLOW_CASES):
             item.add_marker(pytest.mark.slow)
     if config.getoption("--fast"):
-        slow = {item for item in items
-                if any(item.get_closest_marker(name) for name in SLOW_MARKERS)
-                or live_fixtures(item)}
+        slow = {item for item in items if marked_slow(item) or live_fixtures(item)}
         config.hook.pytest_deselected(items=[item for item in items if item in slow])
         items[:] = [item for item in items if item not in slow]
-    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
+    recorded = recorded_durations(config)
+    scope_seconds: dict[str, float] = {}
+    for item in items:
+        scope = work_unit(item)
+        scope_seconds[scope] = scope_seconds.get(scope, 0.0) + recorded.get(item.nodeid, 0.0)
+    items.sort(key=lambda item: (item.get_closest_marker("starts_first") is None,
+                                 -scope_seconds[work_unit(item)]))
+
+
+def marked_slow(item) -> bool:
+    return any(item.get_closest_marker(name) for name in SLOW_MARKERS)
+
+
+def work_unit(item) -> str:
+    """What pytest-xdist hands to one worker whole: the test's xdist_group, or the test alone."""
+    group = item.get_closest_marker("xdist_group")
+    return f"@{group.args[0] if group.args else group.kwargs['name']}" if group else item.nodeid
+
+
+# Time as a budget. Every test's CPU-seconds (its process and the child processes it waited
+# for: unlike its wall time, not stretched by a loaded host) are measured; a test not marked
+# slow, live or serial that uses more than CPU_BUDGET fails at its teardown. The durations of
+# each run are kept in pytest's cache (.pytest_cache) and order the next run; a fresh clone
+# orders by tests/durations.json, which `--store-durations` rewrites from a whole run.
+CPU_BUDGET = 3.0
+DURATIONS = REPO / "tests" / "durations.json"
+DURATIONS_KEY = "mmm-orch/durations"
+
+
+def recorded_durations(config) -> dict[str, float]:
+    """Wall seconds by test id: this checkout's last runs, else the committed record."""
+    cache = getattr(config, "cache", None)
+    cached = cache.get(DURATIONS_KEY, None) if cache else None
+    if cached:
+        return cached
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    # A child that ended unwaited is reaped, and its CPU counted, at the next Popen of any later
+    # test: reap such children now, so that the test that started them pays for them.
+    getattr(subprocess, "_cleanup", lambda: None)()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_STARTED] = (time.monotonic(), _cpu_seconds())
+    yield
+
+
+_STARTED = pytest.StashKey[tuple[float, float]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "teardown" or _STARTED not in item.stash:
+        return
+    started, cpu_at_start = item.stash[_STARTED]
+    cpu = _cpu_seconds() - cpu_at_start
+    kind = "live" if live_fixtures(item) else "slow" if marked_slow(item) else "fast"
+    report.user_properties += [("seconds", time.monotonic() - started), ("cpu_seconds", cpu),
+                               ("kind", kind)]
+    if cpu > CPU_BUDGET and report.passed and kind == "fast":
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} used {cpu:.1f} CPU-seconds, over the budget of "
+                           f"{CPU_BUDGET:g} for a test of the fast tier: make it quicker, or "
+                           f"mark it slow (tests/conftest.py, 'Time as a budget')")
+
+
+class DurationRecorder:
+    """Collects each test's seconds from the reports (on the controller under xdist) and says,
+    at the end, what each kind of test cost: live (a test server or sshd), slow (trainings,
+    jobs and processes on this host) and fast."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.kinds: dict[str, list[float]] = {}  # kind: [tests, seconds, CPU-seconds]
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "teardown":
+            properties = dict(report.user_properties)
+            if "seconds" in properties:
+                self.seconds[report.nodeid] = round(properties["seconds"], 2)
+                total = self.kinds.setdefault(properties["kind"], [0, 0.0, 0.0])
+                total[0] += 1
+                total[1] += properties["seconds"]
+                total[2] += properties["cpu_seconds"]
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.kinds:
+            terminalreporter.write_sep("-", "time by kind of test")
+        for kind, (tests, seconds, cpu) in sorted(self.kinds.items()):
+            terminalreporter.write_line(f"{kind}: {tests} tests, {seconds:.0f} worker-seconds, "
+                                        f"{cpu:.0f} CPU-seconds of the tests and their children")
+
+    def pytest_sessionfinish(self, session):
+        config = session.config
+        if not self.seconds or hasattr(config, "workerinput"):
+            return
+        if getattr(config, "cache", None):
+            config.cache.set(DURATIONS_KEY, {**recorded_durations(config), **self.seconds})
+        if config.getoption("--store-durations"):
+            worth_ordering = {k: v for k, v in sorted(self.seconds.items()) if v >= 1}
+            DURATIONS.write_text(json.dumps(worth_ordering, indent=0) + "\n")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(DurationRecorder(), "mmm-orch-durations")
 
 
 @pytest.fixture(autouse=True)
@@ -279,17 +395,37 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+def cli_in(env: dict[str, str], cwd: Path, *args: str) -> str:
+    """What `mmm-orch ARGS` prints, run in this process with `env` set and in `cwd` (a fresh
+    interpreter costs about 0.3 CPU-seconds, a poll every 2 s adds up)."""
+    import io
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out = io.StringIO()
+    try:
+        os.environ.update(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out):
+            assert main(list(args)) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+    return out.getvalue()
+
+
 def finished_local_sweep(root: Path) -> tuple[dict[str, str], dict[int, dict]]:
     """A real two-job sweep of the fsdp trainer on the local executor, with its own state, cache
     and config under `root`, run to its end: its environment and its status rows by job id."""
     env = {"XDG_STATE_HOME": str(root / "state"), "HOME": str(root / "home"),
            "XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
+    # tiny: 256 test images to score rather than 10,000
     proc = run_cli("sweep", "local", "fsdp", "--set", "train_samples=256,512", "--set",
-                   "epochs=1", env=env, cwd=root)
+                   "epochs=1", "--set", "tiny=true", env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr
     deadline = time.monotonic() + 600
     while True:
-        rows = json.loads(run_cli("status", "--all", "--json", env=env, cwd=root).stdout)
+        rows = json.loads(cli_in(env, root, "status", "--all", "--json"))
         if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows):
             break
         assert time.monotonic() < deadline, rows
@@ -575,35 +711,3 @@ def qsub_own_script(where: Path, nodes: int, command: str) -> Path:
                                timeout=30)
     assert submitted.returncode == 0, submitted.stderr
     return where / "pbs.out"
-
-
-def in_an_interactive_qsub(where: Path, nodes: int, command: str) -> str:
-    """Type `command` (run in `where`, with this test's state and config dirs) into the shell
-    of a `qsub -I` on `nodes` vnodes, as a researcher would: qsub -I wants a terminal, so it gets
-    a pseudo-terminal. What the terminal showed, once the command and the shell ended."""
-    import pty
-
-    exports = " ".join(f"{k}={os.environ[k]}" for k in
-                       ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"))
-    typed = f"cd {where} && env {exports} {command}; echo command-exit=$?; exit\n"
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execv(f"{PBS_BIN}/qsub", [f"{PBS_BIN}/qsub", "-I", "-l", f"select={nodes}:ncpus=2",
-                                     "-l", "place=scatter", "-l", "walltime=00:05:00"])
-    seen, sent = b"", False
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # the terminal closed: qsub -I ended
-                break
-            seen += chunk
-            if not sent and b"ready" in seen:
-                time.sleep(1)  # the shell's prompt
-                os.write(fd, typed.encode())
-                sent = True
-    finally:
-        os.close(fd)
-        os.waitpid(pid, 0)
-    return seen.decode(errors="replace")

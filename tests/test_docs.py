@@ -65,6 +65,7 @@ def copies(tmp_path) -> tuple[Path, Path]:
     return scratch, pages
 
 
+@pytest.mark.slow  # three runs of the generator in fresh interpreters
 def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(copies):
     scratch, pages = copies
     commands = scratch / "mmm_orch" / "cli" / "job_cmds.py"
