@@ -1,10 +1,11 @@
 """Hostile or broken input around sweeps, chains, reports and plots, generated over each class:
 grids and value lists past their bounds, one value spelled two ways for every option type of
 every workload, --chain values, --out paths of the wrong kind, every kind of damaged metrics row,
-and sweep points and plans edited in the job database. A refusal is exit 2 with one line
-`mmm-orch: error: ...`, no traceback, nothing written and, for the big ones, within seconds.
-Reports and plots read one real sweep on the local executor, made once for the module (each test
-restores what it damaged)."""
+and sweep points and plans edited in the job database, a disk too full for a report. A refusal
+is exit 2 with one line `mmm-orch: error: ...`, no traceback, nothing written and, for the big
+ones, within seconds; a FIFO in a path's place hangs nothing. Reports and plots read one real
+sweep on the local executor, made once for the module (each test restores what it damaged), in
+this process."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ pytestmark = pytest.mark.xdist_group("hostile-sweeps")
 # CPU seconds of this process (the CLI runs in it): a refusal of a huge input is as quick as one
 # of a small one. CPU time, not wall time, so that a busy machine does not read as a slow refusal.
 FAST = 5.0
+# A FIFO opened for reading blocks forever: a test that puts one where a report or plot reads or
+# writes fails at this bound (its own call, not the module's sweep) rather than hang the suite.
+HANG = 120
 
 
 def _tree(root: Path) -> set[str]:
@@ -202,6 +206,7 @@ def _plot_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HANG, func_only=True)
 @pytest.mark.parametrize("kind", ["a directory", "a FIFO", "no .png", "no name",
                                   "a missing directory", "under a file"])
 def test_plot_writes_one_png_file(db_cli, tmp_path, kind):
@@ -214,14 +219,15 @@ def _report_outs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     (tmp_path / "file").write_text("mine\n")
-    return {"a file": (tmp_path / "file", "a file is there"),
-            "a FIFO": (fifo, "a FIFO, socket or device is there"),
+    return {"a file": (tmp_path / "file", "cannot make the directory: a file is there"),
+            "a FIFO": (fifo, "cannot make the directory: a FIFO, socket or device is there"),
             "under a file": (tmp_path / "file" / "r", "cannot make the directory"),
             "a read-only place": (Path("/proc"), "cannot write into the directory"),
             "under a read-only place": (Path("/proc/mmm-orch/r"), "cannot make the directory")}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HANG, func_only=True)
 @pytest.mark.parametrize("kind", ["a file", "a FIFO", "under a file", "a read-only place",
                                   "under a read-only place"])
 def test_report_writes_a_directory(db_cli, tmp_path, kind):
@@ -231,24 +237,43 @@ def test_report_writes_a_directory(db_cli, tmp_path, kind):
     assert (tmp_path / "file").read_text() == "mine\n"
 
 
+@pytest.mark.slow
+def test_a_report_the_disk_cannot_hold_is_written_whole_or_not_at_all(db_cli, tmpfs):
+    full = tmpfs("full", "size=24k")
+    refused(db_cli("report", "s1", "--out", str(full / "r")), "--out")
+    assert list(full.iterdir()) == [], list(full.rglob("*"))  # no figure, no page, no directory
+
+
 # -- metrics.jsonl ------------------------------------------------------------------------------
 
-BAD_ROWS = {  # each: the line, and whether it is a whole line left out (else a value)
-    "cut short": ('{"event": "step", "step": 3, "loss": 1.', True),
-    "not an object": ("[1, 2, 3]", True),
-    "a bare number": ("3", True),
-    "no event": ('{"step": 4, "loss": 1.0}', True),
-    "a string step": ('{"event": "step", "step": "x", "loss": 1.0, "dt": 0.1}', True),
-    "a boolean step": ('{"event": "step", "step": true, "loss": 1.0}', True),
-    "a float step": ('{"event": "step", "step": 2.5, "loss": 1.0}', True),
-    "a megabyte line": ('{"event": "step", "step": 9, "pad": "' + "x" * (1 << 20) + '"}', True),
-    "a hundred-megabyte line": ("x" * (100 << 20), True),
-    "deep nesting": ("[" * 100_000 + "]" * 100_000, True),
-    "binary": ("\x00\x01\x02\udcff\udcfe", True),
-    "text numbers": ('{"event": "step", "step": 5, "loss": "nan", "dt": 0.1}', False),
-    "numbers past a double": ('{"event": "step", "step": 5, "loss": 1e400, "dt": 0.1}', False),
-    "NaN literals": ('{"event": "step", "step": 5, "loss": NaN, "dt": 0.1}', False),
-    "nested values": ('{"event": "step", "step": 5, "loss": {"a": [1]}, "dt": 0.1}', False),
+# Each: the line, and what of it is left out: the whole LINE, or its values (the note's words).
+LINE, ONE_VALUE = "line", "1 value of step records that is"
+BAD_ROWS = {
+    "cut short": ('{"event": "step", "step": 3, "loss": 1.', LINE),
+    "not an object": ("[1, 2, 3]", LINE),
+    "a bare number": ("3", LINE),
+    "no event": ('{"step": 4, "loss": 1.0}', LINE),
+    "a string step": ('{"event": "step", "step": "x", "loss": 1.0, "dt": 0.1}', LINE),
+    "a boolean step": ('{"event": "step", "step": true, "loss": 1.0}', LINE),
+    "a float step": ('{"event": "step", "step": 2.5, "loss": 1.0}', LINE),
+    "a megabyte line": ('{"event": "step", "step": 9, "pad": "' + "x" * (1 << 20) + '"}', LINE),
+    "a hundred-megabyte line": ("x" * (100 << 20), LINE),
+    "deep nesting": ("[" * 100_000 + "]" * 100_000, LINE),
+    "binary": ("\x00\x01\x02\udcff\udcfe", LINE),
+    "control characters": ("\x00\x01\x02\xff\xfe", LINE),  # valid UTF-8, no JSON
+    "text numbers": ('{"event": "step", "step": 5, "loss": "nan", "dt": 0.1}', ONE_VALUE),
+    "numbers past a double": ('{"event": "step", "step": 5, "loss": 1e400, "dt": 0.1}',
+                              ONE_VALUE),
+    "NaN literals": ('{"event": "step", "step": 5, "loss": NaN, "dt": 0.1}', ONE_VALUE),
+    "nested values": ('{"event": "step", "step": 5, "loss": {"a": [1]}, "dt": 0.1}', ONE_VALUE),
+    "400-digit integers": ('{"event": "step", "step": 2, "loss": ' + "9" * 400 + ', "dt": '
+                           + "1" * 400 + ', "tokens_per_s": -' + "7" * 400 + "}",
+                           "3 values of step records that are"),
+    # a step already recorded, again with every field damaged: the last record of a step wins
+    "a recorded step with every kind of bad value": (
+        '{"event": "step", "step": 1, "loss": "nan", "dt": "x", "mfu": "1", "lr": 1e400, '
+        '"tokens_per_s": -1e400, "samples_per_s": NaN, "grad_norm": Infinity, '
+        '"mem_gib": {"a": [1]}, "tokens": [0.1]}', "9 values of step records that are"),
 }
 
 
@@ -276,7 +301,7 @@ def _note(result) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", BAD_ROWS)
 def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, kind):
-    row, whole_line = BAD_ROWS[kind]
+    row, left_out = BAD_ROWS[kind]
     good = len(metrics.read_bytes().splitlines())
     metrics.write_bytes(metrics.read_bytes() + (row + "\n").encode("utf-8", "surrogateescape"))
     started = time.process_time()
@@ -284,11 +309,11 @@ def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, k
     assert report.code == 0, report.err[-2000:]
     assert time.process_time() - started < 2 * FAST
     note = _note(report)
-    if whole_line:
+    if left_out == LINE:
         assert f"job 1: 1 line of {metrics} that is no step record" in note, note
         assert f"first: line {good + 1})" in note, note
     else:
-        assert "job 1: 1 value of step records that is no finite number" in note, note
+        assert f"job 1: {left_out} no finite number" in note, note
     assert "job 2" not in note
     rows = {r["job"]: r for r in json.loads(report.out)}
     assert rows[1]["steps"] and rows[2]["steps"], rows
@@ -296,7 +321,24 @@ def test_a_damaged_row_is_left_out_and_counted_once(db_cli, metrics, tmp_path, k
         assert rows[1][key] is None or isinstance(rows[1][key], (int, float)), rows[1]
     plot = db_cli("plot", "1", "--out", str(tmp_path / "curve.png"))
     assert plot.code == 0, plot.err[-2000:]
-    assert "1 line" in _note(plot) or "1 value" in _note(plot)
+    assert _note(plot) == note  # the same words for the one job
+
+
+@pytest.mark.slow
+def test_a_step_number_past_any_run_is_read_as_a_step(db_cli, metrics, tmp_path):
+    """JSON's integers have no bound: a 29-digit step is still a step record, read into the
+    table and the curve with nothing to note."""
+    steps = metrics.read_text().count('"event": "step"')
+    metrics.write_bytes(metrics.read_bytes()
+                        + b'{"event": "step", "step": 99999999999999999999999999999, "dt": 0.1}\n')
+    report = db_cli("report", "s1", "--out", str(tmp_path / "r"), "--json")
+    assert report.code == 0 and "note" not in report.err, report.err[-2000:]
+    row = {r["job"]: r for r in json.loads(report.out)}[1]
+    assert row["steps"] == steps + 1, row
+    for key in ("step_ms", "final_loss", "throughput"):
+        assert row[key] is None or isinstance(row[key], (int, float)), row
+    plot = db_cli("plot", "1", "--out", str(tmp_path / "curve.png"))
+    assert plot.code == 0 and "note" not in plot.err, plot.err[-2000:]
 
 
 @pytest.mark.slow
@@ -313,6 +355,7 @@ def test_a_file_past_the_read_bound_is_read_to_the_bound(db_cli, metrics, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(HANG, func_only=True)
 @pytest.mark.parametrize("kind", ["fifo", "directory", "nothing but damage"])
 def test_metrics_with_no_step_record_cannot_be_plotted(db_cli, metrics, tmp_path, kind):
     metrics.unlink()
@@ -335,6 +378,7 @@ def test_metrics_with_no_step_record_cannot_be_plotted(db_cli, metrics, tmp_path
 
 BAD_SPECS = ["[1, 2]", '"points"', "{not json", "{}", '{"points": 3}', '{"points": [1, 2]}',
              '{"points": []}', '{"points": [{"nodes": "x"}, {"nodes": 1}]}',
+             '{"points": [{"nodes": "x"}, {}]}',
              '{"points": [{"nodes": true}, {"nodes": 1}]}',
              '{"points": [{"nodes": 0}, {"nodes": 1}]}',
              '{"points": [{"nodes": 1, "epochs": {"a": 1}}, {"nodes": 1}]}',
@@ -343,14 +387,23 @@ BAD_SPECS = ["[1, 2]", '"points"', "{not json", "{}", '{"points": 3}', '{"points
              '{"points": [' + ", ".join(['{"nodes": 1}'] * 1001) + "]}"]
 
 
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", BAD_SPECS, ids=lambda s: s[:40])
 def test_a_sweep_whose_points_were_edited_is_refused(db_cli, sweep, tmp_path, spec):
     original = _sql(sweep, "SELECT spec FROM groups WHERE id = 1")[0][0]
     try:
         _sql(sweep, "UPDATE groups SET spec = ? WHERE id = 1", spec)
-        refused_quietly(db_cli, tmp_path, "report", "s1", "--out", str(tmp_path / "r"),
-                        fragments=["damaged"])
+        line = refused_quietly(db_cli, tmp_path, "report", "s1", "--out", str(tmp_path / "r"),
+                               fragments=["damaged"])
+        # a column that is no JSON object is the group's; the points in one are the sweep's
+        assert ("sweep 1" if _json_object(spec) else "group 1's spec") in line, line
         status = db_cli("status", "--sweep", "1")
         assert status.code in (0, 2) and "Traceback" not in status.err, status.err
         assert "internal error" not in status.err
@@ -377,6 +430,7 @@ def _edits(plan: dict) -> dict[str, str]:
     return {
         "not JSON": "{not json", "a list": "[1, 2]", "a string": '"plan"',
         "a section missing": json.dumps({k: v for k, v in plan.items() if k != "layout"}),
+        "another section missing": json.dumps({k: v for k, v in plan.items() if k != "queue"}),
         "a section as text": json.dumps({**plan, "launch": "mpiexec"}),
         "a field missing": json.dumps({**plan, "layout": {k: v for k, v in plan["layout"].items()
                                                           if k != "nodes"}}),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, wait_state
+from conftest import assert_nothing_recorded, run_cli, wait_state
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD_SWEEPS = [
@@ -146,29 +146,35 @@ ON_ONE_WORKER = pytest.mark.xdist_group("live-sweeps")
 
 @pytest.fixture(scope="module")
 def sweeps(slurm_cluster, tmp_path_factory):
-    """A dist_check sweep and an fsdp sweep over 1 and 2 nodes, run to their end."""
-    from conftest import run_cli
-
+    """A dist_check sweep and an fsdp sweep over 1 and 2 nodes, submitted by the real command
+    (a fresh interpreter, as a user types it): their directory and environment."""
     work = tmp_path_factory.mktemp("sweeps")
     env = {"HOME": str(work / "home"), "XDG_STATE_HOME": str(work / "state"),
            "XDG_CACHE_HOME": str(work / "cache"), "XDG_CONFIG_HOME": str(work / "config")}
+    for sweep, workload in enumerate(("dist_check", "fsdp"), start=1):
+        proc = run_cli("sweep", "slurm-local", workload, "--nodes", "1,2", env=env, cwd=work)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"sweep {sweep}: 2 jobs submitted"), proc.stdout
+    return work, env
 
-    def cli(*args: str):
-        proc = run_cli(*args, env=env, cwd=work)
-        return type("Result", (), {"code": proc.returncode, "out": proc.stdout, "err": proc.stderr})
 
-    for workload in ("dist_check", "fsdp"):
-        result = cli("sweep", "slurm-local", workload, "--nodes", "1,2")
-        assert result.code == 0, result.err
-        assert result.out.startswith(f"sweep {1 if workload == 'dist_check' else 2}: 2 jobs submitted")
+@pytest.fixture
+def sweeps_here(sweeps, isolated, cli, monkeypatch) -> Path:
+    """The sweeps' directory, made this test's working directory and environment, so that `cli`
+    runs `mmm-orch ARGS` on them in this process; once their four jobs have ended (the first test
+    waits for them, the others find them ended)."""
+    work, env = sweeps
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(work)
     for job in (1, 2, 3, 4):
-        assert wait_state(cli, job, timeout=600)["state"] == "completed", cli("logs", str(job)).out[-2000:]
-    return cli, work
+        assert wait_state(cli, job, timeout=600)["state"] == "completed", \
+            cli("logs", str(job)).out[-2000:]
+    return work
 
 
 @ON_ONE_WORKER
-def test_status_shows_a_sweep_as_one_line_that_expands(sweeps):
-    cli, _ = sweeps
+def test_status_shows_a_sweep_as_one_line_that_expands(sweeps_here, cli):
     lines = cli("status").out.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["s1", "s2"], lines
     assert "2 points, nodes 1,2: 2 completed" in lines[1] and "completed" in lines[1].split()[4]
@@ -178,8 +184,8 @@ def test_status_shows_a_sweep_as_one_line_that_expands(sweeps):
 
 
 @ON_ONE_WORKER
-def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
-    cli, work = sweeps
+def test_report_of_a_training_sweep_matches_the_metrics(sweeps_here, cli):
+    work = sweeps_here
     rows = report_rows(cli, "s2")
     assert [(r["job"], r["nodes"], r["ranks"]) for r in rows] == [(3, 1, 2), (4, 2, 4)]
     jobs = {j["id"]: j for j in json.loads(cli("status", "3", "4", "--json").out)}
@@ -208,8 +214,8 @@ def test_report_of_a_training_sweep_matches_the_metrics(sweeps):
 
 
 @ON_ONE_WORKER
-def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps):
-    cli, work = sweeps
+def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps_here, cli):
+    work = sweeps_here
     rows = report_rows(cli, "s1")
     for r in rows:
         log = cli("logs", str(r["job"])).out
@@ -223,8 +229,8 @@ def test_report_of_a_dist_check_sweep_draws_the_allreduce(sweeps):
 
 
 @ON_ONE_WORKER
-def test_plot_draws_one_job(sweeps):
-    cli, work = sweeps
+def test_plot_draws_one_job(sweeps_here, cli):
+    work = sweeps_here
     result = cli("plot", "4", "--out", str(work / "job-4.png"))
     assert result.code == 0, result.err
     png_is_drawn(work / "job-4.png", (1200, 675))
@@ -233,8 +239,7 @@ def test_plot_draws_one_job(sweeps):
 
 
 @ON_ONE_WORKER
-def test_report_html_renders_in_headless_chromium(sweeps, tmp_path):
-    cli, work = sweeps
+def test_report_html_renders_in_headless_chromium(sweeps_here, cli, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "chromium is installed by scripts/setup.sh (apt package chromium)"
     assert cli("report", "s2", "--out", str(tmp_path / "shared")).code == 0
@@ -260,12 +265,12 @@ def test_report_html_renders_in_headless_chromium(sweeps, tmp_path):
 
 
 @ON_ONE_WORKER
-def test_without_matplotlib_report_prints_the_table_and_says_how(sweeps, tmp_path):
+def test_without_matplotlib_report_prints_the_table_and_says_how(sweeps_here, tmp_path):
     """A Python with every package of the test environment but matplotlib (linked, not copied),
     running this checkout's mmm_orch."""
     import sysconfig
 
-    cli, work = sweeps
+    work = sweeps_here
     root = tmp_path / "python"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
