@@ -1,14 +1,17 @@
-"""Failover inside a job, against real processes that really fail on the live schedulers: the
-ranks of one node SIGKILLed (the node is retired, a spare takes its place, training resumes from
-the last checkpoint with the same losses), a bad option, an exception after steps, the walltime
-stop, a node lost as the walltime ends (none retried), a hang (retried, blind), a second node lost
-with no spare left, a cancel; the failed node is remembered and the next job keeps off it. One
-test per row of the classification table in docs/guides/node-failures.md. And the loop's own failure ends the job
-loudly."""
+"""Failover inside a job. Live, once on each scheduler (Slurm and PBS): the ranks of one node
+SIGKILLed, the node is retired and remembered, a spare takes its place, training resumes from the
+last checkpoint with the same losses, and the next job keeps off the node. In-process, the loop
+itself (a real process around a launcher that prints what srun prints) for every other row of the
+classification table in docs/guides/node-failures.md: a bad option, an exception after steps,
+the walltime stop, a node lost as the walltime ends (none retried), a hang (retried, blind), a
+second node lost with no spare left, a cancel; and what `status` and `nodes` make of each. And
+the loop's own failure ends the job loudly."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,24 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, paced_spec, wait_state, write_probe, write_spec
-from faults import signal_node, trainer_pids
+from conftest import TERMINAL, paced_spec, wait_state, write_spec
+from faults import signal_node
 from mmm_orch.injob.protocol import EXIT_INTERNAL_ERROR
+from mmm_orch.records.db import JobDB
 from mmm_orch.runtime.metrics import parse_line
 
 # Tiny Llama 3 on 4 CPU ranks, a checkpoint every 10 steps, each step lasting 0.25 s or more
-# (a quiet host's take 0.1 s): a kill after step 45 of 150 comes in the middle on any host, and a
-# run that waits for its walltime waits rather than computes beside the other tests' jobs.
+# (a quiet host's take 0.1 s): a kill after step 45 of 150 comes in the middle on any host.
 STEPS = 150
-CHECKPOINTS = f"checkpoint_every: 10, steps: {STEPS}"
-SPEC = paced_spec("llama_fo", CHECKPOINTS, step_s=0.25)
+SPEC = paced_spec("llama_fo", f"checkpoint_every: 10, steps: {STEPS}", step_s=0.25)
 RANKS = "paced_llama3"  # the module its ranks run, by which the tests find them
-UNTIL_THE_WALLTIME = paced_spec("llama_fo", "checkpoint_every: 10, steps: 100000",
-                                'walltime_margin: "00:00:15"', step_s=0.25)
-# No periodic saves: the stop's margin stays the workload's 15 s (a loaded host's slow save would
-# raise it to twice the save, and the stop could come before a fault at 27 s left).
-UNTIL_THE_WALLTIME_UNSAVED = paced_spec("llama_fo", "steps: 100000",
-                                        'walltime_margin: "00:00:15"', step_s=0.25)
 MACHINE = {"slurm": "slurm-local", "pbs": "pbs-local"}
 
 
@@ -134,136 +130,191 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
     if kind == "slurm":
         assert f"#SBATCH --exclude={victim}" in cli("submit", machine, "llama_fo", "--nodes", "2",
                                                     "--dry-run").out
-        after_row = submit(cli, machine, "--nodes", "2", "--set", "steps=3")
+        result = cli("submit", machine, "--nodes", "2", "--json", "--", "true")
+        assert result.code == 0, result.err
+        after_row = json.loads(result.out)
         wait_state(cli, after_row["id"])
         used = subprocess.run(["sacct", "-j", after_row["native_id"], "-X", "-n", "-P", "-o", "NodeList"],
                               capture_output=True, text=True, timeout=30).stdout.strip()
         expanded = subprocess.run(["scontrol", "show", "hostnames", used], capture_output=True,
                                   text=True, timeout=30).stdout.split()
         assert len(expanded) == 2 and victim not in expanded, used
-    else:  # PBS cannot exclude a vnode: the job takes it as its spare, used last
-        after_row = submit(cli, machine, "--nodes", "2", "--spare-nodes", "1", "--set", "steps=3")
-        assert wait_state(cli, after_row["id"])["state"] == "completed"
-        attempt = next(line for line in cli("logs", str(after_row["id"])).out.splitlines()
-                       if line.startswith("[mmm-orch] attempt=1/2"))
-        assert attempt.endswith(f"spares={victim}"), attempt
+    else:  # PBS cannot exclude a vnode: the script names it for the loop, which uses it last
+        script = cli("submit", machine, "llama_fo", "--nodes", "2", "--spare-nodes", "1",
+                     "--dry-run").out  # (test_known_bad_nodes_are_launched_on_last: the loop)
+        assert f"--avoid={shlex.quote(victim)}" in script, script
     assert cli("nodes", "forget", victim).code == 0
     assert json.loads(cli("nodes", "--json").out) == []
 
 
-def test_a_bad_option_fails_at_start_and_is_not_retried(cli, isolated, slurm_cluster,
-                                                        leftovers_cancelled):
-    write_spec(isolated, "llama_fo", "extends: llama3_debug\nname: llama_fo\n"  # the trainer's own
-               "args: {config: debug, tiny: true, bogus: 1}\noptions:\n  bogus: {type: int}\n")
-    row = submit(cli, "slurm-local", "--spare-nodes", "1")
-    done = wait_state(cli, row["id"], timeout=240)
-    log = cli("logs", str(row["id"])).out
-    assert done["state"] == "failed" and "unrecognized arguments: --bogus" in log, log[-3000:]
+# -- the loop's other verdicts, in-process ------------------------------------------------------
+# The live tests above prove, once per scheduler, that a node's killed ranks are named, the node
+# retired and remembered, and the run resumed on the spare. How the loop judges every other end
+# of an attempt, and what `status` and `nodes` then say, runs here: the real loop (the job's own
+# process, its stdout the job's log) around a launcher that prints what srun and the ranks print
+# (the words of the live jobs' logs) and ends as they do, on one active node and one spare as a
+# job of `--spare-nodes 1` has; then the real tracking reads the job's directory.
+
+LAUNCHER = """nodes=${1#--nodelist=}
+node=${nodes##*,}
+"""
+KILLED = 'echo "srun: error: $node: tasks 0-1: Killed" >&2; exit 137\n'
+
+
+def loop_argv(job_dir: Path, launcher: str, *options: str) -> list[str]:
+    """The failover loop as the job script runs it on nodes n1 and n2 (one active, one spare)
+    around `launcher` (bash, the launch line's words in $1)."""
+    (job_dir / "nodes.txt").write_text("n1\nn2\n")
+    (job_dir / "launch.sh").write_text(LAUNCHER + launcher)
+    return [sys.executable, "-m", "mmm_orch.injob.failover", "--dir", str(job_dir), "--machine",
+            "slurm-local", "--active", "1", "--node-arg=--nodelist={nodelist}",
+            "--first-step-timeout", "60", "--step-timeout", "60", "--grace", "5", *options, "--",
+            f"bash {shlex.quote(str(job_dir / 'launch.sh'))} @NODES@"]
+
+
+def run_loop(job_dir: Path, launcher: str, *options: str) -> str:
+    """Run the loop to its end; the job's log."""
+    job_dir.mkdir(exist_ok=True)
+    with open(job_dir / "job.log", "ab") as log:
+        subprocess.run(loop_argv(job_dir, launcher, *options), stdout=log,
+                       stderr=subprocess.STDOUT, timeout=120)
+    return (job_dir / "job.log").read_text()
+
+
+def as_mmm_orch_shows_it(cli, job_dir: Path, exit_code: int | None,
+                         cancelled: bool = False) -> tuple[dict, list[dict]]:
+    """The job's `status` row and the remembered `nodes`, once the job whose directory is
+    `job_dir` (spare nodes: its failover.json and outcome file) ended with `exit_code`: a job
+    the records hold as running, whose end its local supervisor recorded."""
+    (job_dir / "result.json").write_text(json.dumps({
+        "exit_code": exit_code, "signal": None, "cancelled": cancelled, "timed_out": False,
+        "ended_at": time.time()}))
+    db = JobDB(Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db")
+    job = db.insert(
+        machine="local", host="h", scheduler="local", commands={}, workload="w", name="w",
+        nodes=1, ranks=1, native_id=job_dir.name, job_dir=str(job_dir), script_path="s",
+        script="", plan={}, submit_dir=str(job_dir), git_commit=None,
+        log_path=str(job_dir / "job.log"), submitted_at=time.time(), state="running", spares=1)
+    row = json.loads(cli("status", str(job), "--json").out)[0]
+    return row, json.loads(cli("nodes", "--json").out)
+
+
+def test_a_bad_option_fails_at_start_and_is_not_retried(cli, isolated):
+    """The trainer refuses an option before its first step (llama3.py's own words, as the live
+    job printed them): the request's fault, which a spare would not mend."""
+    log = run_loop(isolated / "job", 'echo "llama3.py: error: unrecognized arguments: --bogus 1" >&2\n'
+                   'echo "srun: error: $node: tasks 0-1: Exited with exit code 2" >&2; exit 2\n')
     assert ("attempt 1/2: start: failed before its first step (trainer-usage-error: llama3.py: "
-            "error: unrecognized arguments: --bogus 1)") in log
+            "error: unrecognized arguments: --bogus 1)") in log, log
     assert "attempt=2/2" not in log and "retired" not in log
-    assert "start: failed before its first step" in done["reason"], done
-    assert json.loads(cli("nodes", "--json").out) == []
+    done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 2)
+    assert done["state"] == "failed" and "start: failed before its first step" in done["reason"], done
+    assert nodes == []
 
 
-def test_the_walltime_ends_the_run_and_is_not_retried(cli, isolated, slurm_cluster,
-                                                      leftovers_cancelled):
-    write_spec(isolated, "llama_fo", UNTIL_THE_WALLTIME)
-    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:02:00")
-    done = wait_state(cli, row["id"], timeout=420)
-    log = cli("logs", str(row["id"])).out
-    assert "attempt 1/2: checkpointed: saved a checkpoint before the walltime" in log, log[-3000:]
+@pytest.mark.slow
+def test_the_walltime_ends_the_run_and_is_not_retried(cli, isolated):
+    """The watchdog's stop before the walltime: the ranks save and exit 75, and the loop stops
+    there, resumable, with the spare unused."""
+    log = run_loop(isolated / "job", "trap 'echo \"[checkpoint] step=12 path=run/checkpoints/step-12 "
+                   "save_s=0.1 blocking_s=0.1 reason=signal\"; exit 75' USR1\n"
+                   "echo step=12 loss=0.5; sleep 600 & wait\n",
+                   "--walltime-end", str(time.time() + 10), "--margin", "5")
+    assert "attempt 1/2: checkpointed: saved a checkpoint before the walltime" in log, log
     assert "attempt=2/2" not in log
-    assert done["state"] == "timeout" and done["reason"].startswith("resumable at step"), done
+    done, _ = as_mmm_orch_shows_it(cli, isolated / "job", 75)
+    assert done["state"] == "timeout" and done["reason"].startswith("resumable at step 12"), done
 
 
-def test_a_node_lost_as_the_walltime_ends_is_not_retried(cli, isolated, slurm_cluster,
-                                                        leftovers_cancelled):
-    """A node fault with under 30 s of walltime left: a relaunch could not reach a step. (2:15 of
-    walltime: a loaded host's start and five steps come before the fault, and no longer, since
-    a longer job asks for Slurm's own early signal, which may stop the ranks up to a minute
-    before the end: it did, 36 s before, in a 3-minute job.)"""
-    write_spec(isolated, "llama_fo", UNTIL_THE_WALLTIME_UNSAVED)
-    row = submit(cli, "slurm-local", "--spare-nodes", "1", "--walltime", "00:02:15")
-    active = running_past(cli, row, 5)["active"][0]
-    log = cli("logs", str(row["id"])).out
-    job_start = float(log.split("[mmm-orch] job_start=", 1)[1].split()[0])
-    time.sleep(max(0.0, job_start + 108 - time.time()))  # 27 s left, before the 15 s margin stop
-    signal_node(row["native_id"], active, signal.SIGKILL, RANKS)
-    done = wait_state(cli, row["id"], timeout=240)
-    log = cli("logs", str(row["id"])).out
-    assert "attempt 1/2: walltime: the walltime is spent" in log, log[-3000:]
+def test_a_node_lost_as_the_walltime_ends_is_not_retried(cli, isolated):
+    """A node fault with under 30 s of walltime left: a relaunch could not reach a step."""
+    log = run_loop(isolated / "job", "echo step=5 loss=0.5\n" + KILLED,
+                   "--walltime-end", str(time.time() + 25), "--margin", "15")
+    assert "attempt 1/2: walltime: the walltime is spent" in log, log
     assert "attempt=2/2" not in log and "retired" not in log
+    done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 137)
     assert done["state"] == "failed" and "walltime: the walltime is spent" in done["reason"], done
+    assert nodes == []
 
 
-def test_an_exception_after_steps_is_the_code_and_is_not_retried(cli, isolated, monkeypatch,
-                                                                 slurm_cluster, leftovers_cancelled):
-    monkeypatch.setenv("PYTHONPATH", str(isolated))
-    write_probe(isolated, "diverges", "import time\n"
-                "for step in range(1, 6):\n"
-                "    print(f'step={step} loss={1 / step:.3f}', flush=True)\n"
-                "    time.sleep(0.2)\n"
-                "raise RuntimeError('the loss is nan at step 5')\n")
-    result = cli("submit", "slurm-local", "diverges", "--spare-nodes", "1", "--json")
-    assert result.code == 0, result.err
-    row = json.loads(result.out)
-    done = wait_state(cli, row["id"], timeout=240)
-    log = cli("logs", str(row["id"])).out
-    assert "attempt 1/2: code: failed after step 5 (" in log and "the loss is nan" in log, log[-3000:]
+def test_an_exception_after_steps_is_the_code_and_is_not_retried(cli, isolated):
+    log = run_loop(isolated / "job", "for step in 1 2 3 4 5; do echo step=$step loss=0.5; done\n"
+                   'echo "Traceback (most recent call last):" >&2\n'
+                   'echo "RuntimeError: the loss is nan at step 5" >&2\n'
+                   'echo "srun: error: $node: task 0: Exited with exit code 1" >&2; exit 1\n')
+    assert "attempt 1/2: code: failed after step 5 (" in log and "the loss is nan" in log, log
     assert "attempt=2/2" not in log and "retired" not in log
+    done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 1)
     assert done["state"] == "failed" and "code: failed after step 5" in done["reason"], done
-    assert json.loads(cli("nodes", "--json").out) == []
+    assert nodes == []
 
 
-def test_a_hang_is_retried_on_the_spare_and_the_guess_is_not_remembered(cli, isolated, slurm_cluster,
-                                                                          leftovers_cancelled):
-    """SIGSTOP on the ranks: nothing dies and no line names a node, the watchdog ends the hang,
-    one node is rotated out blind (and said to be a guess), and the run resumes on the spare."""
-    write_spec(isolated, "llama_fo", paced_spec("llama_fo", CHECKPOINTS, 'step_timeout: "00:00:08"',
-                                                 step_s=0.25))
-    row = submit(cli, "slurm-local", "--spare-nodes", "1")
-    state = running_past(cli, row, 25)
-    stalled = state["active"][0]
-    signal_node(row["native_id"], stalled, signal.SIGSTOP, RANKS)
-    done = wait_state(cli, row["id"], timeout=400)
-    log = cli("logs", str(row["id"])).out
-    assert "[mmm-orch] hung: no step completed in 8s" in log, log[-3000:]
-    assert f"[mmm-orch] failover: retired {stalled} at=" in log and "(blind rotation: " in log
+@pytest.mark.slow
+def test_a_hang_is_retried_on_the_spare_and_the_guess_is_not_remembered(cli, isolated):
+    """Nothing dies and no line names a node: the watchdog ends the hang (srun then reports the
+    ranks its stop killed, which is no evidence), one node is rotated out blind (and said to be
+    a guess), and the run resumes on the spare."""
+    log = run_loop(isolated / "job", 'if [ "$MMM_ORCH_RESUME" = 1 ]; then '
+                   "echo step=11 loss=0.4; echo step=12 loss=0.4; exit 0; fi\n"
+                   "trap '" + KILLED.strip().replace("exit 137", "exit 143") + "' TERM\n"
+                   "echo step=10 loss=0.5; sleep 600 & wait\n", "--step-timeout", "2")
+    assert "[mmm-orch] hung: no step completed in 2s" in log, log
+    assert "[mmm-orch] failover: retired n1 at=" in log and "(blind rotation: " in log
     assert "attempt 1/2: hang: the watchdog ended a hang; no node named" in log
-    assert done["state"] == "completed" and f"{stalled} retired (blind)" in done["reason"], done
-    assert json.loads(cli("nodes", "--json").out) == []  # a guess is not evidence
+    assert "attempt=2/2" in log and "active=n2" in log and "attempt 2/2: success" in log
+    done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 0)
+    assert done["state"] == "completed" and "n1 retired (blind)" in done["reason"], done
+    assert nodes == []  # a guess is not evidence
 
 
-def test_with_no_spare_left_the_job_stops_and_says_so(cli, isolated, slurm_cluster,
-                                                      leftovers_cancelled):
-    write_spec(isolated, "llama_fo", SPEC)
-    row = submit(cli, "slurm-local", "--spare-nodes", "1")
-    first = running_past(cli, row, 25)["active"][0]
-    signal_node(row["native_id"], first, signal.SIGKILL, RANKS)
-    second = until(lambda: (s := failover_state(row)) and s["attempt"] == 2 and s["active"][0],
-                   240, lambda: cli("logs", str(row["id"])).out[-3000:])
-    until(lambda: trainer_pids(row["native_id"], second, RANKS)
-          and steps(row["run_dir"])[-1]["step"] >= 35, 240, lambda: cli("logs", str(row["id"])).out[-3000:])
-    signal_node(row["native_id"], second, signal.SIGKILL, RANKS)
-    done = wait_state(cli, row["id"], timeout=300)
-    log = cli("logs", str(row["id"])).out
-    assert done["state"] == "failed", log[-3000:]
-    assert f"attempt 2/2: node: {second} lost its ranks" in log and "no spare node left: stopping" in log
-    assert "no spare node left" in done["reason"], done
-    assert {n["node"] for n in json.loads(cli("nodes", "--json").out)} == {first, second}
+def test_with_no_spare_left_the_job_stops_and_says_so(cli, isolated):
+    """The ranks of the active node are killed in each attempt: n1, then its spare n2; both
+    retired on evidence, and the loop stops with no spare left."""
+    log = run_loop(isolated / "job", "echo step=30 loss=0.5\n" + KILLED)
+    assert "attempt 1/2: node: n1 lost its ranks" in log and "active=n2" in log, log
+    assert "attempt 2/2: node: n2 lost its ranks" in log and "no spare node left: stopping" in log
+    done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 137)
+    assert done["state"] == "failed" and "no spare node left" in done["reason"], done
+    assert {n["node"] for n in nodes} == {"n1", "n2"}
 
 
-def test_a_cancelled_job_is_not_retried(cli, isolated, slurm_cluster, leftovers_cancelled):
-    write_spec(isolated, "llama_fo", SPEC)
-    row = submit(cli, "slurm-local", "--spare-nodes", "1")
-    running_past(cli, row, 5)
-    assert cli("cancel", str(row["id"])).code == 0
-    done = wait_state(cli, row["id"], timeout=120)
-    log = cli("logs", str(row["id"])).out
-    assert done["state"] == "cancelled", done
-    assert "attempt 1/2: stopped: the scheduler stopped the job (SIGTERM" in log, log[-3000:]
-    assert "attempt=2/2" not in log and json.loads(cli("nodes", "--json").out) == []
+@pytest.mark.slow
+def test_a_cancelled_job_is_not_retried(cli, isolated):
+    """The scheduler's SIGTERM (scancel, qdel) reaches the loop while the launch runs."""
+    job_dir = isolated / "job"
+    job_dir.mkdir()
+    argv = loop_argv(job_dir, "trap 'exit 143' TERM\necho step=5 loss=0.5; sleep 600 & wait\n")
+    with open(job_dir / "job.log", "ab") as log:
+        loop = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:  # the step passed through the loop: it watches the launch, its signals handled
+        until(lambda: "step=5" in (job_dir / "job.log").read_text(), 60,
+              lambda: (job_dir / "job.log").read_text())
+        loop.send_signal(signal.SIGTERM)
+        assert loop.wait(timeout=60) == 143
+    finally:
+        loop.kill()
+    log = (job_dir / "job.log").read_text()
+    assert "attempt 1/2: stopped: the scheduler stopped the job (SIGTERM" in log, log
+    assert "attempt=2/2" not in log
+    done, nodes = as_mmm_orch_shows_it(cli, job_dir, None, cancelled=True)
+    assert done["state"] == "cancelled" and nodes == [], done
+
+
+def test_known_bad_nodes_are_launched_on_last(isolated):
+    """PBS cannot keep a job off a node: the job script names the remembered ones (--avoid, see
+    the live test) and the loop makes them the spares, used only when nothing else is left."""
+    job_dir = isolated / "job"
+    job_dir.mkdir()
+    (job_dir / "nodes.txt").write_text("vm[1]\nvm[0]\nvm[2]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmm_orch.injob.failover", "--dir", str(job_dir), "--machine",
+         "pbs-local", "--active", "2", "--node-arg=-f {hostfile}", "--avoid=vm[1]",
+         "--first-step-timeout", "60", "--step-timeout", "60", "--", "echo step=1 @NODES@"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    attempt = next(line for line in proc.stdout.splitlines()
+                   if line.startswith("[mmm-orch] attempt=1/2"))
+    assert attempt.endswith("active=vm[0],vm[2] spares=vm[1]"), attempt
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The failover's verdicts on launchers that cannot run here (PALS on Aurora and Polaris): a real
 process prints what the launcher prints (lines from the machines' own logs and ezpz's issues)
 and exits as it does; the watchdog runs it; `classify` judges it with the machine's signatures.
-The live failures on Slurm and PBS are in test_failover.py."""
+test_failover.py has the live node loss on Slurm and PBS, and the other verdicts with srun's words."""
 
 from __future__ import annotations
 

@@ -245,12 +245,18 @@ def test_pbs_project_limits_count_the_projects_jobs_in_a_routing_queues_tiers(
 
 
 @RULES
-def test_pbs_machines_check_finds_no_drift_then_each_change(cli, pbs_rule_queues_empty):
+def test_pbs_machines_check_finds_no_drift_then_each_change_here_and_over_ssh(
+        cli, sshd, pbs_rule_queues_empty):
+    ssh_config(Path(os.environ["HOME"]), sshd)
     clean = cli("machines", "check", "pbs-local")
     assert clean.code == 0 and "match the live scheduler" in clean.out, clean.out
+    over_ssh = cli("machines", "check", "pbs-local", "--host", "login")
+    assert over_ssh.code == 0 and "match the live scheduler" in over_ssh.out, over_ssh.err
+    assert cli("machines", "check", "slurm-local", "--host", "login").code == 0
     for change in ("set queue pair max_run = [u:PBS_GENERIC=3]",
                    "set queue routed-large resources_min.nodect = 2",
-                   "set queue single resources_max.walltime = 00:45:00"):
+                   "set queue single resources_max.walltime = 00:45:00",
+                   "set queue single max_queued = [u:PBS_GENERIC=4]"):
         subprocess.run([QMGR, "-c", change], check=True)
     drifted = cli("machines", "check", "pbs-local", "--json")
     assert drifted.code == 1
@@ -258,19 +264,12 @@ def test_pbs_machines_check_finds_no_drift_then_each_change(cli, pbs_rule_queues
         "queue pair: job limit 1 running job per user in the profile, not on the server",
         "queue pair: job limit of 3 (running, per user) on the server, not in the profile",
         "queue routed tier routed-large: min_nodes 3 in the profile, 2 on the server",
+        "queue single: job limit 1 running or queued job per user in the profile, not on the "
+        "server",
+        "queue single: job limit of 4 (any, per user) on the server, not in the profile",
         "queue single: max_walltime 01:00:00 in the profile, 00:45:00 on the server"]
-
-
-@RULES
-def test_machines_check_over_ssh(cli, isolated, sshd, pbs_rule_queues_empty):
-    ssh_config(Path(os.environ["HOME"]), sshd)
-    result = cli("machines", "check", "pbs-local", "--host", "login")
-    assert result.code == 0 and "match the live scheduler" in result.out, result.err
-    subprocess.run([QMGR, "-c", "set queue single max_queued = [u:PBS_GENERIC=4]"], check=True)
-    result = cli("machines", "check", "slurm-local", "--host", "login")
-    assert result.code == 0, result.err
-    result = cli("machines", "check", "pbs-local", "--host", "login")
-    assert result.code == 1 and "job limit of 4 (any, per user) on the server" in result.out
+    over_ssh = cli("machines", "check", "pbs-local", "--host", "login")
+    assert over_ssh.code == 1 and "job limit of 4 (any, per user) on the server" in over_ssh.out
 
 
 # --- live: Slurm ------------------------------------------------------------------------

@@ -1,10 +1,16 @@
-"""Submission under faults, on the live schedulers (Slurm and OpenPBS): the submit command is
-wrapped by a script that calls the real one and then misbehaves: it kills mmm-orch, reports a
-timeout after the scheduler took the job, hangs, or fails to connect. Whatever happens, one submit
-makes at most one job, and every job has exactly one record (after the next `status`).
+"""Submission under faults: the submit command is wrapped by a script that calls the real one and
+then misbehaves: it kills mmm-orch, reports a timeout after the scheduler took the job, hangs, or
+fails to connect. Whatever happens, one submit makes at most one job, and every job has exactly
+one record (after the next `status`).
 
-Jobs go to a queue that accepts jobs and never starts them (Slurm: a partition that is down; PBS:
-a queue that is not started), so the tests occupy no node."""
+Live, once on each scheduler (Slurm and OpenPBS), each way the protocol meets the scheduler: a
+submit killed before and after the scheduler took the job (settled by `status`), a timeout after
+it was taken (looked up and adopted at once), a retry that made a duplicate (cancelled), a retry
+refused after an ambiguous attempt (the record kept), kills at random instants, and a directive
+the scheduler refuses. Jobs go to a queue that accepts jobs and never starts them (Slurm: a
+partition that is down; PBS: a queue that is not started), so the tests occupy no node. How each
+way a submit command can end reads (died, silent, hung, unsent, refused), in-process: the
+scheduler's own words, codes and signals, through the same wrapper."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +84,7 @@ case "$FAULT:$count" in
   silent-after:*) real "$@" >/dev/null; exit 1 ;;
   shell-killed-after:*) real "$@" >/dev/null; echo "bash: line 1: $$ Killed $REAL" >&2; exit 137 ;;
   words-then-killed-after:*) real "$@" >/dev/null; echo "$REFUSED_TEXT" >&2; kill -9 $$ ;;
-  refuse:*) echo "$REFUSED_TEXT" >&2; exit 1 ;;
+  refuse:*) echo "$REFUSED_TEXT" >&2; exit "${REFUSED_CODE:-1}" ;;
   refused-retry:1) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
   refused-retry:*) echo "$REFUSED_TEXT" >&2; exit 1 ;;
   timeout-after:*) real "$@" >/dev/null; echo "$TIMEOUT_TEXT" >&2; exit 1 ;;
@@ -202,26 +209,6 @@ def test_killed_after_the_scheduler_took_the_job(sched):
     assert [(r["native_id"], r["tag"]) for r in records()] == [(row["native_id"], row["tag"])]
 
 
-@pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after",
-                                   "shell-killed-after", "words-then-killed-after"])
-def test_a_submit_command_that_dies_after_the_scheduler_took_the_job(sched, fault):
-    """sbatch or qsub ended by a signal (or silent) after the server committed: not a refusal,
-    so the job is looked for by its tag and adopted, never left running without a record. A
-    shell (the login node's, over SSH) reports the signal as 128+N with its own words; a
-    refusal's words from a command that was then killed prove nothing either."""
-    proc = submit(sched, fault.replace("-", ""), fault)
-    assert proc.returncode == 0, proc.stderr
-    exactly_once(sched, fault.replace("-", ""), 1)
-
-
-def test_a_refusal_in_the_scheduler_s_words_leaves_nothing(sched, isolated):
-    proc = submit(sched, "refused", "refuse")
-    assert proc.returncode == 2 and sched.refused_text in proc.stderr, proc.stderr
-    assert records() == [] and not list((Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch"
-                                         / "jobs").glob("*"))
-    exactly_once(sched, "refused", 0)
-
-
 HISTORY = 40  # finished jobs of one name: the old lookup read every one of them
 
 
@@ -304,26 +291,6 @@ def test_a_timeout_reported_after_the_job_was_taken(sched):
     exactly_once(sched, "timedout", 1)
 
 
-def test_a_hang_past_the_retry_deadline_after_the_job_was_taken(sched):
-    start = time.monotonic()
-    proc = submit(sched, "hungafter", "hang-after")
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - start < 40
-    exactly_once(sched, "hungafter", 1)
-
-
-def test_a_hang_before_anything_was_sent_is_retried(sched):
-    proc = submit(sched, "hungfirst", "hang-first")
-    assert proc.returncode == 0, proc.stderr
-    exactly_once(sched, "hungfirst", 1)
-
-
-def test_a_connection_failure_is_retried_without_doubt(sched):
-    proc = submit(sched, "unsent", "unsent-first")
-    assert proc.returncode == 0, proc.stderr
-    exactly_once(sched, "unsent", 1)
-
-
 def test_a_duplicate_made_by_a_retry_is_cancelled(sched):
     proc = submit(sched, "dup", "duplicate")
     assert proc.returncode == 0, proc.stderr
@@ -350,16 +317,16 @@ def test_submit_killed_at_random_instants(sched):
 
 
 @pytest.mark.parametrize("machine,directive,words", [
-    ("slurm-local", "--bogus-option", "unrecognized option '--bogus-option'"),
     ("slurm-local", "--mem=900G", "Memory specification can not be satisfied"),
     ("pbs-local", "-l bogus=3", "Unknown resource Resource_List.bogus"),
 ])
 @pytest.mark.live
 def test_a_directive_the_scheduler_refuses_is_one_call_and_exit_2(request, cli, isolated,
                                                                     machine, directive, words):
-    """The live scheduler's refusal of a directive (an option sbatch does not take, memory no
-    node has, a resource PBS does not know) is permanent: one call, exit 2 with its words,
-    nothing recorded, no retry for a minute."""
+    """The live scheduler's refusal of a directive (memory no node has, a resource PBS does not
+    know) is permanent: one call, exit 2 with its words, nothing recorded, no retry for a
+    minute. (sbatch's own refusal of an option it does not take, before it asks the controller:
+    test_a_refusal_in_the_scheduler_s_words_proves_it_has_no_job.)"""
     from conftest import assert_nothing_recorded, write_machine
 
     request.getfixturevalue("slurm_cluster" if machine == "slurm-local" else "pbs_server")
@@ -371,3 +338,88 @@ def test_a_directive_the_scheduler_refuses_is_one_call_and_exit_2(request, cli, 
     assert words in result.err, result.err
     assert time.monotonic() - started < 20, time.monotonic() - started
     assert_nothing_recorded()
+
+
+# -- how a submit command ended, in-process -------------------------------------------------
+# What each end proves, read as the protocol reads it (CommandScheduler._submit_once: the
+# scheduler's transient and refusal words, its refusal codes, a signal, a timeout), through the
+# same wrapper around a stand-in for the real command that takes the job. The live tests above
+# show, once on each scheduler, what follows: an end that may have left a job is looked up by
+# its tag and adopted, or `status` settles it; a refusal leaves nothing.
+
+def _read_by_the_protocol(s: Sched, fault: str, tmp_path: Path, monkeypatch, timeout: float = 30):
+    """What one submit attempt's end says: (whether the scheduler may have the job, why), or
+    SubmissionRefused."""
+    from mmm_orch.schedulers import scheduler_for
+    from mmm_orch.schedulers.base import Submission
+
+    taker = tmp_path / "take"  # takes the job, as the real command would, and says its id
+    taker.write_text("#!/bin/bash\necho 77\n")
+    submit = tmp_path / Path(s.submit).name
+    submit.write_text(WRAPPER)
+    for script in (taker, submit):
+        script.chmod(0o755)
+    for name, value in (("FAULT", fault), ("STATE", str(tmp_path)), ("REAL", str(taker)),
+                        ("TIMEOUT_TEXT", s.timeout_text), ("UNSENT_TEXT", s.unsent_text),
+                        ("REFUSED_TEXT", s.refused_text)):
+        monkeypatch.setenv(name, value)
+    scheduler = scheduler_for(s.kind, {"submit": str(submit)})
+    job = Submission(script=tmp_path / "job.sh", workdir=str(tmp_path), job_dir=tmp_path,
+                     log_path=tmp_path / "job.log", walltime=60)
+    return scheduler._submit_once(scheduler.submit_argv(job), job, timeout)
+
+
+@pytest.mark.parametrize("fault", ["die-after", "term-after", "silent-after", "shell-killed-after",
+                                   "words-then-killed-after", "timeout-after"])
+@pytest.mark.parametrize("s", [SLURM, PBS], ids=["slurm", "pbs"])
+def test_a_submit_command_that_dies_after_the_scheduler_took_the_job(s, fault, tmp_path,
+                                                                     monkeypatch):
+    """sbatch or qsub ended by a signal (or silent, or with a timeout in its words) after the
+    server committed: not a refusal, so the job is looked for by its tag and adopted, never
+    left running without a record. A shell (the login node's, over SSH) reports the signal as
+    128+N with its own words; a refusal's words from a command that was then killed prove
+    nothing either."""
+    sent, why = _read_by_the_protocol(s, fault, tmp_path, monkeypatch)
+    assert sent, why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["hang-after", "hang-first"])
+@pytest.mark.parametrize("s", [SLURM, PBS], ids=["slurm", "pbs"])
+def test_a_hang_is_bounded_and_may_have_reached_the_scheduler(s, fault, tmp_path, monkeypatch):
+    """A submit command that never answers, whether before or after it reached the scheduler, is
+    given up on at the attempt's timeout (the retry deadline bounds the attempts), and may have
+    left a job: looked for by its tag before any retry."""
+    started = time.monotonic()
+    sent, why = _read_by_the_protocol(s, fault, tmp_path, monkeypatch, timeout=2)
+    assert sent and why == "no answer within 2s", why
+    assert time.monotonic() - started < 30  # not the 600 s the command would hang
+
+
+@pytest.mark.parametrize("s", [SLURM, PBS], ids=["slurm", "pbs"])
+def test_a_connection_failure_is_retried_without_doubt(s, tmp_path, monkeypatch):
+    """A submit command that never reached the scheduler (no connection) proves that no job was
+    made: it is retried at once, with no lookup first."""
+    sent, why = _read_by_the_protocol(s, "unsent-first", tmp_path, monkeypatch)
+    assert not sent and s.unsent_text.splitlines()[-1] in why, why
+
+
+# sbatch's refusal of an option it does not take, before it asks the controller (recorded from
+# `sbatch --bogus-option` on the test cluster, Slurm 22.05): status 255 and getopt's words.
+SBATCH_GETOPT_REFUSAL = ("sbatch: unrecognized option '--bogus-option'\n"
+                         'Try "sbatch --help" for more information')
+
+
+@pytest.mark.parametrize("s,words,code", [(SLURM, SLURM.refused_text, 1),
+                                           (SLURM, SBATCH_GETOPT_REFUSAL, 255),
+                                           (PBS, PBS.refused_text, 1)],
+                         ids=["slurm", "slurm-getopt", "pbs"])
+def test_a_refusal_in_the_scheduler_s_words_proves_it_has_no_job(s, words, code, tmp_path,
+                                                                 monkeypatch):
+    from mmm_orch.errors import SubmissionRefused
+
+    monkeypatch.setenv("REFUSED_CODE", str(code))
+    with pytest.raises(SubmissionRefused) as refused:
+        _read_by_the_protocol(dataclasses.replace(s, refused_text=words), "refuse", tmp_path,
+                              monkeypatch)
+    assert words.splitlines()[0] in str(refused.value)
