@@ -3,7 +3,8 @@ profile renders its tool's lines with their source and starts every rank through
 injob/profiled.py, which runs the chosen ranks under the tool (their output named by host and
 rank in the run's profile/) and the others as they are; the trainer opens and closes the tool's
 collection at the window; a machine without the tool named is refused with the tools it has.
-Live: the test cluster's own profiler (GNU time) on 2 Slurm nodes and 2 PBS vnodes."""
+Live: the test cluster's own profiler (GNU time) around your own command on 2 Slurm nodes (the
+proof that a command runs under srun on both) and 2 PBS vnodes."""
 
 from __future__ import annotations
 
@@ -186,20 +187,31 @@ def profiled_files(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / protocol.PROFILE_DIR).iterdir())
 
 
+# One write of one whole line: ranks share the log (the rank and its node, as Slurm names it).
+RANK_AND_NODE = ("import os; os.write(1, ('rank %s %s\\n' % (os.environ['SLURM_PROCID'], "
+                 "os.environ['SLURMD_NODENAME'])).encode())")
+
+
 @pytest.mark.live
 @pytest.mark.slow
-def test_on_slurm_the_tool_runs_local_rank_0_of_each_node(cli, isolated, slurm_cluster,
-                                                          leftovers_cancelled):
-    """2 nodes x 2 ranks of a trainer under GNU time: ranks 0 and 2, one file each, named by
-    host and rank; `mmm-orch profile` points at them."""
+def test_on_slurm_your_command_runs_on_two_nodes_and_the_tool_on_local_rank_0_of_each(
+        cli, isolated, slurm_cluster, leftovers_cancelled):
+    """Your own command (no trainer: the tool wraps the rank, whatever it runs) through srun on 2
+    nodes x 2 ranks, under GNU time: ranks 0 and 2, one file each, named by host and rank;
+    `mmm-orch profile` points at them. (The trainers' side of a tool, its window: above.)"""
     from conftest import wait_state
 
-    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", "--set", "tiny=true",
-                 "--set", "steps=4", "--profile", "time", "--json")
+    result = cli("submit", "slurm-local", "-N", "2", "--profile", "time", "--json", "--",
+                 sys.executable, "-c", RANK_AND_NODE)
     assert result.code == 0, result.err
     job = json.loads(result.out)
-    assert wait_state(cli, job["id"], timeout=600)["state"] == "completed", \
-        cli("logs", str(job["id"])).out[-3000:]
+    row = wait_state(cli, job["id"], timeout=600)
+    log = cli("logs", str(job["id"])).out
+    assert (row["state"], row["exit_code"]) == ("completed", 0), log[-3000:]
+    ranks = [line.split() for line in log.splitlines() if line.startswith("rank ")]
+    assert sorted(r[1] for r in ranks) == ["0", "1", "2", "3"]
+    assert len({r[2] for r in ranks}) == 2  # both nodes
+    assert "srun --nodes=2 --ntasks=4" in log
     run = Path(job["run_dir"])
     made = profiled_files(run)
     assert [name.split("_rank")[1] for name in made] == ["0.time", "2.time"]

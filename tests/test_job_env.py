@@ -1,7 +1,8 @@
 """The job's own Python, as at a facility: the job runs `python3` after the profile's setup lines,
 which give a separate interpreter with torch and without mmm_orch. Without a job environment,
 submit refuses with the fix; `env create` makes one (here, and over SSH), and jobs on the live
-Slurm and PBS test servers then complete in it."""
+Slurm and PBS test servers then complete in it, as it is and staged to each node's storage; a
+broken one is diagnosed with the fix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_nothing_recorded, ssh_config, wait_state
-
 
 
 def facility_profile(isolated: Path, name: str, base: str, python_root: Path, envs: Path,
@@ -37,18 +37,23 @@ def facility(request, isolated, facility_python, tmp_path, leftovers_cancelled):
     return name
 
 
-def test_without_an_environment_submit_refuses_with_the_fix(cli, facility):
-    result = cli("submit", facility, "dist_check", "--nodes", "2")
+def test_without_an_environment_submit_refuses_with_the_fix(cli, isolated, facility_python,
+                                                            tmp_path, slurm_cluster):
+    """Refused before the scheduler is asked (the cluster only installs the sbatch that submit
+    looks for first): the check runs the job's Python where jobs are submitted, on any
+    scheduler."""
+    facility_profile(isolated, "facility", "slurm-local", facility_python, tmp_path / "envs")
+    result = cli("submit", "facility", "dist_check", "--nodes", "2")
     assert result.code == 2, result.err
     lines = result.err.strip().splitlines()
     assert len(lines) == 1
-    assert f"the job's Python for {facility}" in lines[0]
+    assert "the job's Python for facility" in lines[0]
     assert "No module named 'mmm_orch'" in lines[0]
-    assert f"fix it with `mmm-orch env create {facility}`" in lines[0]
+    assert "fix it with `mmm-orch env create facility`" in lines[0]
     assert_nothing_recorded()
 
 
-def test_env_create_then_a_job_completes_in_it(cli, facility, tmp_path):
+def test_env_create_then_a_job_completes_in_it_and_in_its_staged_copy(cli, facility, tmp_path):
     created = cli("env", "create", facility)
     assert created.code == 0, created.err
     assert "created " in created.out and "installed mmm-orch 0.1.0" in created.out
@@ -66,20 +71,33 @@ def test_env_create_then_a_job_completes_in_it(cli, facility, tmp_path):
     script = cli("submit", facility, "dist_check", "--nodes", "2", "--dry-run").out
     setup_at = script.index("source ") and script.index("/python/bin/activate")
     assert script.index(f"{env_dir}/bin/activate") > setup_at  # activated after the setup lines
-    result = cli("submit", facility, "dist_check", "--nodes", "2")
-    assert result.code == 0, result.err
-    row = wait_state(cli, 1)
+    for words in ([], ["--stage-env"]):  # the second copied to each node's own storage first
+        result = cli("submit", facility, "dist_check", "--nodes", "2", *words)
+        assert result.code == 0, result.err
+    plain, staged = wait_state(cli, 1), wait_state(cli, 2)
     log = cli("logs", "1").out
-    assert row["state"] == "completed", log[-3000:]
+    assert plain["state"] == "completed", log[-3000:]
     assert "[dist_check] PASS world=4" in log
+    log = cli("logs", "2").out
+    assert staged["state"] == "completed", log[-3000:]
+    assert "[mmm-orch] stage_start=" in log and "[mmm-orch] stage_end=" in log
+    prefixes = {line.split(" python=")[1].split()[0] for line in log.splitlines()
+                if line.startswith("[dist_check] rank=") and " python=" in line}
+    assert len(prefixes) == 1 and prefixes.pop().startswith("/tmp/mmm-orch-env-")
     # The check is remembered: the next submit does not run the setup lines again.
     checks = Path(os.environ["XDG_CACHE_HOME"]) / "mmm-orch" / "env-checks.json"
     assert len(json.loads(checks.read_text())) == 1
 
 
 @pytest.mark.parametrize("broken", ["missing", "without mmm-orch"])
-def test_a_job_in_a_broken_environment_is_diagnosed_with_the_fix(cli, facility, tmp_path,
-                                                                 facility_python, broken):
+def test_a_job_in_a_broken_environment_is_diagnosed_with_the_fix(cli, isolated, tmp_path,
+                                                                 facility_python, broken,
+                                                                 slurm_cluster,
+                                                                 leftovers_cancelled):
+    """On Slurm alone: the job script fails at its activation line, before any launch, whatever
+    the scheduler."""
+    facility = "facility-slurm"
+    facility_profile(isolated, facility, "slurm-local", facility_python, tmp_path / "envs")
     if broken == "without mmm-orch":  # a plain venv where the environment should be
         subprocess.run([str(facility_python / "bin" / "python"), "-m", "venv", "--without-pip",
                         "--system-site-packages", str(tmp_path / "envs" / facility)], check=True)
@@ -92,9 +110,12 @@ def test_a_job_in_a_broken_environment_is_diagnosed_with_the_fix(cli, facility, 
     assert f"mmm-orch env create {facility}" in diagnosis.out
 
 
-def test_env_create_over_ssh_then_a_remote_job_completes(cli, isolated, facility_python, sshd,
-                                                         tmp_path, slurm_cluster,
-                                                         leftovers_cancelled):
+def test_env_create_over_ssh_then_a_remote_submit_passes_its_check(cli, isolated,
+                                                                   facility_python, sshd,
+                                                                   tmp_path, slurm_cluster,
+                                                                   leftovers_cancelled):
+    """The job is submitted to the parked partition (it never runs): a remote job that runs is
+    test_remote's, one that runs in a created environment is the test above's."""
     ssh_config(Path(os.environ["HOME"]), sshd)
     facility_profile(isolated, "facility-ssh", "slurm-local", facility_python,
                      tmp_path / "remote-envs",
@@ -107,11 +128,11 @@ def test_env_create_over_ssh_then_a_remote_job_completes(cli, isolated, facility
     uploaded = next(line for line in created.out.splitlines() if line.startswith("uploaded "))
     assert Path(uploaded.split(" to ")[1].removesuffix(" on login")).exists()  # via SFTP
     assert (tmp_path / "remote-envs" / "facility-ssh" / "bin" / "python").exists()
-    result = cli("submit", "facility-ssh", "dist_check", "--nodes", "2", "--host", "login")
+    result = cli("submit", "facility-ssh", "dist_check", "--nodes", "2", "--host", "login",
+                 "-q", "parked")
     assert result.code == 0, result.err
-    row = wait_state(cli, 1)
-    assert row["state"] == "completed", cli("logs", "1").out[-3000:]
-    assert "[dist_check] PASS world=4" in cli("logs", "1").out
+    assert wait_state(cli, 1, ("pending",))["remote"] == "login"
+    assert cli("cancel", "1").code == 0
 
 
 def test_env_create_refuses_what_it_cannot_use(cli, isolated):
@@ -155,16 +176,3 @@ def test_staging_copies_the_environment_once_per_node(cli):
     assert 'export PATH="$VIRTUAL_ENV/bin:$PATH"' in script
     refused = cli("render", "local", "fsdp", "--stage-env")
     assert refused.code == 2 and "local has no job environment to stage" in refused.err
-
-
-def test_a_staged_environment_runs_from_node_local_storage(cli, facility, tmp_path):
-    assert cli("env", "create", facility).code == 0
-    result = cli("submit", facility, "dist_check", "--nodes", "2", "--stage-env")
-    assert result.code == 0, result.err
-    row = wait_state(cli, 1)
-    log = cli("logs", "1").out
-    assert row["state"] == "completed", log[-3000:]
-    assert "[mmm-orch] stage_start=" in log and "[mmm-orch] stage_end=" in log
-    prefixes = {line.split(" python=")[1].split()[0] for line in log.splitlines()
-                if line.startswith("[dist_check] rank=") and " python=" in line}
-    assert len(prefixes) == 1 and prefixes.pop().startswith("/tmp/mmm-orch-env-")

@@ -90,16 +90,16 @@ def test_the_test_profiles_ask_the_host_for_a_port(cli, machine):
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("kind,extra", [("slurm", []), ("pbs", []), ("slurm", ["--spare-nodes", "1"])],
-                         ids=["slurm", "pbs", "slurm-failover"])
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_a_job_whose_port_is_taken_completes_on_another(request, cli, isolated, held_port, kind,
-                                                        extra, leftovers_cancelled):
+                                                        leftovers_cancelled):
     """torch's own rendezvous (TCPStore on rank 0) finds its port held by another process of
-    this host: the launch is relaunched on a fresh port and the job completes, nothing retired."""
+    this host: the launch is relaunched on a fresh port and the job completes, nothing retired.
+    (With spare nodes the failover loop relaunches it the same way, a real loop above.)"""
     request.getfixturevalue({"slurm": "slurm_cluster", "pbs": "pbs_server"}[kind])
     machine = {"slurm": "slurm-local", "pbs": "pbs-local"}[kind]
     result = cli("submit", machine, "dist_check", "-N", "2", "--env", f"MASTER_PORT={held_port}",
-                 *extra, "--json")
+                 "--json")
     assert result.code == 0, result.err
     job = json.loads(result.out)["id"]
     row = wait_state(cli, job, TERMINAL, timeout=300)

@@ -1,6 +1,5 @@
-"""Scheduler verbs: argument lists, batching, retries. PBS runs against commands that replay
-recorded PBS output (PBS Pro cannot be installed here); Slurm runs for real in
-test_slurm_cluster.py."""
+"""Scheduler verbs: argument lists, batching, retries, refusals, against commands that replay
+recorded scheduler output; the live servers run in test_slurm_cluster.py and test_pbs_server.py."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, assert_nothing_recorded, write_machine
 from mmm_orch.schedulers import slurm_parse
 from mmm_orch.errors import SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers import scheduler_for
@@ -77,6 +76,23 @@ def test_pbs_verbs_pass_argument_lists_to_qsub_qstat_qdel(tmp_path):
 
     pbs.cancel(JobRef(native, job_dir))
     assert calls(bin_dir, "qdel") == [[native]]
+
+
+def test_qsubs_recorded_refusals_exit_2_with_its_words_and_leave_nothing(cli, isolated, tmp_path):
+    """What the live test server's qsub answered to requests it refuses (recorded by
+    fixtures/pbs/record_live.sh), as the profile's qsub: submit exits 2 with qsub's own words and
+    records nothing. (test_pbs_server has the server refuse one itself.)"""
+    for refusal in json.loads((FIXTURES / "pbs" / "live_qsub_refusals.json").read_text()):
+        bin_dir = tmp_path / str(refusal["exit_code"])
+        qsub = replaying_command(bin_dir, "qsub", stderr=refusal["stderr"] + "\n",
+                                 code=refusal["exit_code"])
+        write_machine(isolated, "pbs-replayed", "extends: pbs-local\nname: pbs-replayed\n"
+                      f"scheduler: {{commands: {{submit: {qsub}}}}}\n")
+        result = cli("submit", "pbs-replayed", "dist_check")
+        assert result.code == 2, result.err
+        assert result.err.strip() == f"mmm-orch: error: {qsub}: {refusal['stderr']}"
+        assert len(calls(bin_dir, "qsub")) == 1  # permanent: not retried
+        assert_nothing_recorded()
 
 
 def test_pbs_query_reads_other_jobs_through_exit_153_and_35():
