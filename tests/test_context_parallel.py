@@ -1,89 +1,68 @@
 """Context parallel in the Llama trainer (`--set cp=C`): each sequence split over C ranks, keys
 and values gathered (trainers/context.py). On CPU (gloo), 4 ranks, fp32, one seed and global
-batch: dp4, dp2 x cp2, cp4, tp2 x cp2 and pp2 x cp2 give the same loss at every step and the
-same validation loss; a run saved at cp=2 resumes at cp=1 with every sample once; the plan
-refuses a split the trainer could not make and names cp where a long sequence does not fit."""
+batch: dp2 x cp2, cp4, tp2 x cp2 and pp2 x cp2 give one process's loss at every step and its
+validation loss (the reference run shared with test_pipeline's layouts); a run saved at pp2 x cp2
+resumes at cp=1, on dp4 and on pp4, with every sample once; the plan refuses a split the trainer
+could not make and names cp where a long sequence does not fit."""
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from test_pipeline import TINY, assert_refused_before_the_queue, losses, trained
+from test_pipeline import (
+    ARGS,
+    LAYOUT_RUNS,
+    assert_gives_one_process_s_losses,
+    assert_refused_before_the_queue,
+    curves,
+    layout_run,
+    trained,
+)
+from test_pipeline import LAYOUTS as PIPELINE_LAYOUTS
 from test_trainers import launch, steps
 
 # Each layout makes a step of the same global batch (8) in two micro-batches a rank, as dp4 does:
 # where context parallel leaves one data-parallel rank, 8 micro-batches of one sample each paid
 # TP's, CP's and FSDP's collectives again (tp2 x cp2 took 236 CPU-seconds, dp4 42).
 LAYOUTS = {
-    "dp4": [],
     "dp2 x cp2": ["--cp", "2", "--batch-size", "2"],
     "cp4": ["--cp", "4", "--batch-size", "4"],
     "tp2 x cp2": ["--tp", "2", "--cp", "2", "--batch-size", "4"],
     "pp2 x cp2": ["--pp", "2", "--cp", "2", "--batch-size", "4"],
 }
-ARGS = [*TINY, "--steps", "10", "--eval-every", "5", "--eval-samples", "13",
-        "--checkpoint-every", "5"]
-
-
-# The layouts' tests share their runs, so they run on one worker, one after the other: each
-# layout its own test (its own failure), each run made once.
-LAYOUT_RUNS = pytest.mark.xdist_group("context-parallel-layouts")
-
-
-@pytest.fixture(scope="session")
-def layout_run(tmp_path_factory):
-    """A layout's run (ARGS on 4 ranks), made the first time a test asks for it."""
-    made: dict[str, Path] = {}
-
-    def run(name: str) -> Path:
-        if name not in made:
-            out = tmp_path_factory.mktemp("context-parallel") / name.replace(" ", "")
-            # (a hang guard: tp2 x cp2 took over 240 s on 2 loaded cores)
-            proc = launch("llama3", [*ARGS, *LAYOUTS[name]], 4, "torchrun", out, timeout=600)
-            assert proc.returncode == 0, (name, proc.stderr[-3000:])
-            made[name] = out
-        return made[name]
-
-    return run
-
-
-def curves(out: Path) -> dict[int, float]:
-    """A run's loss at each step, and its validation loss at -step."""
-    return {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
+# Where the pp2 x cp2 run's checkpoint is resumed: without context parallel, at pp=1 and at pp=4.
+RESUMED_ON = {"dp4": [], "pp4 interleaved": PIPELINE_LAYOUTS["pp4 interleaved"]}
 
 
 @pytest.mark.slow
 @LAYOUT_RUNS
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_each_layout_with_context_parallel_gives_dp4_s_losses(layout_run, name):
-    reference, found = curves(layout_run("dp4")), curves(layout_run(name))
-    assert sorted(reference) == [-10, -5, *range(1, 11)]
-    assert sorted(found) == sorted(reference)
-    for step, loss in reference.items():
-        assert found[step] == pytest.approx(loss, rel=1e-4), (name, step)
-    assert trained(layout_run(name)) == list(range(80))  # 10 steps x 8 samples, each once
+def test_each_layout_with_context_parallel_gives_one_process_s_losses(tmp_path_factory, name):
+    assert_gives_one_process_s_losses(tmp_path_factory, LAYOUTS[name])
 
 
 @pytest.mark.slow
 @LAYOUT_RUNS
-def test_a_cp2_run_resumes_without_context_parallel(layout_run, tmp_path):
-    """The dp2 x cp2 run's step-5 checkpoint, resumed on dp4: the same losses after it, every
-    sample once across the two layouts."""
-    cp2 = layout_run("dp2 x cp2")
-    resumed = tmp_path / "cp2-then-dp4"
-    shutil.copytree(cp2, resumed)
-    (resumed / "run" / "checkpoints" / "latest").write_text("step-5")
-    proc = launch("llama3", [*ARGS, "--resume"], 4, "torchrun", resumed)
+@pytest.mark.parametrize("name", RESUMED_ON)
+def test_a_pp2_x_cp2_run_resumes_on_another_layout(tmp_path_factory, name, tmp_path):
+    """The pp2 x cp2 run's step-2 checkpoint (two stages, each sequence split over two ranks),
+    resumed on dp4 (one stage, whole sequences) and on pp4 interleaved (eight stages): the same
+    losses and validation loss after it (and so dp4's are one process's too), every sample once
+    across the two layouts."""
+    saved = layout_run(tmp_path_factory, LAYOUTS["pp2 x cp2"])
+    resumed = tmp_path / "resumed"
+    shutil.copytree(saved, resumed)
+    (resumed / "run" / "checkpoints" / "latest").write_text("step-2")
+    proc = launch("llama3", [*ARGS, *RESUMED_ON[name], "--resume"], 4, "torchrun", resumed)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[resume] step=5" in proc.stdout
-    after, before = losses(resumed), losses(cp2)
-    for step in range(6, 11):
+    assert "[resume] step=2" in proc.stdout
+    after, before = curves(resumed), curves(saved)
+    for step in (3, 4, -4):  # -4: the validation at step 4
         assert after[step] == pytest.approx(before[step], rel=1e-5), step
-    assert trained(resumed) == list(range(80))
+    assert trained(resumed) == list(range(32))
 
 
 @pytest.mark.slow

@@ -1,25 +1,30 @@
 """Pipeline parallel in the Llama trainer (`--set pp=P`, `pp_schedule`): on CPU (gloo), 4 ranks,
-fp32, one seed and global batch, dp4, dp2 x pp2, tp2 x pp2, pp4 interleaved and GPipe give the
-same loss at every step and the same validation loss; a run saved at pp=2 resumes at pp=1 and at pp=4 with every sample once;
-the plan refuses a pipeline the trainer could not make and sizes the busiest stage; live, pp
-across the two nodes of the Slurm cluster."""
+fp32, one seed and global batch, dp2 x pp2, tp2 x pp2, pp4 interleaved and GPipe give one
+process's loss at every step and its validation loss; a run saved at pp=2 resumes at pp=1 (dp4)
+and at pp=4 with every sample once (test_context_parallel: its pp2 x cp2 run's checkpoint); the
+plan refuses a pipeline the trainer could not make and sizes the busiest stage; live, pp across
+the two nodes of the Slurm cluster."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from test_trainers import launch, steps
+from test_trainers import assert_ran, launch, steps
 
 TINY = ["--tiny", "--n-layers", "8", "--dtype", "fp32", "--global-batch", "8", "--batch-size", "1",
         "--seq-len", "32", "--log-sample-ids"]
+# A layout's run (this module's and test_context_parallel's). Four steps show each check: losses
+# after optimizer steps, a validation amid the run and one at its end, and a resume from step 2
+# whose step 3 needs the saved weights and step 4 the optimizer's state too. 13 held-out
+# samples: the last micro-batches of a validation are partly slots.
+ARGS = [*TINY, "--steps", "4", "--eval-every", "2", "--eval-samples", "13",
+        "--checkpoint-every", "2"]
 
 LAYOUTS = {
-    "dp4": [],
     "dp2 x pp2": ["--pp", "2"],
     # 4 micro-batches of 2 (8 of 1 paid tensor parallel's collectives twice as often)
     "tp2 x pp2": ["--tp", "2", "--pp", "2", "--batch-size", "2"],
@@ -39,42 +44,51 @@ def trained(out: Path) -> list[int]:
                   for sample in json.loads(line)["samples"])
 
 
-@pytest.mark.slow
-def test_every_layout_gives_the_same_loss_at_every_step(tmp_path):
-    found = {}
-    for name, layout in LAYOUTS.items():
-        out = tmp_path / name.replace(" ", "")
-        # 13 held-out samples: the last micro-batches of a validation are partly slots
-        proc = launch("llama3", [*TINY, "--steps", "10", "--eval-every", "5", "--eval-samples",
-                                 "13", *layout], 4, "torchrun", out)
-        assert proc.returncode == 0, (name, proc.stderr[-3000:])
-        found[name] = {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
-        assert trained(out) == list(range(80)), name  # 10 steps x 8 samples, each once
-    reference = found.pop("dp4")
-    assert sorted(reference) == [-10, -5, *range(1, 11)]  # val_loss at steps 5 and 10
-    for name, curve in found.items():
-        for step, loss in reference.items():
-            assert curve[step] == pytest.approx(loss, rel=1e-4), (name, step)
+def curves(out: Path) -> dict[int, float]:
+    """A run's loss at each step, and its validation loss at -step."""
+    return {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
+
+
+# The layouts' tests of both modules share their runs (the reference, the pp2 x cp2 run that is
+# resumed), so they run on one worker, one after the other: each layout its own test (its own
+# failure), each run made once.
+LAYOUT_RUNS = pytest.mark.xdist_group("llama3-layouts")
+_MADE: dict[tuple[int, tuple[str, ...]], Path] = {}  # the runs by their ranks and options
+
+
+def layout_run(tmp_path_factory, options: list[str], ranks: int = 4) -> Path:
+    """The run of a layout (its options after ARGS) on `ranks` ranks (1: one process, no
+    launcher), made the first time a test asks for it."""
+    key = (ranks, tuple(options))
+    if key not in _MADE:
+        out = tmp_path_factory.mktemp("layout") / "out"
+        # (a hang guard: tp2 x cp2 took over 240 s on 2 loaded cores)
+        proc = launch("llama3", [*ARGS, *options], ranks, "torchrun" if ranks > 1 else "none",
+                      out, timeout=600)
+        assert_ran(proc, out, ranks)
+        _MADE[key] = out
+    return _MADE[key]
+
+
+def assert_gives_one_process_s_losses(tmp_path_factory, options: list[str]) -> None:
+    """The layout's loss at every step and its validation losses are those of one process (the
+    global batch in micro-batches of one, no FSDP); each of the two runs trained on every sample
+    once (4 steps x 8 samples)."""
+    reference = layout_run(tmp_path_factory, [], ranks=1)
+    layout = layout_run(tmp_path_factory, options)
+    expected, found = curves(reference), curves(layout)
+    assert sorted(expected) == [-4, -2, 1, 2, 3, 4]  # val_loss at steps 2 and 4
+    assert sorted(found) == sorted(expected)
+    for step, loss in expected.items():
+        assert found[step] == pytest.approx(loss, rel=1e-4), step
+    assert trained(reference) == trained(layout) == list(range(32))
 
 
 @pytest.mark.slow
-def test_a_run_saved_at_pp2_resumes_at_pp1_and_at_pp4(tmp_path):
-    saved = tmp_path / "saved"
-    args = [*TINY, "--steps", "8", "--checkpoint-every", "4"]
-    first = launch("llama3", [*args, "--pp", "2"], 4, "torchrun", saved)
-    assert first.returncode == 0, first.stderr[-3000:]
-    reference = losses(saved)
-    for name, layout in (("pp1", []), ("pp4", ["--pp", "4", "--pp-schedule", "interleaved_1f1b"])):
-        out = tmp_path / name
-        shutil.copytree(saved, out)
-        (out / "run" / "checkpoints" / "latest").write_text("step-4")
-        resumed = launch("llama3", [*args, *layout, "--resume"], 4, "torchrun", out)
-        assert resumed.returncode == 0, (name, resumed.stderr[-3000:])
-        assert "[resume] step=4" in resumed.stdout
-        after = losses(out)
-        for step in range(5, 9):
-            assert after[step] == pytest.approx(reference[step], rel=1e-5), (name, step)
-        assert trained(out) == list(range(64)), name  # every sample once across the layouts
+@LAYOUT_RUNS
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_pipeline_layout_gives_one_process_s_losses(tmp_path_factory, name):
+    assert_gives_one_process_s_losses(tmp_path_factory, LAYOUTS[name])
 
 
 def test_the_layers_split_into_stages_of_as_many_each():
@@ -135,8 +149,8 @@ def test_the_memory_plan_sizes_the_busiest_stage(cli, isolated):
 def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster, leftovers_cancelled,
                                                    tmp_path):
     """pp outermost: stage 0 on the first node's two ranks, stage 1 on the second's; the loss
-    is the one a dp run of the same global batch gives here; profiled, each node's first rank
-    (one stage each) shows the bubble, and so does the report."""
+    is the one a single process gives here for the same global batch; profiled, each node's
+    first rank (one stage each) shows the bubble, and so does the report."""
     from conftest import wait_state
 
     sets = ["tiny=true", "n_layers=4", "dtype=fp32", "global_batch=8", "batch_size=2",
@@ -153,7 +167,7 @@ def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster,
     local = tmp_path / "local"
     argv = ["--tiny", "--n-layers", "4", "--dtype", "fp32", "--global-batch", "8",
             "--batch-size", "2", "--seq-len", "32", "--steps", "4"]
-    proc = launch("llama3", argv, 4, "torchrun", local)
+    proc = launch("llama3", argv, 1, "none", local)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = losses(local)
     assert sorted(across) == [1, 2, 3, 4]
