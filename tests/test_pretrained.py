@@ -1,16 +1,16 @@
 """Pretrained weights in and out: a tiny Llama 3 and a tiny Llama 3.1 made by Hugging Face
 transformers here (random weights, saved with save_pretrained), started from by the llama3
-trainer on 1 rank, 2 ranks FSDP and 2 ranks TP=2 (its first loss is transformers' on the same
-batch), trained, exported and read back by transformers (its logits are the trainer's); the same
-from Meta's consolidated.NN.pth layout; every bad checkpoint refused in one line with exit 2."""
+trainer on 1 rank, 2 ranks FSDP, 2 ranks TP=2 and 2 ranks PP=2 (its first loss is transformers'
+on the same batch), trained, exported and read back by transformers (its logits are the
+trainer's); the same from Meta's consolidated.NN.pth layout, one file or split for model
+parallelism; every bad checkpoint refused in one line with exit 2."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +53,8 @@ def hf_config(config: str, **changes):
 
 
 def hf_model(config: str, seed: int = 0, **changes):
+    """A transformers Llama of the `config` preset's tiny shapes (with `changes`), its weights
+    drawn from `seed`."""
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(hf_config(config, **changes)).eval()
     # transformers draws every weight with std 0.02: larger ones make the logits, and so a
@@ -62,6 +64,13 @@ def hf_model(config: str, seed: int = 0, **changes):
             if param.dim() == 2:
                 param.normal_(0, 0.2)
     return model
+
+
+@functools.cache
+def reference(config: str):
+    """hf_model(config), made once: the model every checkpoint of `config` here holds (it is
+    only read)."""
+    return hf_model(config)
 
 
 def meta_state(model) -> dict[str, torch.Tensor]:
@@ -111,19 +120,29 @@ def save_meta(model, where: Path, files: int = 1) -> Path:
     return where
 
 
+def save_hf(config: str, where: Path) -> Path:
+    """reference(config) as a Hugging Face model directory with its tokenizer: 3.1's in several
+    safetensors files and an index, 3's in one."""
+    shard = "40KB" if config == "3.1-8b" else "50MB"
+    reference(config).save_pretrained(where, max_shard_size=shard)
+    save_tokenizer(where)
+    return where
+
+
+# The tests that start from the checkpoints below share them: one worker makes them once.
+SHARES_CHECKPOINTS = pytest.mark.xdist_group("pretrained-checkpoints")
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Tiny Llama 3 and 3.1 in Hugging Face's layout (3.1 sharded, with an index) and Meta's."""
+    """Tiny Llama 3 and 3.1 in Hugging Face's layout (3.1 sharded, with an index) and Meta's
+    (3.1 also in two files split for model parallelism)."""
     root = tmp_path_factory.mktemp("pretrained")
     made = {}
     for config in ("8b", "3.1-8b"):
-        model = hf_model(config)
-        made[f"hf-{config}"] = root / f"hf-{config}"
-        shard = "40KB" if config == "3.1-8b" else "50MB"  # 3.1's in several files and an index
-        model.save_pretrained(made[f"hf-{config}"], max_shard_size=shard)
-        save_tokenizer(made[f"hf-{config}"])
-        made[f"meta-{config}"] = save_meta(model, root / f"meta-{config}")
-    made["meta-3.1-8b-mp2"] = save_meta(hf_model("3.1-8b"), root / "meta-3.1-8b-mp2", files=2)
+        made[f"hf-{config}"] = save_hf(config, root / f"hf-{config}")
+        made[f"meta-{config}"] = save_meta(reference(config), root / f"meta-{config}")
+    made["meta-3.1-8b-mp2"] = save_meta(reference("3.1-8b"), root / "meta-3.1-8b-mp2", files=2)
     assert (made["hf-3.1-8b"] / formats.HF_INDEX).exists()
     return made
 
@@ -168,36 +187,41 @@ def trainer_logits(run_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
         return model(tokens)
 
 
-def export(run_dir: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
-    """`python -m mmm_orch export` in another interpreter, as a job would run it."""
-    return subprocess.run([sys.executable, "-m", "mmm_orch", "export", str(run_dir), "--to", "hf",
-                           str(out), *more], capture_output=True, text=True, timeout=300)
-
-
 # A pipeline of 2 stages needs 2 micro-batches a step: the tiny preset's batch of 4, twice (the
 # samples of a 2-rank dp step, so first_batch(config, 2) is its batch too).
 LAYOUTS = {"1 rank": (1, []), "2 ranks FSDP": (2, []), "2 ranks TP=2": (2, ["--tp", "2"]),
            "2 ranks PP=2": (2, ["--pp", "2", "--global-batch", "8"])}
-STARTS = [(source, config, layout) for config in ("8b", "3.1-8b") for layout in LAYOUTS
-          for source in ("hf", "meta") if layout != "2 ranks PP=2"] + [("hf", "8b", "2 ranks PP=2")]
+# The starts (a checkpoint of `checkpoints`, a layout): each layout from each format, each format
+# and each layout in both configurations (Llama 3's RoPE and 3.1's scaled one; 3.1's Hugging Face
+# weights in several files), Meta's TP run from the files split for model parallelism (each
+# rank's part joined from both files), and the pipeline once (its stages read whole tensors).
+# Each run is exported: every layout's checkpoint, both configurations' RoPE, both formats'
+# tokenizer.
+STARTS = [("hf-8b", "1 rank"), ("meta-3.1-8b", "1 rank"),
+          ("hf-3.1-8b", "2 ranks FSDP"), ("meta-8b", "2 ranks FSDP"),
+          ("hf-8b", "2 ranks TP=2"), ("meta-3.1-8b-mp2", "2 ranks TP=2"),
+          ("hf-8b", "2 ranks PP=2")]
+STEPS = 6  # the fewest in which every layout's loss falls by more than 0.1 from these weights
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source,config,layout", STARTS)
+@SHARES_CHECKPOINTS
+@pytest.mark.parametrize("start,layout", STARTS)
 def test_a_run_started_from_weights_has_their_loss_and_exports_the_trainers_logits(
-        checkpoints, tmp_path, source, config, layout):
+        checkpoints, tmp_path, cli, start, layout):
+    source, config = start.split("-", 1)
+    config = config.removesuffix("-mp2")
     ranks, more = LAYOUTS[layout]
     out = tmp_path / "out"
     out.mkdir()
-    proc = launch("llama3", ["--config", config, "--tiny", "--dtype", "fp32", "--steps", "20",
-                             "--warmup-steps", "2", "--checkpoint-every", "20",
-                             "--init-from", str(checkpoints[f"{source}-{config}"]), *more],
+    proc = launch("llama3", ["--config", config, "--tiny", "--dtype", "fp32", "--steps",
+                             str(STEPS), "--warmup-steps", "2", "--checkpoint-every", str(STEPS),
+                             "--init-from", str(checkpoints[start]), *more],
                   ranks, "torchrun" if ranks > 1 else "python", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reference = hf_model(config)
     dp = ranks // (2 if "--tp" in more else 1)
     first = steps(out)[0]["loss"]
-    assert abs(first - hf_loss(reference, *first_batch(config, dp))) < TOLERANCE
+    assert abs(first - hf_loss(reference(config), *first_batch(config, dp))) < TOLERANCE
     assert steps(out)[-1]["loss"] < first - 0.1  # and it trained
     # Rank 0 read its shards' part of the weights, not the model.
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -205,8 +229,8 @@ def test_a_run_started_from_weights_has_their_loss_and_exports_the_trainers_logi
     _, args = run_model(config, True, None, None, None)
     assert read == args.params if ranks == 1 else 0.4 * args.params < read < 0.6 * args.params
 
-    exported = export(out / "run", tmp_path / "hf")
-    assert exported.returncode == 0, exported.stderr
+    exported = cli("export", str(out / "run"), "--to", "hf", str(tmp_path / "hf"))
+    assert exported.code == 0, exported.err
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     tokens = first_batch(config, 1)[0]
     with torch.no_grad():
@@ -217,23 +241,11 @@ def test_a_run_started_from_weights_has_their_loss_and_exports_the_trainers_logi
     # The --init-from directory's tokenizer and end-of-text id go with it.
     assert (tmp_path / "hf" / "tokenizer.json").exists() == (source == "hf")
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert written.get("eos_token_id") == (reference.config.eos_token_id if source == "hf" else None)
+    assert written.get("eos_token_id") == (
+        reference(config).config.eos_token_id if source == "hf" else None)
 
 
-@pytest.mark.slow
-def test_meta_files_split_for_model_parallelism_are_joined(checkpoints, tmp_path):
-    """consolidated.00.pth and .01.pth (each half of the split tensors) start a TP=2 run with the
-    loss of the whole model."""
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = launch("llama3", ["--config", "3.1-8b", "--tiny", "--dtype", "fp32", "--steps", "1",
-                             "--init-from", str(checkpoints["meta-3.1-8b-mp2"]), "--tp", "2"],
-                  2, "torchrun", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = hf_loss(hf_model("3.1-8b"), *first_batch("3.1-8b", 1))
-    assert abs(steps(out)[0]["loss"] - expected) < TOLERANCE
-
-
+@SHARES_CHECKPOINTS
 def test_llama_3_1_rope_scaling_is_transformers_and_survives_a_dtype_change(checkpoints):
     """The trainer's model with Llama 3.1's RoPE gives transformers' logits (plain RoPE's differ
     by far more than the tolerance, at every position); model.to(dtype) keeps the complex table."""
@@ -244,7 +256,7 @@ def test_llama_3_1_rope_scaling_is_transformers_and_survives_a_dtype_change(chec
 
     tokens = first_batch("3.1-8b", 1)[0]
     with torch.no_grad():
-        expected = hf_model("3.1-8b")(tokens).logits
+        expected = reference("3.1-8b")(tokens).logits
     source = formats.open_source(checkpoints["hf-3.1-8b"])
     differences = {}
     for config in ("3.1-8b", "8b"):
@@ -270,16 +282,20 @@ def test_llama_3_1_rope_scaling_is_transformers_and_survives_a_dtype_change(chec
 # -- bad input: one line, exit 2, nothing trained ------------------------------------------------
 
 
-def _refused(tmp_path: Path, start: Path, config: str = "3.1-8b") -> str:
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    proc = launch("llama3", ["--config", config, "--tiny", "--steps", "2",
-                             "--init-from", str(start)], 1, "python", out)
-    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
-    said = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(said) == 1, proc.stderr
-    assert not (out / "run").exists()  # nothing trained, no run directory
-    return said[0]
+def _refused(start: Path, config: str = "3.1-8b") -> str:
+    """The one line the llama3 trainer refuses `--init-from START` with: its own check of the
+    checkpoint (llama3.pretrained), run here; any ValueError of it stops the trainer with exit
+    2 before it trains (test_a_checkpoint_of_another_shape_is_refused_naming_the_field shows
+    that in the trainer's own process)."""
+    from mmm_orch.runtime.options import parse
+    from mmm_orch.trainers.llama3 import Config, pretrained, resolve
+
+    cfg = parse(Config, ["--config", config, "--tiny", "--steps", "2", "--init-from", str(start)])
+    with pytest.raises(formats.PretrainedError) as refused:
+        pretrained(cfg, resolve(cfg)[0])
+    said = str(refused.value)
+    assert "\n" not in said, said
+    return said
 
 
 def _copy(source: Path, to: Path) -> Path:
@@ -290,14 +306,23 @@ def _copy(source: Path, to: Path) -> Path:
 
 
 @pytest.mark.slow
+@SHARES_CHECKPOINTS
 def test_a_checkpoint_of_another_shape_is_refused_naming_the_field(checkpoints, tmp_path, cli,
                                                                     isolated):
-    said = _refused(tmp_path, checkpoints["hf-3.1-8b"], config="8b")
+    said = _refused(checkpoints["hf-3.1-8b"], config="8b")
     assert "config.json rope_scaling is llama3 (factor 8" in said and "is none" in said, said
     wider = tmp_path / "wider"
     hf_model("8b", hidden_size=128, intermediate_size=384).save_pretrained(wider)
-    said = _refused(tmp_path, wider, config="8b")
-    assert "config.json hidden_size is 128, the run's model dim is 64" in said, said
+    # The trainer itself: one line, exit 2, nothing trained (no run directory).
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = launch("llama3", ["--config", "8b", "--tiny", "--steps", "2", "--init-from",
+                             str(wider)], 1, "python", out)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    said = proc.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("[llama3] error: "), proc.stderr
+    assert "config.json hidden_size is 128, the run's model dim is 64" in said[0], said
+    assert not (out / "run").exists()
     # Before the queue: nothing recorded, nothing submitted.
     result = cli("submit", "local", "llama3_debug", "--set", "tiny=true", "--init-from", str(wider))
     assert result.code == 2 and "hidden_size is 128" in result.err, result.err
@@ -306,18 +331,18 @@ def test_a_checkpoint_of_another_shape_is_refused_naming_the_field(checkpoints, 
     assert not (isolated.parent / "state" / "mmm-orch" / "jobs.db").exists()
 
 
-@pytest.mark.slow
+@SHARES_CHECKPOINTS
 def test_a_missing_shard_a_truncated_file_and_a_lying_header_are_refused(checkpoints, tmp_path):
     missing = _copy(checkpoints["hf-3.1-8b"], tmp_path / "missing")
     shards = sorted(missing.glob("*.safetensors"))
     shards[1].unlink()
-    said = _refused(tmp_path, missing)
+    said = _refused(missing)
     assert f"shard {shards[1].name}, named in model.safetensors.index.json, is missing" in said
 
     truncated = _copy(checkpoints["hf-8b"], tmp_path / "truncated")
     file = truncated / "model.safetensors"
     file.write_bytes(file.read_bytes()[:-1000])
-    said = _refused(tmp_path, truncated, config="8b")
+    said = _refused(truncated, config="8b")
     assert "past the" in said and "(truncated?)" in said, said
 
     lying = _copy(checkpoints["hf-8b"], tmp_path / "lying")
@@ -331,7 +356,7 @@ def test_a_missing_shard_a_truncated_file_and_a_lying_header_are_refused(checkpo
     text = json.dumps(header, separators=(",", ":")).encode().ljust(length)
     assert len(text) == length
     file.write_bytes(data[:8] + text + data[8 + length:])
-    said = _refused(tmp_path, lying, config="8b")
+    said = _refused(lying, config="8b")
     assert "the header puts" in said and "inside" in said, said
 
     integers = _copy(checkpoints["hf-8b"], tmp_path / "integers")
@@ -341,7 +366,7 @@ def test_a_missing_shard_a_truncated_file_and_a_lying_header_are_refused(checkpo
     header[name]["dtype"] = "I32"  # as wide as F32: the header still fits the file
     text = json.dumps(header, separators=(",", ":")).encode().ljust(length)
     file.write_bytes(data[:8] + text + data[8 + length:])
-    said = _refused(tmp_path, integers, config="8b")
+    said = _refused(integers, config="8b")
     assert f"{name} holds I32; the trainer reads floating-point weights" in said, said
 
 
@@ -350,21 +375,22 @@ class Payload:
         return (print, ("unpickled: code ran",))
 
 
-@pytest.mark.slow
-def test_a_pth_holding_other_objects_is_refused_unpickled(checkpoints, tmp_path):
+@SHARES_CHECKPOINTS
+def test_a_pth_holding_other_objects_is_refused_unpickled(checkpoints, tmp_path, capsys):
     hostile = _copy(checkpoints["meta-8b"], tmp_path / "hostile")
     with open(hostile / "consolidated.00.pth", "wb") as handle:
         torch.save({"tok_embeddings.weight": torch.zeros(2), "x": Payload()}, handle)
-    said = _refused(tmp_path, hostile, config="8b")
+    said = _refused(hostile, config="8b")
     assert "consolidated.00.pth: not a checkpoint of tensors" in said, said
     listed = _copy(checkpoints["meta-8b"], tmp_path / "listed")
     torch.save([torch.zeros(2)], listed / "consolidated.00.pth")
-    said = _refused(tmp_path, listed, config="8b")
+    said = _refused(listed, config="8b")
     assert "holds list, not a dictionary of tensors" in said, said
     raw = _copy(checkpoints["meta-8b"], tmp_path / "raw")
     (raw / "consolidated.00.pth").write_bytes(pickle.dumps(Payload()))
-    said = _refused(tmp_path, raw, config="8b")
+    said = _refused(raw, config="8b")
     assert "not a checkpoint of tensors" in said and "code ran" not in said, said
+    assert "code ran" not in capsys.readouterr().out  # the payload never ran, here either
 
 
 def test_an_export_of_a_run_without_a_checkpoint_is_refused(tmp_path, cli, isolated):
@@ -390,14 +416,14 @@ def test_the_tokenize_workload_reads_a_model_directorys_tokenizer(tmp_path):
 
 @pytest.mark.slow
 def test_on_slurm_a_two_node_run_from_weights_stops_resumes_on_one_node_and_exports(
-        checkpoints, cli, isolated, slurm_cluster, leftovers_cancelled):
+        cli, isolated, slurm_cluster, leftovers_cancelled):
     """Started from a Hugging Face directory on 2 nodes, stopped by its walltime (saving first),
-    resumed on 1 node from its checkpoint (not from the weights again), exported from the job."""
-    import shutil
-
+    resumed on 1 node from its checkpoint (not from the weights again), exported from the job.
+    (Its own checkpoint, made in a second: the shared ones would hold this test's minutes of
+    walltimes on the worker of the trainings that share them.)"""
     from conftest import wait_state, write_spec
 
-    shutil.copytree(checkpoints["hf-3.1-8b"], isolated / "llama-3.1-tiny")
+    save_hf("3.1-8b", isolated / "llama-3.1-tiny")
     write_spec(isolated, "finetune_tiny", """extends: llama3_8b_finetune
 name: finetune_tiny
 args: {config: 3.1-8b, tiny: true, dtype: fp32, steps: 1000000, warmup_steps: 5}

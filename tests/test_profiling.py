@@ -12,34 +12,46 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from test_trainers import free_port, launch, steps
 
-pytestmark = pytest.mark.slow  # trainings on 1 to 4 ranks
+
+def profile_json(cli, run_dir: Path, *more: str) -> dict:
+    """`mmm-orch profile RUN_DIR --json`, as a user runs it."""
+    result = cli("profile", str(run_dir), "--json", *more)
+    assert result.code == 0, result.err
+    return json.loads(result.out)
 
 
-def profile_json(run_dir: Path, *more: str) -> dict:
-    """`mmm-orch profile RUN_DIR --json` in another interpreter, as a user runs it."""
-    proc = subprocess.run([sys.executable, "-m", "mmm_orch", "profile", str(run_dir), "--json",
-                           *more], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+# The tests that read the 4-rank run below share it: one worker makes it once.
+SHARES_FOUR_RANKS = pytest.mark.xdist_group("profiled-four-ranks")
 
 
-def test_traces_of_the_chosen_ranks_add_up_to_the_logged_step_time(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = launch("llama3", ["--tiny", "--steps", "8", "--profile", "torch", "--profile-steps",
-                             "4:6", "--profile-ranks", "0,3"], 4, "torchrun", out)
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> Path:
+    """The out directory of a run on 4 ranks of one sample each (much to communicate, little to
+    compute), steps 3 to 7 of 7 profiled on ranks 0 and 3."""
+    out = tmp_path_factory.mktemp("four-ranks")
+    proc = launch("llama3", ["--tiny", "--steps", "7", "--batch-size", "1", "--n-layers", "4",
+                             "--profile", "torch", "--profile-steps", "3:7", "--profile-ranks",
+                             "0,3"], 4, "torchrun", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@SHARES_FOUR_RANKS
+def test_traces_of_the_chosen_ranks_add_up_to_the_logged_step_time(four_ranks, cli):
+    out = four_ranks
     traces = sorted(p.name for p in (out / "run" / "profile").iterdir())
     assert [t.split("_rank")[1] for t in traces] == ["0.pt.trace.json", "3.pt.trace.json"]
-    found = profile_json(out / "run")
+    found = profile_json(cli, out / "run")
     logged = {s["step"]: 1000 * s["dt"] for s in steps(out)}
     for rank in found["ranks"]:
-        assert [s["step"] for s in rank["steps"]] == [4, 5, 6]
+        assert [s["step"] for s in rank["steps"]] == [3, 4, 5, 6, 7]
         for step in rank["steps"]:
             assert sum(step["parts_ms"].values()) == pytest.approx(step["ms"], rel=1e-6)
             assert 0 <= step["hidden_comm_ms"] <= step["comm_ms"] <= step["ms"]
@@ -51,28 +63,40 @@ def test_traces_of_the_chosen_ranks_add_up_to_the_logged_step_time(tmp_path):
     assert rank0["shares"]["forward"] > 0 and rank0["shares"]["backward"] > 0
     assert any(name.startswith("gloo:") for name, _ in rank0["top_collectives"])
     assert found["slowest"]["rank"] in (0, 3)
-    # By default, local rank 0 of each node: one node here, rank 0 alone.
-    again = tmp_path / "again"
-    again.mkdir()
-    proc = launch("llama3", ["--tiny", "--steps", "6", "--profile", "torch"], 2, "torchrun", again)
+
+
+@pytest.mark.slow
+@SHARES_FOUR_RANKS
+def test_more_ranks_with_a_small_batch_expose_more_communication(four_ranks, cli, tmp_path):
+    """The same model on one rank (nothing to communicate) and on four with one sample each;
+    the one rank's window the default: 3 steps after the first 2."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = launch("llama3", ["--tiny", "--steps", "7", "--batch-size", "8", "--n-layers", "4",
+                             "--profile", "torch"], 1, "python", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [p.name.split("_rank")[1] for p in (again / "run" / "profile").iterdir()] == \
-        ["0.pt.trace.json"]
-    assert [s["step"] for s in profile_json(again / "run")["ranks"][0]["steps"]] == [3, 4, 5]
-
-
-def test_more_ranks_with_a_small_batch_expose_more_communication(tmp_path):
-    """The same model on one rank (nothing to communicate) and on four with one sample each."""
-    shares = {}
-    for ranks, batch in ((1, 8), (4, 1)):
-        out = tmp_path / f"r{ranks}"
-        out.mkdir()
-        proc = launch("llama3", ["--tiny", "--steps", "7", "--batch-size", str(batch),
-                                 "--n-layers", "4", "--profile", "torch", "--profile-steps",
-                                 "3:7"], ranks, "torchrun" if ranks > 1 else "python", out)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        shares[ranks] = profile_json(out / "run")["ranks"][0]["shares"]["exposed_comm"]
+    alone = profile_json(cli, out / "run")["ranks"][0]
+    assert [s["step"] for s in alone["steps"]] == [3, 4, 5]
+    shares = {1: alone["shares"]["exposed_comm"],
+              4: profile_json(cli, four_ranks / "run")["ranks"][0]["shares"]["exposed_comm"]}
     assert shares[4] > 0.05 and shares[4] > 3 * shares[1], shares
+
+
+def test_by_default_local_rank_0_of_each_node_is_profiled_3_steps_after_the_first_2(tmp_path):
+    """The choice every rank makes (runtime/profiling.py) without --profile-ranks and
+    --profile-steps, on 2 nodes of 2 ranks (the live Slurm test below runs one)."""
+    from mmm_orch.injob.windows import Window
+    from mmm_orch.runtime import profiling
+
+    chosen = []
+    for rank in range(4):
+        runtime = SimpleNamespace(rank=rank, world_size=4, hostname=f"n{rank // 2}",
+                                  launch=SimpleNamespace(local_rank=rank % 2),
+                                  device=SimpleNamespace(type="cpu"))
+        profiler = profiling.profiler("torch", "", "", 6, tmp_path, runtime)
+        assert profiler.window == Window(3, 5)
+        chosen.append(profiler.here)
+    assert chosen == [True, False, True, False]
 
 
 USER_PROGRAM = textwrap.dedent("""
@@ -102,7 +126,8 @@ USER_PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_a_user_program_with_a_slow_loader_shows_it_in_data(tmp_path):
+@pytest.mark.slow
+def test_a_user_program_with_a_slow_loader_shows_it_in_data(tmp_path, cli):
     program = tmp_path / "train.py"
     program.write_text(USER_PROGRAM)
     run = tmp_path / "run"
@@ -111,7 +136,7 @@ def test_a_user_program_with_a_slow_loader_shows_it_in_data(tmp_path):
     proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rank = profile_json(run)["ranks"][0]
+    rank = profile_json(cli, run)["ranks"][0]
     assert [s["step"] for s in rank["steps"]] == [3, 4, 5, 6]
     # However loaded the host, the loader's sleep is in data, and it is the largest part.
     assert max(rank["shares"], key=rank["shares"].get) == "data", rank["shares"]
@@ -126,12 +151,31 @@ def test_a_user_program_with_a_slow_loader_shows_it_in_data(tmp_path):
     ("--profile-ranks", "2", "from 0 to 1"),
 ])
 def test_a_window_or_rank_the_run_does_not_have_is_refused(tmp_path, option, value, said):
+    """The check every rank of a 6-step run on 2 ranks makes before it trains (its refusal on
+    every rank: the next test)."""
+    from mmm_orch.runtime import profiling
+
+    chosen = {"--profile-steps": "", "--profile-ranks": "", option: value}
+    for rank in (0, 1):
+        runtime = SimpleNamespace(rank=rank, world_size=2, hostname="n0",
+                                  launch=SimpleNamespace(local_rank=rank),
+                                  device=SimpleNamespace(type="cpu"))
+        with pytest.raises(ValueError) as refused:
+            profiling.profiler("torch", chosen["--profile-steps"], chosen["--profile-ranks"], 6,
+                               tmp_path, runtime)
+        assert f"{option} '{value}': expected" in str(refused.value), str(refused.value)
+        assert said in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_run_refuses_a_rank_it_does_not_have_before_it_trains(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    proc = launch("llama3", ["--tiny", "--steps", "6", "--profile", "torch", option, value],
-                  2, "torchrun", out)
+    proc = launch("llama3", ["--tiny", "--steps", "6", "--profile", "torch", "--profile-ranks",
+                             "2"], 2, "torchrun", out)
     assert proc.returncode != 0
-    assert f"{option} '{value}': expected" in proc.stderr and said in proc.stderr, proc.stderr
+    assert "--profile-ranks '2': expected" in proc.stderr and "from 0 to 1" in proc.stderr, \
+        proc.stderr
     assert not (out / "run" / "metrics.jsonl").exists()  # nothing trained, no metrics
 
 
@@ -152,20 +196,22 @@ def test_before_the_queue_a_bad_window_rank_or_tool_writes_nothing(cli, isolated
     assert unknown.code == 2 and "local has off, torch" in unknown.err, unknown.err
 
 
+@pytest.mark.slow
 def test_the_report_of_a_profiled_sweep_has_the_two_columns(cli, isolated):
-    """Three points on this computer: the table and report.html show each point's exposed
+    """Two points on this computer: the table and report.html show each point's exposed
     communication and data loading, as `mmm-orch profile` gives them."""
     from conftest import wait_state
 
     result = cli("sweep", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=6",
-                 "--set", "profile=torch", "--set", "batch_size=1,2,4")
+                 "--set", "profile=torch", "--set", "batch_size=1,4")
     assert result.code == 0, result.err
-    for job in (1, 2, 3):
+    for job in (1, 2):
         assert wait_state(cli, job, timeout=600)["state"] == "completed", cli("logs", str(job)).out
     rows = json.loads(cli("report", "s1", "--json").out)
-    jobs = {j["id"]: j for j in json.loads(cli("status", "1", "2", "3", "--json").out)}
+    assert len(rows) == 2
+    jobs = {j["id"]: j for j in json.loads(cli("status", "1", "2", "--json").out)}
     for row in rows:
-        shares = profile_json(Path(jobs[row["job"]]["run_dir"]))["ranks"][0]["shares"]
+        shares = profile_json(cli, Path(jobs[row["job"]]["run_dir"]))["ranks"][0]["shares"]
         assert row["comm_pct"] == pytest.approx(100 * shares["exposed_comm"])
         assert row["data_pct"] == pytest.approx(100 * shares["data"])
     text = cli("report", "s1").out
@@ -174,6 +220,7 @@ def test_the_report_of_a_profiled_sweep_has_the_two_columns(cli, isolated):
     assert "exposed comm %" in (isolated / "report" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cluster,
                                                           leftovers_cancelled):
     """2 nodes x 2 ranks: by default ranks 0 and 2 are profiled, one trace each, and `mmm-orch

@@ -83,12 +83,17 @@ def documents_of(ids: list[int], eos: int) -> list[tuple[int, ...]]:
     return docs
 
 
-@pytest.fixture
-def text_corpus(tmp_path):
+# The tests that read the corpus or the dataset below share them: one worker makes them once.
+SHARES_DATASET = pytest.mark.xdist_group("text-dataset")
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory):
     """300 documents as blank-line-separated text, JSON lines and Parquet, and a tokenizer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    tmp_path = tmp_path_factory.mktemp("text")
     texts = corpus(300)
     (tmp_path / "part-a.txt").write_text("\n\n".join(texts[:100]) + "\n")
     (tmp_path / "part-b.jsonl").write_text(
@@ -97,34 +102,52 @@ def text_corpus(tmp_path):
     return tmp_path, texts, hf_tokenizer(tmp_path, texts)
 
 
+@pytest.fixture(scope="module")
+def dataset(text_corpus, tmp_path_factory):
+    """The corpus's directory tokenized on 2 ranks, a tenth held out for validation."""
+    root, _, tokenizer = text_corpus
+    out = tmp_path_factory.mktemp("dataset")
+    proc = tokenize(["--input", str(root), "--tokenizer", str(tokenizer), "--out", str(out),
+                     "--val-fraction", "0.1"], 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def checked_splits(out: Path, ranks: int, texts: list[str]) -> dict[str, list[tuple[int, ...]]]:
+    """The documents of each split of the dataset tokenize wrote on `ranks` ranks in `out`,
+    sorted, once its manifest is checked against its shards."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    eos, bos = manifest["tokenizer"]["eos_id"], manifest["tokenizer"]["bos_id"]
+    assert (manifest["tokenizer"]["kind"], manifest["dtype"]) == ("huggingface", "uint16")
+    assert manifest["ranks"] == ranks and len(manifest["splits"]["train"]["shards"]) == ranks
+    splits = {s: documents_of(read_split(out, s), eos) for s in ("train", "val")}
+    assert all(doc[0] == bos for docs in splits.values() for doc in docs)
+    assert len(splits["train"]) + len(splits["val"]) == len(texts)
+    assert 15 <= len(splits["val"]) <= 45  # 10% of 300, by a hash of the document's index
+    for split, docs in splits.items():
+        assert manifest["splits"][split]["documents"] == len(docs)
+        assert manifest["splits"][split]["tokens"] == sum(map(len, docs))
+    assert manifest["max_token_id"] == max(max(d) for d in splits["train"] + splits["val"])
+    return {s: sorted(docs) for s, docs in splits.items()}
+
+
 @pytest.mark.slow
-def test_tokenize_writes_a_dataset_whose_splits_do_not_depend_on_the_ranks(text_corpus):
+@SHARES_DATASET
+def test_tokenize_writes_a_dataset_whose_splits_do_not_depend_on_the_ranks(text_corpus, dataset,
+                                                                           tmp_path):
+    """The corpus's three files named on 1 rank, and its directory on 2 (the shared dataset):
+    the same documents in each split, only their order differs."""
     root, texts, tokenizer = text_corpus
     inputs = ",".join(str(root / f) for f in ("part-a.txt", "part-b.jsonl", "part-c.parquet"))
-    made = {}
-    for ranks in (1, 3):
-        out = root / f"data-{ranks}"
-        proc = tokenize(["--input", inputs, "--tokenizer", str(tokenizer), "--out", str(out),
-                         "--val-fraction", "0.1"], ranks)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        manifest = json.loads((out / "manifest.json").read_text())
-        eos, bos = manifest["tokenizer"]["eos_id"], manifest["tokenizer"]["bos_id"]
-        assert (manifest["tokenizer"]["kind"], manifest["dtype"]) == ("huggingface", "uint16")
-        assert manifest["ranks"] == ranks and len(manifest["splits"]["train"]["shards"]) == ranks
-        splits = {s: documents_of(read_split(out, s), eos) for s in ("train", "val")}
-        assert all(doc[0] == bos for docs in splits.values() for doc in docs)
-        assert len(splits["train"]) + len(splits["val"]) == len(texts)
-        assert 15 <= len(splits["val"]) <= 45  # 10% of 300, by a hash of the document's index
-        for split, docs in splits.items():
-            assert manifest["splits"][split]["documents"] == len(docs)
-            assert manifest["splits"][split]["tokens"] == sum(map(len, docs))
-        assert manifest["max_token_id"] == max(max(d) for d in splits["train"] + splits["val"])
-        made[ranks] = {s: sorted(docs) for s, docs in splits.items()}
-    assert made[1] == made[3]  # the same documents in each split, only their order differs
+    proc = tokenize(["--input", inputs, "--tokenizer", str(tokenizer), "--out",
+                     str(tmp_path / "data"), "--val-fraction", "0.1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = checked_splits(tmp_path / "data", 1, texts)
+    assert one == checked_splits(dataset, 2, texts)
 
     from tokenizers import Tokenizer
 
-    decoded = Tokenizer.from_file(str(tokenizer)).decode(list(made[1]["train"][0][1:-1]))
+    decoded = Tokenizer.from_file(str(tokenizer)).decode(list(one["train"][0][1:-1]))
     assert decoded.replace(" .", ".") in {t for t in texts}
 
 
@@ -182,43 +205,48 @@ def test_tiktoken_and_sentencepiece_models_tokenize_with_their_own_markers(tmp_p
         assert plain.decode(list(docs[0][1:-1])) == texts[0]
 
 
-@pytest.mark.slow
+@SHARES_DATASET
 @pytest.mark.parametrize("args,message", [
     (["--tokenizer", "nope.json"], "tokenizer 'nope.json': no such file"),
     (["--input", "corpus.csv"], "input 'corpus.csv': no such file"),
     (["--input", "bad.csv"], "suffix '.csv'; allowed: .txt, .md, .jsonl, .parquet"),
-    (["--input", "bad.jsonl"], "bad.jsonl:1: no text field 'text'; name it with --text-field"),
     (["--val-fraction", "0.9"], "--val-fraction 0.9 is invalid: a fraction from 0 to 0.5"),
-    (["--out", "made"], "--out 'made' already holds a dataset: pass --overwrite"),
     (["--out", ""], "--out is missing"),
 ])
-def test_bad_input_is_refused_with_exit_2_and_nothing_written(text_corpus, args, message):
+def test_bad_input_is_refused_with_exit_2_and_nothing_written(text_corpus, isolated, capsys,
+                                                              args, message):
+    """Refused before the process group starts, so run here (tokenize.main); an --out that
+    already holds a dataset: test_tokenize_safety's dataset-without-overwrite."""
+    from mmm_orch.trainers import tokenize as tokenize_main
+
     root, _, tokenizer = text_corpus
-    (root / "bad.csv").write_text("text\nhello\n")
-    (root / "bad.jsonl").write_text('{"body": "hello"}\n')
-    base = {"--input": "part-a.txt", "--tokenizer": str(tokenizer), "--out": "fresh"}
-    assert tokenize(["--input", "part-a.txt", "--tokenizer", str(tokenizer), "--out", "made"],
-                    cwd=root).returncode == 0
-    made = sorted(p.name for p in (root / "made").iterdir())
+    (isolated / "bad.csv").write_text("text\nhello\n")
+    base = {"--input": str(root / "part-a.txt"), "--tokenizer": str(tokenizer), "--out": "fresh"}
     given = dict(zip(args[::2], args[1::2]))
-    proc = tokenize([x for k, v in {**base, **given}.items() for x in (k, v)], cwd=root)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0  # one line
-    assert not (root / "fresh" / "manifest.json").exists()
-    assert sorted(p.name for p in (root / "made").iterdir()) == made
+    before = sorted(p.name for p in isolated.iterdir())
+    with pytest.raises(SystemExit) as stopped:
+        tokenize_main.main([x for k, v in {**base, **given}.items() for x in (k, v)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err, err
+    assert err.count("\n") == 1  # one line
+    assert sorted(p.name for p in isolated.iterdir()) == before  # no --out made
 
 
-@pytest.fixture
-def dataset(text_corpus):
-    root, _, tokenizer = text_corpus
-    proc = tokenize(["--input", str(root), "--tokenizer", str(tokenizer), "--out",
-                     str(root / "data"), "--val-fraction", "0.1"], 2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root / "data"
+def test_a_json_line_without_the_text_field_is_refused_naming_its_line(isolated):
+    """Found as the documents are read, after tokenize started writing: TextError, which
+    tokenize turns into its one line, exit 2, the old dataset kept (test_tokenize_safety's
+    runs that fail midway)."""
+    from mmm_orch.runtime.text import TextError, documents, input_files
+
+    (isolated / "bad.jsonl").write_text('{"body": "hello"}\n')
+    with pytest.raises(TextError, match="bad.jsonl:1: no text field 'text'; name it with "
+                                        "--text-field"):
+        list(documents(input_files(["bad.jsonl"])))
 
 
 @pytest.mark.slow
-def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
+@SHARES_DATASET
+def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset, tmp_path):
     import torch
 
     from mmm_orch.runtime.dataset import DatasetError, TokenDataset
@@ -235,13 +263,14 @@ def test_each_window_once_per_epoch_and_ids_checked_against_the_model(dataset):
     with pytest.raises(DatasetError, match=f"its tokenizer has {vocab} ids, the model's "
                                            f"vocabulary {vocab - 1}: set the trainer's vocab_size"):
         TokenDataset(dataset, seq_len=16, vocab_size=vocab - 1)
-    flat = dataset.parent / "flat.bin"
+    flat = tmp_path / "flat.bin"
     flat.write_bytes(torch.tensor([1, 2, 300, 4] * 10, dtype=torch.uint16).numpy().tobytes())
     with pytest.raises(DatasetError, match="token id 300 is outside the model's vocabulary of 256"):
         TokenDataset(flat, seq_len=4, vocab_size=256, dtype="uint16")
 
 
 @pytest.mark.slow
+@SHARES_DATASET
 def test_a_damaged_shard_is_refused_naming_it(dataset, tmp_path):
     import shutil
 
@@ -276,48 +305,73 @@ def test_sample_ids_are_logged_on_synthetic_data_too(tmp_path):
 
 def _llama(args: list[str], ranks: int, out: Path) -> list[dict]:
     proc = launch("llama3", ["--tiny", "--dtype", "fp32", "--warmup-steps", "2", *args], ranks,
-                  "torchrun", out)
+                  "torchrun" if ranks > 1 else "python", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return steps(out)
 
 
+def on_the_dataset(dataset: Path) -> list[str]:
+    """llama3's options for steps of 16 samples of the dataset (4 a micro-batch)."""
+    return ["--data-path", str(dataset), "--global-batch", "16", "--batch-size", "4"]
+
+
+CURVE = ["--steps", "5", "--eval-every", "2", "--eval-samples", "16"]  # validated at 2, 4 and 5
+RESUMABLE = ["--log-sample-ids", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(dataset, tmp_path_factory) -> Path:
+    """The out directory of CURVE on 2 ranks, resumable: one of the curves compared, and the
+    run a resume on 1 rank continues (in a copy)."""
+    out = tmp_path_factory.mktemp("two-ranks") / "out"
+    _llama([*on_the_dataset(dataset), *CURVE, *RESUMABLE], 2, out)
+    return out
+
+
 @pytest.mark.slow
-def test_the_same_global_batch_on_1_2_and_4_ranks_gives_the_same_loss_curve(dataset, tmp_path):
-    common = ["--data-path", str(dataset), "--steps", "8", "--global-batch", "16",
-              "--batch-size", "4", "--eval-every", "4"]
-    curves = {ranks: _llama(common, ranks, tmp_path / f"r{ranks}") for ranks in (1, 2, 4)}
+@SHARES_DATASET
+def test_the_same_global_batch_on_1_2_and_4_ranks_gives_the_same_loss_curve(dataset, two_ranks,
+                                                                            tmp_path):
+    curves = {ranks: _llama([*on_the_dataset(dataset), *CURVE], ranks, tmp_path / f"r{ranks}")
+              for ranks in (1, 4)}
+    curves[2] = steps(two_ranks)
     for ranks, records in curves.items():
         assert [r["loss"] for r in records] == pytest.approx(
             [r["loss"] for r in curves[1]], rel=2e-4, abs=2e-4), ranks
         assert [r["val_loss"] for r in records if "val_loss" in r] == pytest.approx(
             [r["val_loss"] for r in curves[1] if "val_loss" in r], rel=2e-4, abs=2e-4)
-    assert [r["step"] for r in curves[1] if "val_loss" in r] == [4, 8]
-    config = json.loads((tmp_path / "r2" / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert [r["step"] for r in curves[1] if "val_loss" in r] == [2, 4, 5]
+    config = json.loads((two_ranks / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert (config["config"]["global_batch"], config["config"]["accumulation"]) == (16, 2)
 
 
-@pytest.mark.slow
-def test_a_global_batch_the_ranks_cannot_split_evenly_is_refused(dataset, tmp_path):
-    proc = launch("llama3", ["--tiny", "--steps", "2", "--global-batch", "12", "--batch-size",
-                             "4", "--data-path", str(dataset)], 2, "torchrun", tmp_path / "out")
-    assert proc.returncode != 0
-    assert "--global-batch 12 is not a multiple of batch_size 4 x 2 data-parallel ranks = 8" \
-        in proc.stderr
+def test_a_global_batch_the_ranks_cannot_split_evenly_is_refused():
+    """The trainer's own check (llama3 refuses its ValueError with exit 2 before it trains, as
+    test_pretrained's test_a_checkpoint_of_another_shape_is_refused_naming_the_field shows)."""
+    from mmm_orch.runtime.data import GlobalBatch
+
+    for rank in (0, 1):  # every rank finds the same
+        with pytest.raises(ValueError, match="--global-batch 12 is not a multiple of batch_size "
+                                             "4 x 2 data-parallel ranks = 8"):
+            GlobalBatch.of(12, 4, 2, rank)
+    assert GlobalBatch.of(16, 4, 2, 1).accumulation == 2
 
 
 @pytest.mark.slow
-def test_a_run_stopped_on_2_ranks_and_resumed_on_1_sees_every_window_once_per_epoch(dataset,
-                                                                                     tmp_path):
+@SHARES_DATASET
+def test_a_run_stopped_on_2_ranks_and_resumed_on_1_sees_every_window_once_per_epoch(
+        dataset, two_ranks, tmp_path):
+    import shutil
+
     from mmm_orch.runtime.dataset import TokenDataset
 
     windows = TokenDataset(dataset, seq_len=64, vocab_size=256).windows
     total = math.ceil(2.5 * windows / 16)  # steps of 16 samples: past two epochs
     out = tmp_path / "out"
-    common = ["--data-path", str(dataset), "--global-batch", "16", "--batch-size", "4",
-              "--log-sample-ids", "--checkpoint-every", "5", "--keep-checkpoints", "1"]
-    _llama([*common, "--steps", "5"], 2, out)  # ends at step 5 with its checkpoint
+    shutil.copytree(two_ranks, out)  # ended at step 5 with its checkpoint
     assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir()) == ["latest", "step-5"]
-    resumed = _llama([*common, "--steps", str(total), "--resume"], 1, out)
+    resumed = _llama([*on_the_dataset(dataset), *RESUMABLE, "--steps", str(total), "--resume"],
+                     1, out)
     assert [r["step"] for r in resumed] == list(range(1, total + 1))
     assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir()) == \
         ["latest", f"step-{total}"]

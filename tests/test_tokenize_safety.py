@@ -55,6 +55,10 @@ def tree(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*"))}
 
 
+# The tests that read the corpora below share them: one worker makes them once.
+SHARES_CORPORA = pytest.mark.xdist_group("tokenize-corpora")
+
+
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     """A tokenizer, two corpora (old.txt, new.txt) and a dataset made from old.txt."""
@@ -124,6 +128,7 @@ def test_a_corrupt_tokenizer_is_refused_on_one_line_before_anything_is_written(
 
 
 @pytest.mark.slow
+@SHARES_CORPORA
 @pytest.mark.timeout(60)  # a FIFO read would hang
 @pytest.mark.parametrize("case,message", [
     ("unknown-option", "error: unrecognized arguments: --bogus 1 (see --help)"),
@@ -169,6 +174,7 @@ def _without_root_overrides() -> None:
 
 
 @pytest.mark.slow
+@SHARES_CORPORA
 def test_a_read_only_output_directory_is_refused_on_one_line(corpora, tmp_path):
     (tmp_path / "locked").mkdir()
     os.chmod(tmp_path / "locked", 0o555)
@@ -187,6 +193,7 @@ def _limit_file_size() -> None:
 
 
 @pytest.mark.slow
+@SHARES_CORPORA
 @pytest.mark.parametrize("case,message", [
     ("full-disk", "--out 'datasets/data': cannot write the dataset: File too large"),
     ("full-disk-new-directories", "--out 'datasets/a/b/data': cannot write the dataset: File "
@@ -277,6 +284,7 @@ KILLER = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@SHARES_CORPORA
 def test_a_replacement_killed_at_any_step_leaves_one_whole_dataset(corpora, tmp_path):
     shutil.copytree(corpora / "old-dataset", tmp_path / "old-dataset")
     out = tmp_path / "datasets" / "data"

@@ -4,36 +4,38 @@ for the mean, and every rank drawing the same dropout masks."""
 
 from __future__ import annotations
 
-import subprocess
+import importlib
 import sys
 
 import pytest
 
 from test_trainers import launch, steps
 
-
-def _select(env: dict[str, str], path: str) -> subprocess.CompletedProcess:
-    code = ("import sys; from mmm_orch.runtime.device import select; "
-            f"print(select(0, {env!r}).backend, 'oneccl_bindings_for_pytorch' in sys.modules)")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
+BINDINGS = "oneccl_bindings_for_pytorch"
 
 
-@pytest.mark.slow
-def test_backend_ccl_imports_oneccls_bindings_which_register_it(tmp_path):
+def test_backend_ccl_imports_oneccls_bindings_which_register_it(tmp_path, monkeypatch):
+    """Here, each choice made with the bindings not yet imported (as in a fresh process), and
+    forgotten after it."""
+    from mmm_orch.runtime.device import DeviceError, select
+
+    def chosen(backend: str) -> tuple[str, bool]:
+        sys.modules.pop(BINDINGS, None)
+        importlib.invalidate_caches()
+        try:
+            device = select(0, {"MMM_DEVICE": "cpu", "MMM_BACKEND": backend})
+            return device.backend, BINDINGS in sys.modules
+        finally:
+            sys.modules.pop(BINDINGS, None)
+
     # A stand-in for the package (it is not on PyPI): importing it is what registers 'ccl'.
-    (tmp_path / "oneccl_bindings_for_pytorch.py").write_text("")
-    from pathlib import Path
-
-    path = f"{tmp_path}:{Path(__file__).resolve().parents[1]}"
-    chosen = _select({"MMM_DEVICE": "cpu", "MMM_BACKEND": "ccl"}, path)
-    assert chosen.stdout.split() == ["ccl", "True"], chosen.stderr
-    (tmp_path / "oneccl_bindings_for_pytorch.py").unlink()
-    missing = _select({"MMM_DEVICE": "cpu", "MMM_BACKEND": "ccl"}, path)
-    assert missing.returncode != 0
-    assert "backend ccl needs oneccl_bindings_for_pytorch" in missing.stderr
-    assert _select({"MMM_DEVICE": "cpu", "MMM_BACKEND": "gloo"}, path).stdout.split() == \
-        ["gloo", "False"]
+    (tmp_path / f"{BINDINGS}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert chosen("ccl") == ("ccl", True)
+    assert chosen("gloo") == ("gloo", False)
+    (tmp_path / f"{BINDINGS}.py").unlink()
+    with pytest.raises(DeviceError, match=f"backend ccl needs {BINDINGS}"):
+        chosen("ccl")
 
 
 def test_an_xpus_random_state_is_saved_and_restored(monkeypatch):
