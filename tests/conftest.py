@@ -137,6 +137,11 @@ def pytest_collection_modifyitems(config, items):
                                  -scope_seconds[work_unit(item)]))
 
 
+def test_id(nodeid: str) -> str:
+    """A test's id as collected: pytest-xdist's reports add `@group` to a grouped test's."""
+    return nodeid[:nodeid.rfind("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
 def marked_slow(item) -> bool:
     return any(item.get_closest_marker(name) for name in SLOW_MARKERS)
 
@@ -152,7 +157,7 @@ def work_unit(item) -> str:
 # slow, live or serial that uses more than CPU_BUDGET fails at its teardown. The durations of
 # each run are kept in pytest's cache (.pytest_cache) and order the next run; a fresh clone
 # orders by tests/durations.json, which `--store-durations` rewrites from a whole run.
-CPU_BUDGET = 3.0
+CPU_BUDGET = float(os.environ.get("MMM_ORCH_TEST_CPU_BUDGET", "3"))  # (set: the rule's own test)
 DURATIONS = REPO / "tests" / "durations.json"
 DURATIONS_KEY = "mmm-orch/durations"
 
@@ -166,23 +171,42 @@ def recorded_durations(config) -> dict[str, float]:
     return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
 
 
-def _cpu_seconds() -> float:
-    import resource
+@dataclasses.dataclass(frozen=True)
+class CpuUse:
+    """This process's CPU-seconds, its reaped children's, and the children it left running
+    unwaited (subprocess's list of them: the local executor's supervisors, which wait for their
+    jobs' trainings, so that their CPU comes to whichever test reaps them)."""
 
-    # A child that ended unwaited is reaped, and its CPU counted, at the next Popen of any later
-    # test: reap such children now, so that the test that started them pays for them.
-    getattr(subprocess, "_cleanup", lambda: None)()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
+    own: float
+    children: float
+    unwaited: frozenset[int]
+
+    @classmethod
+    def now(cls) -> CpuUse:
+        import resource
+
+        # A child that ended unwaited is reaped, its CPU counted, at the next Popen of any test:
+        # reap such children now, so that the test that ran them pays for them.
+        getattr(subprocess, "_cleanup", lambda: None)()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return cls(time.process_time(), children.ru_utime + children.ru_stime,
+                   frozenset(p.pid for p in getattr(subprocess, "_active", None) or ()))
+
+    def since(self, start: CpuUse) -> float:
+        """The CPU-seconds a test used from `start`: its own and its children's; its own alone
+        where a child left running before it ended meanwhile (the children's CPU is then not the
+        test's alone)."""
+        own = self.own - start.own
+        return own if start.unwaited - self.unwaited else own + self.children - start.children
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    item.stash[_STARTED] = (time.monotonic(), _cpu_seconds())
+    item.stash[_STARTED] = (time.monotonic(), CpuUse.now())
     yield
 
 
-_STARTED = pytest.StashKey[tuple[float, float]]()
+_STARTED = pytest.StashKey[tuple[float, CpuUse]]()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -192,7 +216,7 @@ def pytest_runtest_makereport(item, call):
     if call.when != "teardown" or _STARTED not in item.stash:
         return
     started, cpu_at_start = item.stash[_STARTED]
-    cpu = _cpu_seconds() - cpu_at_start
+    cpu = CpuUse.now().since(cpu_at_start)
     kind = "live" if live_fixtures(item) else "slow" if marked_slow(item) else "fast"
     report.user_properties += [("seconds", time.monotonic() - started), ("cpu_seconds", cpu),
                                ("kind", kind)]
@@ -216,7 +240,7 @@ class DurationRecorder:
         if report.when == "teardown":
             properties = dict(report.user_properties)
             if "seconds" in properties:
-                self.seconds[report.nodeid] = round(properties["seconds"], 2)
+                self.seconds[test_id(report.nodeid)] = round(properties["seconds"], 2)
                 total = self.kinds.setdefault(properties["kind"], [0, 0.0, 0.0])
                 total[0] += 1
                 total[1] += properties["seconds"]

@@ -132,9 +132,12 @@ def test_import_is_instant_and_the_plan_is_the_clis():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
     assert (Path(mmm_orch.__file__).parent / "py.typed").is_file()
-    script = mmm_orch.render("perlmutter", "fsdp_tp", nodes=2, account="m1234",
+    # Polaris: its qsub is not on PATH here (conftest), so both reviews count the same recorded
+    # jobs. A Slurm machine's review asks this host's squeue, whose debug partition holds the
+    # other tests' jobs of the moment: Perlmutter's debug was full for one render, not the other.
+    script = mmm_orch.render("polaris", "fsdp_tp", nodes=2, account="m1234",
                              options={"tp": 2, "steps": 10})
-    cli = subprocess.run([sys.executable, "-m", "mmm_orch", "render", "perlmutter", "fsdp_tp", "-N",
+    cli = subprocess.run([sys.executable, "-m", "mmm_orch", "render", "polaris", "fsdp_tp", "-N",
                           "2", "-A", "m1234", "--set", "tp=2", "--set", "steps=10"],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and script == cli.stdout
