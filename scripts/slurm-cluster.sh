@@ -50,9 +50,9 @@ start_mariadb() {
 
 write_configs() {
     mkdir -p "$CONF" /var/spool/slurmctld /var/log/slurm
-    local changed=""
-    [[ -f $CONF/slurm.conf ]] && changed=existing
-    write_if_changed "$CONF/slurm.conf" <<EOF || changed=""
+    local rewritten=""  # an earlier slurm.conf replaced: the running daemons must read it again
+    [[ -f $CONF/slurm.conf ]] && rewritten=1
+    write_if_changed "$CONF/slurm.conf" <<EOF || rewritten=""
 # Written by mmm-orch scripts/slurm-cluster.sh: a three-node test cluster on one host.
 ClusterName=${CLUSTER}
 SlurmctldHost=localhost
@@ -111,7 +111,7 @@ StorageUser=slurm
 StoragePass=${DB_PASS}
 StorageLoc=slurm_acct_db
 EOF
-    if [[ -n $changed ]] && running slurmctld; then
+    if [[ -n $rewritten ]] && running slurmctld; then
         log "slurm.conf changed: restarting slurmctld and the slurmd"
         pkill -x slurmd 2>/dev/null || true
         stop_controller

@@ -132,7 +132,8 @@ def pytest_collection_modifyitems(config, items):
     scope_seconds: dict[str, float] = {}
     for item in items:
         scope = work_unit(item)
-        scope_seconds[scope] = scope_seconds.get(scope, 0.0) + recorded.get(item.nodeid, 0.0)
+        seconds = recorded.get(test_id(item.nodeid), 0.0)
+        scope_seconds[scope] = scope_seconds.get(scope, 0.0) + seconds
     items.sort(key=lambda item: (item.get_closest_marker("starts_first") is None,
                                  -scope_seconds[work_unit(item)]))
 
