@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mmm_orch.config.registry import load_machine
-from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.errors import InvalidValue, MmmError, shown
 from mmm_orch.hosts import host_for
 from mmm_orch.planning.checks import SAFE_WORD
 
@@ -42,26 +42,40 @@ class Balance:
         return {**asdict(self), "allocations": [asdict(a) for a in self.allocations]}
 
 
-def _number(text: str) -> float:
+# A number as the tools print them ("1,084,770.3"), in ASCII digits: `\d` would take any
+# script's. No allocation has more node-hours or jobs than 15 digits hold (a float holds them
+# exactly).
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(\.[0-9]+)?")
+MOST_DIGITS = 15
+
+
+def _number(text: str, field: str) -> float:
+    """`text` as a number; ValueError naming `field` and the text where it is not one a tool
+    can mean (a 5,000-digit count is one int() refuses, and a float reads as infinity)."""
+    digits = text.replace(",", "").lstrip("-").partition(".")[0]
+    if not _NUMBER.fullmatch(text) or len(digits) > MOST_DIGITS:
+        raise ValueError(f"{field} {shown(text)}")
     return float(text.replace(",", ""))
 
 
 # sbank-list-allocations: " Id  Start  End  Resource  Project  Jobs  Charged  Available Balance"
 # (fields added with -f "+created" follow the balance).
 _SBANK_ROW = re.compile(
-    r"^\s*\d+\s+(\d{4}-\d\d-\d\d)\s+(\d{4}-\d\d-\d\d)\s+(\S+)\s+(\S+)\s+"
-    r"([\d,]+)\s+(-?[\d,.]+)\s+(-?[\d,.]+)(\s.*)?$"
+    r"^\s*[0-9]+\s+([0-9]{4}-[0-9]{2}-[0-9]{2})\s+([0-9]{4}-[0-9]{2}-[0-9]{2})\s+(\S+)\s+(\S+)\s+"
+    r"([0-9,]+)\s+(-?[0-9,.]+)\s+(-?[0-9,.]+)(\s.*)?$"
 )
 
 
 def parse_sbank(text: str) -> list[Allocation]:
     """`sbank-list-allocations -p PROJECT -r RESOURCE` (ALCF): one row per allocation, in node
-    hours; the Totals block below the rows repeats them and is not read."""
+    hours; the Totals block below the rows repeats them and is not read. ValueError naming the
+    field of a row whose number cannot be read."""
     out = []
     for line in text.splitlines():
         if match := _SBANK_ROW.match(line):
             start, end, resource, project, jobs, charged, available, _ = match.groups()
-            used, remaining = _number(charged), _number(available)
+            used = _number(charged, "charged node-hours")
+            remaining = _number(available, "available node-hours")
             out.append(
                 Allocation(
                     project=project,
@@ -69,7 +83,7 @@ def parse_sbank(text: str) -> list[Allocation]:
                     allocation=used + remaining,
                     used=used,
                     remaining=remaining,
-                    jobs=int(jobs.replace(",", "")),
+                    jobs=round(_number(jobs, "jobs")),
                     start=start,
                     end=end,
                 )
@@ -80,16 +94,19 @@ def parse_sbank(text: str) -> list[Allocation]:
 def parse_showusage(text: str) -> list[Allocation]:
     """`showusage` (OLCF): `project | allocation | usage | remaining | usage`, node-hours since
     January 1 up to the previous midnight. The two columns headed "Usage" are read by position:
-    the project's (third), then, per OLCF's guide, the user's own [?] (not read)."""
+    the project's (third), then, per OLCF's guide, the user's own [?] (not read). ValueError
+    naming the field of a row whose number cannot be read."""
     out = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("|")]
         if len(cells) < 4 or not cells[0] or set(cells[0]) <= {"_", " "}:
             continue
-        try:
-            allocation, used, remaining = (_number(c) for c in cells[1:4])
-        except ValueError:
+        if not _NUMBER.fullmatch(cells[1]):
             continue  # the header
+        allocation, used, remaining = (
+            _number(cell, f"{field} node-hours")
+            for cell, field in zip(cells[1:4], ("allocation", "usage", "remaining"), strict=True)
+        )
         out.append(
             Allocation(
                 project=cells[0], resource="", allocation=allocation, used=used, remaining=remaining
@@ -112,13 +129,14 @@ def balance(machine_name: str, account: str | None, host: str | None = None) -> 
     account = account or machine.account.default
     if account and not SAFE_WORD.fullmatch(account):
         raise InvalidValue("--account", account, "letters, digits, '_', '.', '-'")
+
+    def none(why: str) -> Balance:
+        return Balance(machine.name, account or "", [], why)
+
     if tool is None:
-        return Balance(
-            machine.name,
-            account or "",
-            [],
+        return none(
             f"machine {machine.name} has no balance tool in its profile"
-            + (f" ({machine.charging.notes})" if machine.charging.notes else ""),
+            + (f" ({machine.charging.notes})" if machine.charging.notes else "")
         )
     if "{account}" in " ".join(tool.command) and not account:
         raise MmmError(f"balance on {machine.name}: give the project to ask about (--account)")
@@ -135,34 +153,29 @@ def balance(machine_name: str, account: str | None, host: str | None = None) -> 
     try:
         result = runner.run(argv, timeout=tool.timeout_s)
     except subprocess.TimeoutExpired:
-        return Balance(
-            machine.name,
-            account or "",
-            [],
-            f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s",
-        )
+        return none(f"{argv[0]}{where} did not answer within {tool.timeout_s:g} s")
     except (MmmError, OSError) as exc:
-        return Balance(machine.name, account or "", [], f"{argv[0]}{where}: {exc}")
+        return none(f"{argv[0]}{where}: {exc}")
     if result.returncode != 0:
-        return Balance(
-            machine.name,
-            account or "",
-            [],
+        return none(
             f"{argv[0]}{where} failed (exit {result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()[:200]}",
+            f"{(result.stderr or result.stdout).strip()[:200]}"
         )
-    listed = PARSERS[tool.parser](result.stdout)
+    try:
+        listed = PARSERS[tool.parser](result.stdout)
+    except ValueError as exc:  # a tool whose numbers cannot be what it means is one failing
+        return none(
+            f"{argv[0]}{where} printed {exc}, which is not a number mmm-orch reads (ASCII "
+            f"digits, at most {MOST_DIGITS} before the point)"
+        )
     found = [a for a in listed if not account or a.project == account]
     if found:
         return Balance(machine.name, account or "", found)
-    return Balance(
-        machine.name,
-        account or "",
-        [],
+    return none(
         f"{argv[0]}{where} listed no allocation"
         + (
             f" of {account} (it listed: {', '.join(sorted({a.project for a in listed}))})"
             if listed
             else ""
-        ),
+        )
     )

@@ -79,6 +79,7 @@ class PlanOptions:
     max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
     init_from: str | None = None  # pretrained weights to start from (--init-from)
     profile: str | None = None  # torch, or the machine's profiler (--profile)
+    stack: str | None = None  # the machine's software stack (--stack); None: its default
 
     def __post_init__(self) -> None:
         """Python's types where the command line's parser would check them, each value made
@@ -97,6 +98,7 @@ class PlanOptions:
                     "workdir",
                     "init_from",
                     "profile",
+                    "stack",
                 )
             },
             "nodes": whole_of("nodes", self.nodes, 1, none=True),
@@ -148,6 +150,7 @@ class PlanOptions:
             max_node_hours=self.max_node_hours,
             init_from=self.init_from,
             profile=self.profile,
+            stack=self.stack,
         )
 
 
@@ -173,10 +176,11 @@ def _setting(field: str, value: Any) -> bool | int | float | str:
     checked once planned, by _typed)."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and -MAX_INT <= value <= MAX_INT:
-        return int(value)
+    # As plain numbers, whatever a caller's int or float subclass would do in their place
+    if isinstance(value, int) and -MAX_INT <= int.__int__(value) <= MAX_INT:
+        return int.__int__(value)
     if isinstance(value, float):
-        return float(value)
+        return float.__float__(value)
     if isinstance(value, str):
         return str.__str__(value)
     raise InvalidValue(field, value, "a bool, int (below 2**63), float or str")

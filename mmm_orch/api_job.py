@@ -83,9 +83,9 @@ def whole_of(
 ) -> int | None:
     if none and value is None:
         return None
-    try:  # any integer type (numpy's too), never a bool
-        plain = operator.index(value) if not isinstance(value, bool) else None
-    except TypeError:
+    try:  # any integer type (numpy's too), never a bool, as a plain int
+        plain = int.__int__(operator.index(value)) if not isinstance(value, bool) else None
+    except Exception:  # noqa: BLE001 - a caller's __index__ may raise anything
         plain = None
     if plain is None or not low <= plain <= high:
         allowed = (
@@ -113,7 +113,7 @@ def number_of(field: str, value: Any, zero: bool = False, none: bool = False) ->
             if isinstance(value, (int, float)) and not isinstance(value, bool)
             else math.nan
         )
-    except OverflowError:  # an int past a float's range
+    except Exception:  # noqa: BLE001 - an int past a float's range, a caller's __float__
         plain = math.nan
     if not (math.isfinite(plain) and (plain >= 0 if zero else plain > 0)):
         raise InvalidValue(

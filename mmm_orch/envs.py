@@ -69,6 +69,13 @@ def remembered(machine: str) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) and entry.get("path") else None
 
 
+def built_on(machine: str, stacks: list[str]) -> str | None:
+    """The stack of `stacks` the remembered environment of `machine` was made on; None where it
+    was made before environments recorded theirs, or on a stack the profile no longer has."""
+    stack = (remembered(machine) or {}).get("stack")
+    return stack if stack in stacks else None
+
+
 def remember(machine: str, entry: dict[str, Any]) -> None:
     data = {**_remembered_all(), machine: entry}
     path = config_file()
@@ -153,11 +160,21 @@ def _setup(lines: tuple[str, ...] | list[str]) -> str:
 
 def create_script(setup: list[str] | tuple[str, ...], path_word: str, wheel: str) -> str:
     """bash that makes (or updates) the environment at `path_word` (a shell word) on top of the
-    setup lines, installs `wheel`, and prints the report. Every step says what it did."""
+    setup lines, installs `wheel`, and prints the report. Every step says what it did. A
+    failure removes the directories it made (a read-only or full file system leaves nothing)."""
     return f"""set -e
 {_setup(setup)}
 env_dir={path_word}
 base=$(command -v python3) || {{ echo "no python3 after the setup lines" >&2; exit 3; }}
+# The outermost directory this run makes (none where the environment's directory is there).
+made=""
+if [ ! -e "$env_dir" ] && [ ! -L "$env_dir" ]; then
+    made=$env_dir
+    while parent=$(dirname -- "$made") && [ ! -e "$parent" ] && [ ! -L "$parent" ]; do
+        made=$parent
+    done
+fi
+trap 'rc=$?; if [ "$rc" -ne 0 ] && [ -n "$made" ]; then rm -rf -- "$made"; fi' EXIT
 if [ -x "$env_dir/bin/python" ]; then
     echo "MMM_ORCH_STEP kept the virtual environment $env_dir"
 else
@@ -186,12 +203,18 @@ def check_script(
 ) -> str:
     """bash that does what a job does before its launch (setup lines, activation) and reports
     what its python then is."""
+    # An environment that is not there is said as such (the python after a failed activation
+    # would be whatever the setup lines put on PATH, never the job's).
+    absent = shlex.quote(REPORT + json.dumps(_ABSENT))
     return f"""{_setup(setup)}
-{activate}
+{f"{activate} || {{ echo {absent}; exit 0; }}" if activate else ""}
 {"export MMM_ORCH_CHECK_QUICK=1" if quick else ""}
 {shlex.quote(python)} - <<'MMM_ORCH_PY'
 {_REPORT_PY}MMM_ORCH_PY
 """
+
+
+_ABSENT = {"python": None, "mmm_orch": None, "error": "no virtual environment there to activate"}
 
 
 def read_report(stdout: str) -> dict[str, Any] | None:
@@ -255,7 +278,8 @@ def missing_message(machine: str, report: dict[str, Any] | None, host: str, outp
         why = report["error"] or "mmm_orch is not installed"
     else:
         why = f"it has mmm-orch {report['mmm_orch']}, this is {__version__}"
+    python = f" ({report['python']})" if report.get("python") else ""
     return (
-        f"the job's Python for {machine}{where} ({report['python']}) cannot run mmm-orch "
+        f"the job's Python for {machine}{where}{python} cannot run mmm-orch "
         f"{__version__}: {why}; fix it with `mmm-orch env create {machine}`"
     )

@@ -9,3 +9,11 @@ MAX_INT = 2**63 - 1
 
 # 9999-12-31T23:59:59Z: time.localtime ends there, so no recorded or printed time is later.
 MAX_EPOCH = 253402300799.0
+
+# No machine has a million nodes (Fugaku, among the largest, has 158,976): a profile's node
+# count past it is a typo, and a 400-digit one would reach every plan's arithmetic.
+MAX_NODES = 1_000_000
+
+# Samples a step: the largest batches trained with are tens of thousands (BERT with LAMB, 65,536;
+# Llama 3 405B, 16M tokens of 8,192 = 2,048); a step of 10^12 accumulates for ever.
+MAX_GLOBAL_BATCH = 1 << 20

@@ -68,7 +68,7 @@ def check_target(target: str) -> str:
     if not (
         _NAME.fullmatch(host)
         and (not at or _NAME.fullmatch(user))
-        and (not colon or port.isdigit())
+        and (not colon or (port.isascii() and port.isdigit()))
     ):
         raise SshError(
             f"login host {target!r} is invalid: [user@]host[:port], user and host of "
@@ -83,7 +83,7 @@ def resolve(target: str) -> Endpoint:
     host, port = rest, None
     if rest.count(":") == 1:
         host, port_text = rest.split(":")
-        if not port_text.isdigit():
+        if not (port_text.isascii() and port_text.isdigit()):  # "²" is a digit to isdigit
             raise SshError(f"--host {target!r}: port {port_text!r} is not a number")
         port = int(port_text)
     if not host:

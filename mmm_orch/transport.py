@@ -69,21 +69,61 @@ class LocalRunner:
         ) as proc:
             try:
                 stdout, stderr = _output_and_exit(proc, timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                proc.wait()
-                raise
-            except BaseException:  # an interrupt or any other error: the command goes with it
-                _kill_group(proc)
+            except BaseException:  # a timeout, an interrupt or any other error: the command
+                _end_group(proc)  # goes with everything it started
                 raise
         return CommandResult(tuple(argv), proc.returncode, _text(stdout), _text(stderr))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+# How long a killed group's members may take to die (one in uninterruptible sleep, on a hung
+# file system, dies only when its I/O returns: not waited for past this).
+GROUP_END_S = 5.0
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2) options
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill the command's process group and reap it whole: the leader, and the children it
+    leaves (they come to this process, made their subreaper for the while). A kill only queues
+    the signal, and the leader's exit, all that wait() tells, says nothing of its children:
+    returning then left a hung tool's child (`sleep 300 &`) running a moment longer, and then a
+    zombie that a container's init may never reap, a process to `kill -0` either way."""
+    was = _subreaper(None)
+    # Made one before the kill: the leader's children come here as it dies.
+    adopting = bool(was) or (was is False and _subreaper(True) is True)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # the group is gone: its leader at least
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group is gone: its leader at least
+            proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + GROUP_END_S
+        while adopting and time.monotonic() < deadline:
+            try:
+                if os.waitpid(-proc.pid, os.WNOHANG) == (0, 0):  # one of it is still dying
+                    time.sleep(0.005)
+            except ChildProcessError:  # none of the group is left
+                break
+    finally:
+        if adopting and was is False:
+            _subreaper(False)
+
+
+def _subreaper(on: bool | None) -> bool | None:
+    """Whether this process is its descendants' subreaper (prctl(2), Linux 3.4 and later: it is
+    given their orphans), after making it one or not (`on`) or as it is (None); None where it
+    cannot be asked or set."""
+    import ctypes  # (only here: a command given up on)
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    if on is not None:
+        return on if prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0 else None
+    now = ctypes.c_int(0)
+    return (
+        bool(now.value) if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(now), 0, 0, 0) == 0 else None
+    )
 
 
 def _output_and_exit(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:

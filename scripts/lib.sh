@@ -71,3 +71,15 @@ cancel_recovered_jobs() {  # cancel_recovered_jobs LIST_COMMAND CANCEL_COMMAND..
 # facility a job has its nodes to itself. On a loaded host of two cores a job's start-up would
 # otherwise race its walltime (a chain's link reaching no step before its stop).
 as_job_daemon() { nice -n -10 "$@"; }
+
+# A real module system on the test hosts, as the facilities have: Debian's Lmod, and the module
+# trees of tests/fixtures/modules (an old and a new programming environment) at the path the test
+# profiles' stacks name. A link, so that the trees are the checkout's own.
+TEST_MODULES=/opt/mmm-orch-test/modules
+
+install_test_modules() {  # install_test_modules REPOSITORY_ROOT
+    apt_install lmod
+    mkdir -p "$(dirname "$TEST_MODULES")"
+    [[ $(readlink "$TEST_MODULES" 2>/dev/null) == "$1/tests/fixtures/modules" ]] \
+        || ln -sfnT "$1/tests/fixtures/modules" "$TEST_MODULES"
+}

@@ -277,6 +277,7 @@ can_run_a_job() {
 up() {
     need_root
     install_pbs
+    install_test_modules "$HERE"
     fix_hosts
     write_conf
     start_pbs

@@ -7,7 +7,8 @@
 #   scripts/slurm-cluster.sh down               stop every daemon
 #   scripts/slurm-cluster.sh status             daemons and nodes
 #
-# Needs root and Debian 12 (slurm-wlm 22.05). Daemons: munge, MariaDB, slurmdbd, slurmctld and
+# Needs root and Debian 12 (slurm-wlm 22.05); installs Lmod and links the test module trees
+# (scripts/lib.sh, install_test_modules). Daemons: munge, MariaDB, slurmdbd, slurmctld and
 # three slurmd (n1, n2, n3: 2 CPUs each, all on localhost, ports 17001-17003; three so that a
 # two-node job can hold a spare). A controller started afresh cancels the jobs an earlier run left.
 # See ../shared/reference/test-infrastructure.md for why each step is there.
@@ -190,6 +191,7 @@ up() {
     local fresh=""
     running slurmctld || fresh=1
     apt_install "${PACKAGES[@]}"
+    install_test_modules "$(cd "$(dirname "$0")/.." && pwd)"
     start_munge
     start_mariadb
     write_configs

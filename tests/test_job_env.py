@@ -63,6 +63,7 @@ def test_env_create_then_a_job_completes_in_it_and_in_its_staged_copy(cli, facil
     remembered = json.loads((Path(os.environ["XDG_CONFIG_HOME"]) / "mmm-orch" /
                              "environments.json").read_text())
     assert remembered[facility]["path"] == str(env_dir)
+    assert remembered[facility]["stack"] == "default"  # the profile's `setup:` form
     again = cli("env", "create", facility)  # idempotent: the same environment, updated in place
     assert again.code == 0 and "kept the virtual environment" in again.out
     check = cli("env", "check", facility)
@@ -145,7 +146,7 @@ def test_env_create_refuses_what_it_cannot_use(cli, isolated):
 
 
 @pytest.mark.parametrize("machine,module", [
-    ("aurora", "module load frameworks/2025.3.1"),
+    ("aurora", "module load frameworks/2026.1.0"),
     ("polaris", "conda activate base"),
     ("perlmutter", "module load"),
     ("frontier", "module load PrgEnv-gnu/8.7.0"),

@@ -271,8 +271,10 @@ def test_a_trainer_refuses_a_run_directory_with_files_not_its_own(case, tmp_path
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line]
     assert len(errors) == 1 and said in errors[0], errors
-    # (the run directory's lock aside: a run that resumes takes it before it reads `latest`)
-    assert [e for e in _entries(tmp_path) if not e.endswith(".lock")] == before
+    # (the run directory's lock and claim aside: a run that resumes takes them before it reads
+    # `latest`)
+    assert [e for e in _entries(tmp_path)
+            if not e.endswith(".lock") and not Path(e).name.startswith(".claim-")] == before
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_aurora_llama3_8b(cli, tmp_path):
     for expected in ["-l select=4", "-l filesystems=home:flare", "-l place=scatter", "-k doe",
                      "-A MYPROJ", "-l walltime=01:00:00", "-q debug-scaling"]:
         assert expected in pbs, (expected, pbs)
-    assert re.search(r"^module load frameworks/\d{4}\.\d+\.\d+$", script, re.M)
+    assert re.search(r"^mmm_orch_setup 'module load frameworks/\d{4}\.\d+\.\d+'$", script, re.M)
     env = evaluate_environment(
         script, tmp_path,
         {"PBS_NODEFILE": str(_nodefile(tmp_path, "x4102c5s3b0n0.hostmgmt2102.cm.aurora.alcf.anl.gov"))})
@@ -137,7 +137,7 @@ def test_frontier_llama3_8b(cli, tmp_path):
     launch = launch_line(script)
     assert launch.startswith("srun -N2 -n16 -c7 --gpus-per-task=1 --gpu-bind=closest ")
     assert "torchrun" not in script
-    assert re.search(r"^module load .*\brccl-net-plugin\b", script, re.M)
+    assert re.search(r"^mmm_orch_setup 'module load .*\brccl-net-plugin\b", script, re.M)
     assert "export MIOPEN_USER_DB_PATH=/tmp/" in script
     env = evaluate_environment(script, tmp_path)
     assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"

@@ -118,8 +118,8 @@ def test_a_line_break_in_any_text_of_a_profile_or_spec_is_refused(cli, isolated)
             for loc, text in _text_leaves(data):
                 field = loc[:len(loc) - (isinstance(loc[-1], int))]
                 if field in SHELL_FIELDS or loc == ("name",) or \
-                        (field[:1] == ("profilers",) and field[2:] == ("setup",)):
-                    continue  # (a profiler's setup: shell lines, as the machine's)
+                        (field[:1] in (("profilers",), ("stacks",)) and field[2:] == ("setup",)):
+                    continue  # (a profiler's and a stack's setup: shell lines, as the machine's)
                 copy = json.loads(json.dumps(data))
                 _put(copy, loc, f"{text}\ntouch {marker}")
                 copy["name"] = f"{name}-x"

@@ -6,6 +6,7 @@ whole and nothing else behind."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -102,12 +103,16 @@ TIKTOKEN_HEAD = "QUJD 0\nQUJE 1\n"  # base64 of b"ABC", b"ABD"
     ("tokenizer.model", TIKTOKEN_HEAD + "QUJD 2\n", "line 3 repeats a token or rank (2)"),
     ("tokenizer.model", TIKTOKEN_HEAD + f"QUJF {2 ** 40}\n",
      f"rank {2 ** 40} with 3 tokens: the ranks must be 0 to 2, each once"),
+    ("tokenizer.model", "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
+                                for b in range(255)),  # no token for the byte 0xff
+     "no token for the byte 0xff: a byte-level BPE file holds each of the 256 bytes"),
     ("tokenizer.model", "\x00\x01 not a model", "not a tokenizer.json, tiktoken BPE file or "
                                                  "SentencePiece model"),
     ("tokenizer.model", "fifo", "not a regular file"),
 ], ids=["not-json", "empty-object", "wrong-schema", "deeply-nested", "too-big",
         "tiktoken-garbage", "tiktoken-negative-rank", "tiktoken-repeated-rank",
-        "tiktoken-repeated-token", "tiktoken-huge-rank", "sentencepiece-garbage", "fifo"])
+        "tiktoken-repeated-token", "tiktoken-huge-rank", "tiktoken-missing-byte",
+        "sentencepiece-garbage", "fifo"])
 def test_a_corrupt_tokenizer_is_refused_on_one_line_before_anything_is_written(
         tmp_path, capsys, name, content, message):
     (tmp_path / "c.txt").write_text("\n\n".join(corpus(5)))
@@ -413,3 +418,23 @@ def test_llama3_refuses_a_dataset_with_ids_past_its_vocabulary_in_one_line(tmp_p
         f"[llama3] error: {root}: token id 300 is past the largest its manifest says (99; the "
         "model's vocabulary has 256 ids): the dataset is damaged, tokenize again"], \
         proc.stderr[-3000:]
+
+
+def test_a_refusal_before_the_process_group_is_said_by_the_first_rank_alone(
+        tmp_path, capsys, monkeypatch):
+    """Every rank checks the options before the process group; under torchrun's N ranks the
+    job's log holds the one line of rank 0, not N copies."""
+    args = ["--input", str(tmp_path / "missing.txt"), "--tokenizer", str(tmp_path / "t.json"),
+            "--out", str(tmp_path / "data")]
+    said = {}
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(SystemExit) as stopped:
+            tokenize.main(args)
+        assert stopped.value.code == 2
+        said[rank] = capsys.readouterr().err
+    assert said["1"] == "", said
+    assert said["0"].startswith("[tokenize] error: input ") and said["0"].count("\n") == 1, said
+    assert not (tmp_path / "data").exists()

@@ -164,6 +164,12 @@ def plan_options(
         metavar="NAME",
         help="disable an environment preset (repeatable)",
     )
+    parser.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="the machine's software stack (modules) to run on (default: the profile's "
+        "default; `mmm-orch show machine M` lists them)",
+    )
     parser.add_argument("--template", help="job script template file to use instead of the default")
     parser.add_argument(
         "--spare-nodes",
@@ -216,6 +222,7 @@ def request(args: argparse.Namespace, **overrides: Any):
         jobs=max(getattr(args, "chain", None) or 1, 1),
         init_from=args.init_from,
         profile=args.profile,
+        stack=args.stack,
     )  # a chain puts its links in the queue
     fields.update(overrides)
     return Request(**fields)

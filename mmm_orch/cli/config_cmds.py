@@ -14,15 +14,24 @@ def register(sub) -> None:
     p = sub.add_parser(
         "machines",
         help="list machine profiles; `machines check MACHINE`: where "
-        "its queues differ from the live scheduler's (exit 1 when they do)",
-        usage="mmm-orch machines [--json] | machines check MACHINE [--host HOST] [--json]",
+        "its queues differ from the live scheduler's and its software stacks from what "
+        "loads (exit 1 when they do)",
+        usage="mmm-orch machines [--json] | machines check MACHINE [--host HOST] "
+        "[--timeout SECONDS] [--json]",
     )
     p.add_argument("action", nargs="?", choices=["check"], help=argparse.SUPPRESS)
     p.add_argument("name", nargs="?", metavar="MACHINE", help=argparse.SUPPRESS)
     p.add_argument(
         "--host",
         metavar="HOST",
-        help="ask the scheduler on this login host over SSH (default: as submit does)",
+        help="ask the scheduler and load the stacks on this login host over SSH "
+        "(default: as submit does)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=common.seconds,
+        metavar="SECONDS",
+        help="give up on a stack whose loading takes longer (a module that hangs); default 120",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_machines)
@@ -76,20 +85,65 @@ def cmd_machines(args: argparse.Namespace) -> int:
     if args.name is None:
         raise MmmError("machines check: name the MACHINE whose profile to check")
     from mmm_orch import usecases
+    from mmm_orch.usecases.machines import check_software, has_scheduler
 
-    differences = usecases.check_machine(args.name, args.host)
+    if args.timeout is not None and args.timeout > 3600:
+        raise MmmError(f"--timeout {args.timeout:g}: seconds a stack may take, at most 3600")
+    queues = has_scheduler(args.name)
+    differences = usecases.check_machine(args.name, args.host) if queues else []
+    stacks = check_software(args.name, args.host, args.timeout)
     if args.json:
-        print(json.dumps({"machine": args.name, "differences": differences}, indent=2))
-    elif differences:
         print(
-            f"{args.name}: {len(differences)} difference{'s' if len(differences) > 1 else ''} "
-            "between the profile and the live scheduler:"
+            json.dumps(
+                {
+                    "machine": args.name,
+                    "differences": differences,
+                    "stacks": {c.stack: {"findings": c.findings, "read": c.read} for c in stacks},
+                },
+                indent=2,
+            )
         )
-        for line in differences:
-            print(f"  {line}")
     else:
-        print(f"{args.name}: the profile's queues match the live scheduler")
-    return 1 if differences else 0
+        if differences:
+            print(
+                f"{args.name}: {len(differences)} difference{'s' if len(differences) > 1 else ''} "
+                "between the profile and the live scheduler:"
+            )
+            for line in differences:
+                print(f"  {line}")
+        elif queues:
+            print(f"{args.name}: the profile's queues match the live scheduler")
+        else:
+            print(
+                f"{args.name}: no scheduler's queues to compare"
+                + ("" if stacks else ", and no stack with lines, `gives` or `sets` to load")
+            )
+        for check in stacks:
+            print(_stack_report(args.name, check))
+    return 1 if differences or any(c.findings for c in stacks) else 0
+
+
+def _stack_report(machine: str, check) -> str:
+    from mmm_orch.errors import one_line
+
+    read = one_line(
+        ", ".join(
+            f"{key} {value}" if key in ("python", "torch") else f"{key}={value}"
+            for key, value in check.read.items()
+        )
+    )
+    if not check.findings:
+        return (
+            f"{machine}: stack {check.stack} loads as the profile says ({read or 'nothing read'})"
+        )
+    count = len(check.findings)
+    return "\n".join(
+        [
+            f"{machine}: stack {check.stack}: {count} difference{'s' if count > 1 else ''} "
+            "between the profile and what loads:"
+        ]
+        + [f"  {one_line(line)}" for line in check.findings]
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -33,6 +33,12 @@ def register(sub) -> None:
             "scheduler is on PATH, else the profile's first login host)",
         )
         q.add_argument("-A", "--account", help="project, where the default place uses it")
+        q.add_argument(
+            "--stack",
+            metavar="NAME",
+            help="the machine's software stack to make it on (default: "
+            + ("the profile's default)" if name == "create" else "the one it was made on)"),
+        )
         if name == "create":
             q.add_argument(
                 "--path",
@@ -46,7 +52,14 @@ def register(sub) -> None:
 def _where(args: argparse.Namespace):
     from mmm_orch.usecases import environments
 
-    return environments.where(args.machine, args.host, getattr(args, "path", None), args.account)
+    return environments.where(
+        args.machine,
+        args.host,
+        getattr(args, "path", None),
+        args.account,
+        args.stack,
+        made=args.action == "check",
+    )
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -56,8 +69,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     report = environments.create(at, print)
     _print_report(at.machine.name, report, at.said)
     print(
-        f"jobs on {at.machine.name} now activate {report['prefix']} (remembered in "
-        f"{environments.remembered_in()})"
+        f"jobs on {at.machine.name} (stack {at.stack.name}) now activate {report['prefix']} "
+        f"(remembered in {environments.remembered_in()})"
     )
     return 0
 

@@ -54,7 +54,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise MmmError(f"--to {kind}: the formats are: {', '.join(FORMATS)}")
     if not 0 < args.shard_gib <= 1024:
         raise MmmError(f"--shard-gib {args.shard_gib}: more than 0 and at most 1024")
-    db = common.jobs_db(args) if args.target.isdigit() else None
+    job_id = args.target.isascii() and args.target.isdigit()  # "²" is no job's id
+    db = common.jobs_db(args) if job_id else None
     print(
         exports.export(
             db,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from mmm_orch.cli import common
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, one_line
 
 
 def register(sub) -> None:
@@ -184,7 +184,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             None,
             [
                 f"rank {first.rank}" if first.rank is not None else "",
-                f"host {first.host}" if first.host else "",
+                f"host {one_line(first.host)}" if first.host else "",
             ],
         )
     )
@@ -192,7 +192,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         f"first failure: {first.signature.name} at line {first.line_number} of {where}"
         + (f" ({who})" if who else "")
     )
-    print(f"  {first.line}")
+    print(f"  {one_line(first.line)}")  # the log's or the scheduler's words, escaped
     print(f"  what: {first.signature.meaning}")
     print(
         f"  fix: {first.signature.fix.replace('MACHINE', machine) if machine else first.signature.fix}"
@@ -200,8 +200,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     print(f"  source: {first.signature.source}")
     if blamed:
         print(
-            f"remembered {blamed} as bad on {machine}: later jobs there avoid it "
-            f"(`mmm-orch nodes`; `mmm-orch nodes forget {blamed}`)"
+            f"remembered {one_line(blamed)} as bad on {machine}: later jobs there avoid it "
+            f"(`mmm-orch nodes`; `mmm-orch nodes forget {one_line(blamed)}`)"
         )
     if result.later:
         print(

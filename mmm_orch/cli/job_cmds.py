@@ -8,7 +8,7 @@ import sys
 
 from mmm_orch.cli import common
 from mmm_orch.cli.sweep_cmds import sweep_id
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, one_line
 
 
 def register(sub) -> None:
@@ -214,8 +214,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     tty = sys.stdout.isatty() and not args.json
     with view.live(args.watch and tty) as live:
         for now in shown:
-            for warning in now.refresh.warnings:
-                print(f"mmm-orch: warning: {warning}", file=sys.stderr)
+            for warning in now.refresh.warnings:  # (they quote the schedulers' words)
+                print(f"mmm-orch: warning: {one_line(warning)}", file=sys.stderr)
             if args.json:
                 print(view.json_rows(now.records, now.refresh))
             else:

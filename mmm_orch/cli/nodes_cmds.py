@@ -6,6 +6,8 @@ import argparse
 import json
 import time
 
+from mmm_orch.errors import one_line
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -38,9 +40,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     for row in rows:
         since = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["at"]))
         expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["at"] + days * 86400))
-        print(
-            f"{row['machine']:<12} {row['node']:<20} {row['job_id'] or '-':>5}  {since:<16} "
-            f"{expires:<16} {row['evidence'][:90]}"
+        print(  # the node and the evidence are a job log's words: one line, escaped
+            one_line(
+                f"{row['machine']:<12} {row['node']:<20} {row['job_id'] or '-':>5}  {since:<16} "
+                f"{expires:<16} {row['evidence'][:90]}"
+            )
         )
     return 0
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from mmm_orch.cli import common
+from mmm_orch.errors import one_line
 
 
 def register(sub) -> None:
@@ -50,11 +51,14 @@ def cmd_usage(args: argparse.Namespace) -> int:
     common.check_machine(args.machine, db)
     rows, warnings = usecases.usage(db, args.machine, args.account, args.since, args.by)
     for warning in warnings:
-        print(f"mmm-orch: warning: {warning}", file=sys.stderr)
+        print(f"mmm-orch: warning: {one_line(warning)}", file=sys.stderr)
     if args.json:
         print(json.dumps(usecases.usage_dicts(rows), indent=2))
     elif rows:
-        sys.stdout.write(usecases.usage_text(rows, args.by))
+        # One line a row, whatever names a record holds (a database recovered from job
+        # directories holds what their files say).
+        text = usecases.usage_text(rows, args.by)
+        sys.stdout.write("".join(one_line(line) + "\n" for line in text.splitlines()))
     else:
         print(
             "no jobs recorded"
@@ -71,14 +75,18 @@ def cmd_balance(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found.to_dict(), indent=2))
         return 0
+    # The projects, resources and notes are the tool's words: each line shown escaped (a line
+    # break or a terminal escape from the tool would forge or hide a line).
     if not found.allocations:
-        print(f"{found.machine}: no balance: {found.note}")
+        print(one_line(f"{found.machine}: no balance: {found.note}"))
         return 0
     for a in found.allocations:
         awarded = f" of {hours(a.allocation)}" if a.allocation is not None else ""
         period = f", {a.start} to {a.end}" if a.start else ""
         print(
-            f"{found.machine} {a.project}{' (' + a.resource + ')' if a.resource else ''}: "
-            f"{hours(a.remaining)} node-hours left{awarded} ({hours(a.used)} used{period})"
+            one_line(
+                f"{found.machine} {a.project}{' (' + a.resource + ')' if a.resource else ''}: "
+                f"{hours(a.remaining)} node-hours left{awarded} ({hours(a.used)} used{period})"
+            )
         )
     return 0

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mmm_orch.errors import one_line
 from mmm_orch.usecases.profiles import PARTS, Profile
 from mmm_orch.usecases.tracking import Group, JobRecord, Refresh
 
@@ -48,6 +49,8 @@ def exit_text(record: JobRecord) -> str:
 
 
 def row(record: JobRecord, refresh: Refresh, now: float) -> Row:
+    # The reason and the native id are the scheduler's words: shown escaped, as every name
+    # from a scheduler is (a line break or a terminal escape in one would forge the table).
     if record.id in refresh.stale:
         note = f"stale {duration(refresh.stale[record.id])}"
     elif record.state.value == "pending":
@@ -63,8 +66,8 @@ def row(record: JobRecord, refresh: Refresh, now: float) -> Row:
         "state": record.state.value,
         "elapsed": duration(record.elapsed(now)),
         "exit": exit_text(record),
-        "native id": record.native_id,
-        "note": note[:60],
+        "native id": one_line(record.native_id),
+        "note": one_line(note)[:60],
         "stale": record.id in refresh.stale,
     }
 
@@ -103,7 +106,7 @@ def sweep_row(group: Group, refresh: Refresh, now: float) -> Row:
         "elapsed": duration(sweep["elapsed"]),
         "exit": "-",
         "native id": f"jobs {ids[0]}-{ids[-1]}" if ids else "-",
-        "note": sweep["note"][:60] + (f" (status --sweep {group.id})"),
+        "note": one_line(sweep["note"])[:60] + (f" (status --sweep {group.id})"),
         "stale": any(job.id in refresh.stale for job in group.members),
     }
 
@@ -119,8 +122,8 @@ def chain_row(group: Group, refresh: Refresh, now: float) -> Row:
         "state": chain["state"].value,
         "elapsed": duration(chain["elapsed"]),
         "exit": exit_text(current),
-        "native id": current.native_id,
-        "note": chain["note"][:60],
+        "native id": one_line(current.native_id),
+        "note": one_line(chain["note"])[:60],
         "stale": any(link.id in refresh.stale for link in group.members),
     }
 
@@ -158,6 +161,7 @@ def table(shown: list[Row], tty: bool):
         lines = ["  ".join(c.upper().ljust(widths[c]) for c in COLUMNS).rstrip()]
         lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in shown]
         return "\n".join(lines) + "\n"
+    from rich.markup import escape
     from rich.table import Table
 
     tbl = Table(box=None, header_style="bold")
@@ -165,7 +169,8 @@ def table(shown: list[Row], tty: bool):
         tbl.add_column(column.upper(), justify="right" if column in ("id", "nodes") else "left")
     for r in shown:
         style = "dim" if r.get("stale") else _STYLE.get(r["state"], "")
-        cells = [r[c] for c in COLUMNS]
+        # A cell is text, never rich markup: a reason with "[/]" in it would raise, "[red]" restyle.
+        cells = [escape(r[c]) for c in COLUMNS]
         cells[COLUMNS.index("state")] = f"[{style}]{r['state']}[/]" if style else r["state"]
         tbl.add_row(*cells)
     return tbl
@@ -177,7 +182,7 @@ def details(record: JobRecord) -> str:
     def when(t: float | None) -> str:
         return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
-    lines = [
+    header = [
         f"job {record.id}: {record.workload} on {record.machine} ({record.nodes} nodes, "
         f"{record.ranks} ranks), {record.scheduler} id {record.native_id} on {record.host}",
         f"state:       {record.state.value}"
@@ -192,12 +197,12 @@ def details(record: JobRecord) -> str:
         f"script:      {record.script_path}",
         f"log:         {record.log_path}",
         *[f"{kind + ':':<13}{where}" for kind, where in _tracking(record).items()],
-        "",
-        "history:",
     ]
+    # One line each, whatever the scheduler's state and reason say (escaped, as names are).
+    lines = [*map(one_line, header), "", "history:"]
     for event in record.events:
         extra = " ".join(x for x in (event["native_state"], event["reason"]) if x)
-        lines.append(f"  {when(event['at'])}  {event['state']:<10} {extra}".rstrip())
+        lines.append(one_line(f"  {when(event['at'])}  {event['state']:<10} {extra}".rstrip()))
     lines += ["", "plan:", json.dumps(record.plan, indent=2), "", "script:", record.script]
     return "\n".join(lines)
 
@@ -223,7 +228,7 @@ def profile_text(found: Profile) -> str:
         # A pipeline's bubble where the rank had one (no transfers between stages: none)
         parts = [p for p in PARTS if p != "bubble" or any(s.parts_ms[p] for s in rank.steps)]
         header = ["step", "ms", *(_PART_NAMES.get(p, p) for p in parts), "comm (hidden)"]
-        lines += ["", f"rank {rank.rank} ({rank.host}), step time by part (ms, share):"]
+        lines += ["", f"rank {rank.rank} ({one_line(rank.host)}), step time by part (ms, share):"]
         table = [header]
         for step in rank.steps:
             table.append(
@@ -253,13 +258,13 @@ def profile_text(found: Profile) -> str:
         ):
             if items:
                 lines.append(f"  top {title}:")
-                lines += [f"    {ms:10.1f}  {name}" for name, ms in items]
+                lines += [f"    {ms:10.1f}  {one_line(name)}" for name, ms in items]
     if found.slowest is not None:
         slowest, lag = found.slowest
         lines += [
             "",
-            f"slowest: rank {slowest.rank} ({slowest.host}), mean step {slowest.mean_step_ms:.1f} "
-            f"ms, {100 * lag:.1f}% over the fastest",
+            f"slowest: rank {slowest.rank} ({one_line(slowest.host)}), mean step "
+            f"{slowest.mean_step_ms:.1f} ms, {100 * lag:.1f}% over the fastest",
         ]
     return "\n".join(lines)
 

@@ -35,7 +35,8 @@ from mmm_orch.config.common import (
     check_placeholders,
     config,
 )
-from mmm_orch.config.queues import JobLimit, Queue
+from mmm_orch.config.queues import JobLimit, NodeCount, Queue
+from mmm_orch.errors import MmmError
 from mmm_orch.injob import protocol
 
 
@@ -381,6 +382,74 @@ class JobEnvironment:
     source: str = ""
 
 
+def _stack_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
+        raise ValueError(f"stack name {name!r}: letters, digits, '.', '_' and '-', at most 64")
+    return name
+
+
+def _date(text: str) -> str:
+    if text and not re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", text):
+        raise ValueError(f"date {text!r}: the day the facts were read, as YYYY-MM-DD (quoted)")
+    return text
+
+
+def _version_prefix(value: object) -> object:
+    # YAML reads torch: 2.10 as the number 2.1: a version is quoted.
+    if not isinstance(value, str):
+        raise ValueError(f'{value!r}: quote the version, e.g. "2.10"')
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+_-]{0,39}", value):
+        raise ValueError(f'{value!r}: a version or its start, e.g. "2.13"')
+    return value
+
+
+def _package(name: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_.-]{0,39}", name):
+        raise ValueError(f"{name!r}: a package's name in lower case (torch, python)")
+    return name
+
+
+@config
+class Stack:
+    """A facility's software stack as it was on a day: the lines that load it, the module tree
+    they need, what it gives and the variables it sets, with the date and the source of those
+    facts. A profile keeps older stacks while the facility keeps them (`--stack NAME`)."""
+
+    # The name --stack takes.
+    name: Annotated[str, Check(after=_stack_name)]
+    # The stack a job gets without --stack (the first so marked, else the first listed).
+    default: Flag = False
+    # When its facts were read (YYYY-MM-DD); required, except in a profile's old `setup:` form.
+    date: Annotated[str, Check(after=_date)] = ""
+    # Where the facility says so: its page (and date).
+    source: str = ""
+    # The module tree its modules need, put on the module path (`module use`) before `setup`.
+    module_tree: ShellValue = ""
+    # Shell lines that load it (module loads), written into the job script as they are.
+    setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
+    # What it gives, by package: the start of the version (torch: "2.13", python: "3.12").
+    gives: dict[
+        Annotated[str, Check(after=_package)], Annotated[str, Check(before=_version_prefix)]
+    ] = field(default_factory=dict)
+    # Environment variables its modules set and the profile relies on, with their values.
+    sets: dict[EnvName, ShellValue] = field(default_factory=dict)
+    # What a reader should know about it, in one paragraph.
+    notes: str = ""
+
+    def lines(self) -> list[str]:
+        """The shell lines a job runs to load the stack: setup, with its module tree put on the
+        module path (`module use`) before the first `module` line (the lines before it may
+        make `module`: a shell without start-up files sources the module system's init)."""
+        if not self.module_tree:
+            return list(self.setup)
+        first = next(
+            (i for i, line in enumerate(self.setup) if re.match(r"\s*(module|ml)\b", line)),
+            len(self.setup),
+        )
+        tree = f'module use "{self.module_tree}"'
+        return [*self.setup[:first], tree, *self.setup[first:]]
+
+
 @config
 class Account:
     # A job without -A (or $MMM_ORCH_ACCOUNT, or the default) is refused.
@@ -411,7 +480,7 @@ class Machine:
     # One compute node: its cores, accelerators and memory.
     node: NodeShape
     # The most nodes a job may ask for.
-    max_nodes: PositiveInt
+    max_nodes: NodeCount
     # How the job starts its ranks (mpiexec, srun or torchrun), and their binding.
     launcher: Launcher
     # torch.distributed's backend on this machine's devices.
@@ -427,7 +496,10 @@ class Machine:
     directives: list[Templated] = field(default_factory=list)
     # The queues (partitions, QOS) in the order a job without --queue tries them.
     queues: list[Queue] = field(default_factory=list)
-    # Shell lines run before the launch (module loads), written into the script as they are.
+    # The software stacks (modules and what they give), the default first or marked `default`.
+    stacks: list[Stack] = field(default_factory=list)
+    # The older form of one stack: shell lines run before the launch (module loads). A profile
+    # with `setup:` and no `stacks:` has one stack, named "default", with these lines.
     setup: list[str] = field(default_factory=list, metadata=SHELL_LINES)
     # The job script runs in a login shell (bash -l: the start-up files that set up `module`,
     # as the facilities' examples do); the test servers' jobs must not read this host's.
@@ -463,7 +535,20 @@ class Machine:
     def queue(self, name: str) -> Queue | None:
         return next((q for q in self.queues if q.name == name), None)
 
+    def stack(self, name: str | None = None) -> Stack:
+        """The stack named `name`; the default one for None."""
+        if name is None:
+            return next((s for s in self.stacks if s.default), self.stacks[0])
+        found = next((s for s in self.stacks if s.name == name), None)
+        if found is None:
+            raise MmmError(
+                f"--stack {name}: machine {self.name} has stacks "
+                f"{', '.join(s.name for s in self.stacks)}"
+            )
+        return found
+
     def __post_init__(self) -> None:
+        self._check_stacks()
         names = [p.name for p in self.presets]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -491,6 +576,28 @@ class Machine:
             check_cpu_bind(
                 self.launcher.cpu_bind, self.default_ranks_per_node, set(self.node.reserved_cores)
             )
+
+    def _check_stacks(self) -> None:
+        if self.setup and self.stacks:
+            raise ValueError(
+                "setup and stacks: give the setup lines in a stack (a profile extending one "
+                "with stacks writes stacks, too)"
+            )
+        if not self.stacks:  # the older form, or no setup at all: one stack, "default"
+            object.__setattr__(self, "stacks", [Stack(name="default", setup=list(self.setup))])
+            object.__setattr__(self, "setup", [])
+            return
+        names = [s.name for s in self.stacks]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"stack names repeat: {', '.join(sorted(dupes))}")
+        implicit = len(self.stacks) == 1 and self.stacks[0].name == "default"
+        for stack in self.stacks:
+            if not implicit and not (stack.date and stack.source.strip()):
+                raise ValueError(
+                    f"stack {stack.name}: date and source are required (when its facts were "
+                    "read, YYYY-MM-DD, and where)"
+                )
 
 
 def _profiler_name(name: str) -> str:

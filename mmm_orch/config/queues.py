@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from mmm_orch.config.common import (
     Bound,
+    Check,
     Flag,
     NonEmptyStr,
     NonNegativeInt,
@@ -16,7 +17,21 @@ from mmm_orch.config.common import (
     Walltime,
     config,
 )
+from mmm_orch.limits import MAX_NODES
 from mmm_orch.walltime import format_walltime
+
+# A job's or a queue's number of nodes, as a profile states it.
+NodeCount = Annotated[PositiveInt, Bound("Le", MAX_NODES)]
+
+
+def _stated(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected where the facility states it (a page, a setting), not blank")
+    return text
+
+
+# Where a facility states a fact: a page or a live server's setting, never blank.
+Source = Annotated[NonEmptyStr, Check(after=_stated)]
 
 
 @config
@@ -26,11 +41,15 @@ class Tier:
     # The execution queue's name, where it has one.
     name: str = ""
     # Its smallest job.
-    min_nodes: PositiveInt
+    min_nodes: NodeCount
     # Its largest job.
-    max_nodes: PositiveInt
+    max_nodes: NodeCount
     # Its longest walltime.
     max_walltime: Walltime
+
+    def __post_init__(self) -> None:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} is above max_nodes {self.max_nodes}")
 
 
 # How a facility counts a user's (or a project's) jobs against a limit: `any` every job not
@@ -54,7 +73,7 @@ class JobLimit:
     per: Literal["user", "project"]
     # Which jobs count (JobCount above).
     counts: JobCount
-    source: NonEmptyStr  # where the facility states it (a page, or the live server's setting)
+    source: Source  # where the facility states it (a page, or the live server's setting)
 
     @property
     def refuses(self) -> bool:
@@ -76,9 +95,9 @@ class Queue:
     # The name --queue takes and the directive names.
     name: NonEmptyStr
     # The fewest nodes a job in it may ask for.
-    min_nodes: PositiveInt = 1
+    min_nodes: NodeCount = 1
     # The most nodes a job in it may ask for.
-    max_nodes: PositiveInt
+    max_nodes: NodeCount
     # Its longest walltime.
     max_walltime: Walltime
     # A routing queue's execution queues, or node-count bins with walltimes of their own.

@@ -82,6 +82,11 @@ def _resolve_extends(
     _, base, deps = _resolve_extends(kind, base_path, files, depth + 1)
     merged = _deep_merge(base, doc.data)
     merged.pop("extends", None)
+    # A machine's software is `stacks:` or the older `setup:`: the file's own form replaces the
+    # other form it extends (both in one file stay an error).
+    for own, other in (("setup", "stacks"), ("stacks", "setup")):
+        if own in doc.data and other not in doc.data:
+            merged.pop(other, None)
     merged["name"] = doc.data.get("name", path.stem)
     return doc, merged, [path, *deps]
 

@@ -184,6 +184,8 @@ class MachineOverride:
     nodes: PositiveInt | None = None
     # Default walltime on this machine.
     walltime: Walltime | None = None
+    # The machine's software stack for this workload (--stack wins); default: the machine's.
+    stack: str | None = None
 
 
 @config

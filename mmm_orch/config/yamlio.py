@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import yaml
 
 from mmm_orch.config.common import first_line_break
-from mmm_orch.errors import ConfigError
+from mmm_orch.errors import ConfigError, shown
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, read_regular
 
 _Loader: type[yaml.CSafeLoader] | type[yaml.SafeLoader]
@@ -24,6 +25,7 @@ except AttributeError:  # pragma: no cover - depends on the PyYAML build
 Path_ = tuple[Any, ...]
 MAX_DEPTH = 64
 MAX_NODES = 100_000
+_INT_TAG = "tag:yaml.org,2002:int"
 
 
 class YamlDoc(typing.NamedTuple):
@@ -59,6 +61,12 @@ def _index(node: yaml.Node, loc: Path_, lines: dict[Path_, int], path: Path) -> 
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _index(item, loc + (i,), lines, path)
+    elif node.tag == _INT_TAG and len(node.value) > sys.get_int_max_str_digits():
+        # int() refuses it with a ValueError that names nothing: refused here by its place.
+        raise ConfigError(
+            f"{path}:{node.start_mark.line + 1}: {format_loc(loc)} (an integer of "
+            f"{len(node.value)} digits) is invalid: no value is that large"
+        )
 
 
 def _check_nesting(text: str, path: Path) -> None:
@@ -199,8 +207,8 @@ def validate(cls: type, doc: YamlDoc, data: Any = None) -> Any:
             msg = f"unknown key {format_loc(loc)!r}{allowed}"
         else:
             value = err.get("input")
-            shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-            msg = f"{format_loc(loc) or 'document'}: {err['msg']}{shown}"
+            got = "" if isinstance(value, (dict, list)) else f" (got {shown(value)})"
+            msg = f"{format_loc(loc) or 'document'}: {err['msg']}{got}"
         more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
         raise ConfigError(f"{doc.where(loc)}: {msg}{more}") from None
     broken = first_line_break(obj)

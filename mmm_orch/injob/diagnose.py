@@ -120,3 +120,50 @@ def _finding(signature: Any, match: re.Match, number: int, line: str) -> Finding
         host=host,
         rank=int(rank["rank"]) if rank else None,
     )
+
+
+# What a module system says about a load it refused (Lmod, which wraps its words at 80 columns;
+# Environment Modules 4+ and 3.2).
+_UNKNOWN = re.compile(r'module\(s\) are unknown:\s*((?:"[^"]+"\s*)+)')
+_UNLOCATED = re.compile(r"Unable to locate a modulefile for '([^']+)'")
+_CONFLICT = re.compile(
+    r'Cannot load module "([^"]+)" because these\s+module\(s\)\s+are\s+loaded:\s*(\S+)'
+    r"|Module cannot be loaded due to a conflict"
+)
+
+
+def setup_failure(text: str, machine: str) -> str:
+    """The job's setup line that failed (the script's SETUP_FAILED line), in words, with the
+    command that finds what moved; '' when no setup line failed."""
+    lines = text.splitlines()
+    at = next(
+        (i for i in range(len(lines) - 1, -1, -1) if protocol.SETUP_FAILURE.search(lines[i])), None
+    )
+    if at is None:
+        return ""
+    failed = protocol.SETUP_FAILURE.search(lines[at])
+    assert failed is not None
+    code, line = failed.group(1), failed.group(2).strip()
+    said = "\n".join(lines[max(0, at - 30) : at])
+    check = f"`mmm-orch machines check {machine}`"
+    if unknown := _UNKNOWN.search(said):
+        names = re.findall(r'"([^"]+)"', unknown.group(1))
+        asked = [n for n in names if n in line.split()]
+        if asked:
+            return f"module {', '.join(asked)} not found: the stack has moved; {check}"
+        return (
+            f"`{line}` needs module {', '.join(names)}, which is not found: the stack has "
+            f"moved; {check}"
+        )
+    if located := _UNLOCATED.search(said):
+        return f"module {located.group(1)} not found: the stack has moved; {check}"
+    if conflict := _CONFLICT.search(said):
+        what = (
+            f"module {conflict.group(1)} conflicts with the loaded {conflict.group(2)}"
+            if conflict.group(1)
+            else "a module conflicts with one already loaded"
+        )
+        return f"`{line}`: {what}; {check}"
+    last = next((s.strip() for s in reversed(said.splitlines()) if s.strip()), "")
+    said_last = f": {last[:200]}" if last else ""
+    return f"setup line `{line}` failed (exit {code}){said_last}; {check}"

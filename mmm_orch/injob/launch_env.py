@@ -143,7 +143,7 @@ def _with_rendezvous(env: Mapping[str, str], place: Place) -> LaunchEnv:
             )
         addr = "127.0.0.1"
     port = env.get("MASTER_PORT", "") or str(DEFAULT_PORT)
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()):  # ("²" is a digit to isdigit, not to int)
         raise LaunchEnvError(f"MASTER_PORT={port!r} is not a port number")
     return LaunchEnv(
         rank=place.rank,

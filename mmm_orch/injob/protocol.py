@@ -145,6 +145,7 @@ OPTIONS = MappingProxyType(
 JOB_START = f"{PREFIX} job_start="  # =EPOCH host=HOST job=ID   (the script)
 STAGE_START = f"{PREFIX} stage_start="  # =EPOCH                     (the script)
 STAGE_END = f"{PREFIX} stage_end="  # =EPOCH                     (the script)
+SETUP_FAILED = f"{PREFIX} setup_failed: "  # exit=RC line=LINE       (the script)
 LAUNCH = f"{PREFIX} launch: "  # the launch line            (the script)
 LAUNCH_START = f"{PREFIX} launch_start="  # =EPOCH ranks=R nodes=N     (the script)
 LAUNCH_END = f"{PREFIX} launch_end="  # =EPOCH exit_code=RC        (the script)
@@ -169,11 +170,19 @@ CHECKPOINT_EVENT = "checkpoint"
 CHECKPOINT_SAVED = f"[{CHECKPOINT_EVENT}] step="  # S path=... save_s=SECONDS
 DIST_CHECK_JSON = "[dist_check] json "  # {"pass": ..., "allreduce": [...]}
 
+# A module system's error line (Lmod; Environment Modules 4 and later; 3.2), which a setup line's
+# exit status may not carry (Modules 3.2's `module` returns 0 on a failed load): the job script
+# (grep -E) and `machines check` both read it. POSIX ERE and Python alike.
+MODULE_ERROR = (
+    r"^(Lmod has detected the following error|ERROR: |ModuleCmd_[A-Za-z]+\.c\([0-9]+\):ERROR:)"
+)
+
 # What the templates write, by the names they use (`job.marker.launch_start`).
 _TEMPLATE_MARKERS = {
     "job_start": JOB_START,
     "stage_start": STAGE_START,
     "stage_end": STAGE_END,
+    "setup_failed": SETUP_FAILED,
     "launch": LAUNCH,
     "launch_start": LAUNCH_START,
     "launch_end": LAUNCH_END,
@@ -192,6 +201,7 @@ FOR_TEMPLATES = MappingProxyType(
             }
         ),
         "file": MappingProxyType({"nodes": NODES_FILE}),
+        "pattern": MappingProxyType({"module_error": MODULE_ERROR}),
         "module": MODULES,
         "option": OPTIONS,
         "var": MappingProxyType(
@@ -238,6 +248,8 @@ REPEATED = MappingProxyType(
         "resumed": _after(RESUMED_STEP, _EPOCH + r" step=(\d{1,18})"),
     }
 )
+# A setup line that failed: its exit status and the line (the module system's words are above).
+SETUP_FAILURE = _after(SETUP_FAILED, r"exit=(\d{1,3}) line=(.*)$")
 JOB_ID = _after(JOB_START, r"\S+ host=\S+ job=(\S+)")  # the scheduler's id, "local" on none
 JOB_HOST = re.compile(
     r"(?:" + re.escape(JOB_START) + r"\S+ host=|Job started at: \S+ on )"
@@ -262,7 +274,8 @@ def checkpoint_name(step: int) -> str:
 def checkpoint_step(name: str) -> int | None:
     """The step of a checkpoint named by checkpoint_name, or None for any other name."""
     digits = name.strip().removeprefix("step-")
-    return int(digits) if name.strip().startswith("step-") and digits.isdigit() else None
+    number = name.strip().startswith("step-") and digits.isascii() and digits.isdigit()
+    return int(digits) if number else None  # ("²" is a digit to isdigit, not to int)
 
 
 def point_latest(run_dir: str | Path, step: int) -> None:

@@ -40,16 +40,15 @@ def window(text: str, last_step: int) -> Window:
 
 def ranks(text: str, world_size: int) -> frozenset[int] | None:
     """The ranks `--profile-ranks` names (comma-separated), or None: local rank 0 of each node.
-    ValueError for a rank the run does not have."""
+    ValueError for a rank the run does not have, or one named twice."""
     if not text:
         return None
-    try:
-        chosen = frozenset(int(word) for word in text.split(","))
-    except ValueError:
-        chosen = frozenset({-1})
-    if not chosen or min(chosen) < 0 or max(chosen) >= world_size:
+    words = text.split(",")
+    # ASCII digits only: int() would also read " 1", "+1", "1_0" and other scripts' digits
+    chosen = frozenset(int(w) for w in words if w.isascii() and w.isdigit() and len(w) <= 9)
+    if len(chosen) != len(words) or max(chosen) >= world_size:
         raise ValueError(
-            f"--profile-ranks {text!r}: expected ranks of this run, comma-separated, from 0 "
-            f"to {world_size - 1}"
+            f"--profile-ranks {text!r}: expected ranks of this run, comma-separated, each once, "
+            f"from 0 to {world_size - 1}"
         )
     return chosen

@@ -5,12 +5,17 @@ Pure: the live queues come from the scheduler modules' parsers (schedulers/*_par
 PBS queues are compared by name; a routing queue's destinations are the profile's tiers. A Slurm
 queue is the partition and the QOS its directives name (`--partition=`/`-p`, `--qos=`/`-q`);
 its bounds are the partition's (the QOS's where it sets them), its limits the QOS's and the
-partition QOS's. Where the server sets no bound, there is nothing to differ from."""
+partition QOS's. Where the server sets no bound, there is nothing to differ from; where it
+states one that cannot be read (not a number, a walltime, a list of limits as the scheduler
+writes them), that is a difference of its own: the check never says "match" over it. Names come
+from the scheduler: each is shown escaped (a line break or a terminal escape in one would forge
+or hide a line of the answer)."""
 
 from __future__ import annotations
 
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import Queue
+from mmm_orch.errors import one_line
 from mmm_orch.planning.resolve import queue_directives
 from mmm_orch.schedulers.states import LiveQueue
 from mmm_orch.walltime import format_walltime
@@ -19,37 +24,40 @@ _SLURM_FLAGS = {"-p": "partition", "--partition": "partition", "-q": "qos", "--q
 
 
 def differences(machine: Machine, live: list[LiveQueue]) -> list[str]:
-    """Every difference between `machine`'s queues and `live`, one line each."""
-    if machine.scheduler.kind == "slurm":
-        return _slurm(machine, live)
-    return _pbs(machine, live)
+    """Every difference between `machine`'s queues and `live`, one line each (a queue, partition
+    or QOS two of the profile's queues share is said once)."""
+    found = _slurm(machine, live) if machine.scheduler.kind == "slurm" else _pbs(machine, live)
+    return list(dict.fromkeys(found))
 
 
 def _pbs(machine: Machine, live: list[LiveQueue]) -> list[str]:
     found = {queue.name: queue for queue in live}
     out, tiers = [], set()
     for queue in machine.queues:
+        where = f"queue {one_line(queue.name)}"
         server = found.get(queue.name)
         if server is None:
-            out.append(f"queue {queue.name}: in the profile, not on the server")
+            out.append(f"{where}: in the profile, not on the server")
             continue
-        out += _bounds(
-            f"queue {queue.name}", queue.min_nodes, queue.max_nodes, queue.max_walltime, server
-        )
-        out += _limits(f"queue {queue.name}", queue, server.limits)
         named = [tier.name for tier in queue.tiers if tier.name]
         tiers.update(named)
+        out += _unreadable("queue", server)
+        if _whole_unreadable(server):
+            continue
+        out += _bounds(where, queue.min_nodes, queue.max_nodes, queue.max_walltime, server)
+        out += _limits(where, queue, server.limits)
         if server.kind == "route" or named:
             if sorted(server.destinations) != sorted(named):
                 out.append(
-                    f"queue {queue.name}: the server routes to "
-                    f"{', '.join(server.destinations) or 'nothing'}; the profile's tiers "
-                    f"are {', '.join(named) or 'none'}"
+                    f"{where}: the server routes to "
+                    f"{_names(server.destinations) or 'nothing'}; the profile's tiers "
+                    f"are {_names(named) or 'none'}"
                 )
             for tier in queue.tiers:
                 if tier.name in found:
+                    out += _unreadable("queue", found[tier.name])
                     out += _bounds(
-                        f"queue {queue.name} tier {tier.name}",
+                        f"{where} tier {one_line(tier.name)}",
                         tier.min_nodes,
                         tier.max_nodes,
                         tier.max_walltime,
@@ -57,7 +65,9 @@ def _pbs(machine: Machine, live: list[LiveQueue]) -> list[str]:
                     )
     listed = {queue.name for queue in machine.queues} | tiers
     out += [
-        f"queue {name}: on the server, not in the profile" for name in found if name not in listed
+        f"queue {one_line(name)}: on the server, not in the profile"
+        for name in found
+        if name not in listed
     ]
     return out
 
@@ -68,12 +78,12 @@ def _slurm(machine: Machine, live: list[LiveQueue]) -> list[str]:
     out, used = [], set()
     for queue in machine.queues:
         names = slurm_names(queue_directives(machine, queue))
-        where = f"queue {queue.name}"
+        where = f"queue {one_line(queue.name)}"
         partition = names.get("partition")
         if partition is not None:
             used.add(partition)
             if partition not in partitions:
-                out.append(f"{where}: partition {partition} is not on the server")
+                out.append(f"{where}: partition {one_line(partition)} is not on the server")
                 continue
         wanted = [
             n
@@ -87,13 +97,17 @@ def _slurm(machine: Machine, live: list[LiveQueue]) -> list[str]:
         ]
         missing = [n for n in wanted if n not in qos]
         if missing:
-            out.append(f"{where}: QOS {', '.join(missing)} not on the server")
+            out.append(f"{where}: QOS {_names(missing)} not on the server")
             continue
+        if partition is not None:
+            out += _unreadable("partition", partitions[partition])
+        for name in wanted:
+            out += _unreadable("QOS", qos[name])
         server = _merged(partitions.get(partition or ""), [qos[n] for n in wanted])
         out += _bounds(where, queue.min_nodes, queue.max_nodes, queue.max_walltime, server)
         out += _limits(where, queue, server.limits)
     out += [
-        f"partition {name}: on the server, not in the profile"
+        f"partition {one_line(name)}: on the server, not in the profile"
         for name in partitions
         if name not in used
     ]
@@ -129,7 +143,9 @@ def _merged(partition: LiveQueue | None, qos: list[LiveQueue]) -> LiveQueue:
         min_nodes=last("min_nodes"),
         max_nodes=last("max_nodes"),
         max_walltime=last("max_walltime"),
-        limits=frozenset().union(*(q.limits for q in parts)),
+        limits=None
+        if any(q.limits is None for q in parts)
+        else frozenset().union(*(q.limits for q in parts if q.limits is not None)),
     )
 
 
@@ -147,7 +163,9 @@ def _bounds(where: str, low: int, high: int, walltime: int, server: LiveQueue) -
     return out
 
 
-def _limits(where: str, queue: Queue, server: frozenset[tuple[int, str, str]]) -> list[str]:
+def _limits(where: str, queue: Queue, server: frozenset[tuple[int, str, str]] | None) -> list[str]:
+    if server is None:  # one could not be read: said by _unreadable
+        return []
     profile = {(limit.jobs, limit.per, limit.counts): limit for limit in queue.job_limits}
     out = [
         f"{where}: job limit {limit.words()} in the profile, not on the server"
@@ -159,3 +177,20 @@ def _limits(where: str, queue: Queue, server: frozenset[tuple[int, str, str]]) -
             f"{where}: job limit of {jobs} ({counts}, per {per}) on the server, not in the profile"
         )
     return out
+
+
+def _unreadable(kind: str, server: LiveQueue) -> list[str]:
+    """What the scheduler states of `server` that could not be read: `kind name.field: value`."""
+    name = one_line(server.name)
+    return [
+        f"could not read {kind} {name}{'.' + field if field else ''}: {value}"
+        for field, value in server.unreadable
+    ]
+
+
+def _whole_unreadable(server: LiveQueue) -> bool:
+    return any(field == "" for field, _ in server.unreadable)
+
+
+def _names(names: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(one_line(name) for name in names)

@@ -11,7 +11,7 @@ from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
 from mmm_orch.config.workload import Workload
-from mmm_orch.errors import MmmError
+from mmm_orch.errors import MmmError, one_line
 from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
 from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
 
@@ -94,6 +94,26 @@ def env_groups(
     if user:
         groups.append(EnvGroup(name="user --env", set=tuple(user)))
     return groups
+
+
+def check_built_on(machine: Machine, stack: str) -> None:
+    """A job environment made on one stack has that stack's Python and torch under it: a job on
+    another stack is refused (one made before environments recorded their stack, or on a profile
+    without named stacks, records none and passes)."""
+    entry = envs.remembered(machine.name) or {}
+    built_on = entry.get("stack")
+    if isinstance(built_on, str) and built_on != stack:
+        kept = any(s.name == built_on for s in machine.stacks)
+        raise MmmError(
+            f"--stack {stack}: the job environment of {machine.name} ({one_line(str(entry.get('path')))}) was made "
+            f"on stack {one_line(built_on)}; make one on {stack} in a new directory: `mmm-orch env "
+            f"create {machine.name} --stack {stack} --path DIR`"
+            + (
+                f", or submit with --stack {built_on}"
+                if kept
+                else " (the profile no longer has it)"
+            )
+        )
 
 
 def environment_word(machine: Machine, account: str | None) -> str:

@@ -42,6 +42,7 @@ from dataclasses import field, replace
 
 from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.limits import MAX_GLOBAL_BATCH
 from mmm_orch.model_shapes import (
     DEFAULT_LOSS_CHUNK,
     PIPELINE_SCHEDULES,
@@ -287,6 +288,8 @@ def check_global_batch(global_batch: int, shape: Shape) -> None:
     batch_size samples on each data-parallel rank, so a global batch (0: one micro-batch a rank)
     is a multiple of batch_size x dp. Refused here, not in the job after its wait in the queue."""
     per_forward = shape.batch * shape.dp
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise InvalidValue("global_batch", global_batch, f"0 to {MAX_GLOBAL_BATCH} samples a step")
     if micro_batches(global_batch, shape.batch, shape.dp) is None:
         raise InvalidValue(
             "global_batch",

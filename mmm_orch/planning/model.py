@@ -51,6 +51,7 @@ class Request:
     devices: int | None = None  # a run on this many devices of one node, beside other runs
     init_from: str | None = None  # pretrained weights to start from (--init-from)
     profile: str | None = None  # torch, or a profiler of the machine's (--profile)
+    stack: str | None = None  # the machine's software stack (--stack; None: its default)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,11 @@ class Environment:
     # The script runs in a login shell (`bash -l`: the system's and the user's start-up files,
     # which set up `module` on the facilities) or a plain one.
     login_shell: bool = True
+    # The machine's software stack the setup lines load: its name, and the date and source of
+    # its facts ('' for a profile's older `setup:` form, and in records made before stacks).
+    stack: str = ""
+    stack_date: str = ""
+    stack_source: str = ""
 
 
 # A command's run is told through the job's environment (protocol.RUN_DIR_VAR, RESUME_VAR,

@@ -11,6 +11,7 @@ import dataclasses
 from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import JobLimit, Queue
+from mmm_orch.errors import one_line
 from mmm_orch.schedulers.states import OpenJob
 
 # Jobs named in a refusal: enough to find them in `qstat`/`squeue`, not a wall of ids.
@@ -119,7 +120,7 @@ def _over(
         if account
         else "your default project has"
     )
-    ids = ", ".join(job.native_id for job in have[:SHOWN_IDS])
+    ids = ", ".join(one_line(job.native_id) for job in have[:SHOWN_IDS])  # the scheduler's
     more = f" and {len(have) - SHOWN_IDS} more" if len(have) > SHOWN_IDS else ""
     held = (
         f"{whose} {len(have)} there ({ids}{more}; {source})"

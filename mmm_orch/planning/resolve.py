@@ -23,7 +23,7 @@ from mmm_orch.injob import protocol, windows
 from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning import checks, cost, memory, pretrained
 from mmm_orch.planning.checks import JOB_NAME, SAFE_WORD, fail
-from mmm_orch.planning.environment import env_groups, environment_word
+from mmm_orch.planning.environment import check_built_on, env_groups, environment_word
 from mmm_orch.planning.model import (
     COMMAND_OPTIONS,
     RESUMABLE_COMMAND_OPTIONS,
@@ -614,8 +614,13 @@ def _environment(
             f"{machine.name} has no job environment to stage (the "
             "jobs run the interpreter that submitted them)",
         )
+    stack = machine.stack(request.stack or (override.stack if override else None))
+    check_built_on(machine, stack.name)
     return Environment(
-        setup=tuple(machine.setup),
+        stack=stack.name,
+        stack_date=stack.date,
+        stack_source=stack.source,
+        setup=tuple(stack.lines()),
         groups=tuple(groups),
         path=path,
         stage=request.stage_env,

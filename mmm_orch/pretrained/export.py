@@ -14,31 +14,43 @@ The directory appears whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pickle
 import shutil
+import stat
 import struct
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import takewhile
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from mmm_orch import paths
+from mmm_orch.errors import shown
 from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.runfiles import RunFileError
 from mmm_orch.model_shapes import LlamaArgs, RopeScaling
 from mmm_orch.pretrained import formats
+from mmm_orch.pretrained.dcp_reader import CheckedReader
 from mmm_orch.pretrained.formats import (
     HF_CONFIG,
     HF_INDEX,
     PretrainedError,
     hf_name,
+    positive_number,
     rotated_heads,
     shapes,
+    whole_number,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,6 +58,10 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float1
 HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 DEFAULT_SHARD_BYTES = 5 << 30  # Hugging Face's usual shard size
 MODEL_PREFIX = "model."  # the checkpoint's model state (runtime/checkpoint.py: {"model", "optim"})
+# In export's staging directory, written by export alone and locked while it writes there.
+STAGING_MARK = ".mmm-orch-export"
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_STEP = (1 << 63) - 1  # a step the trainers count to; a longer one is no directory's name
 
 
 class ExportError(ValueError):
@@ -87,47 +103,46 @@ def export(
     is not empty."""
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
-    if step is not None and step < 1:
-        raise ExportError(f"--step {step}: a checkpoint's step, 1 or more")
+    if step is not None and not 1 <= step <= MAX_STEP:
+        raise ExportError(f"--step {shown(step)}: a checkpoint's step, from 1 to {MAX_STEP}")
     run, target = Path(run_dir), Path(out)
-    checkpoint, step = _checkpoint(run, step)
-    args = model_args(checkpoint, run)
-    reader = _Reader(checkpoint)
-    tensors = _tensors(args, reader.read_metadata(), checkpoint)
+    _check_target(target)
+    try:
+        checkpoint, step = _checkpoint(run, step)
+        args = model_args(checkpoint, run)
+        reader = CheckedReader(checkpoint)  # its .metadata unpickled only as checkpoint data
+        tensors = _tensors(args, reader.read_metadata(), checkpoint)
+    except RunFileError as exc:
+        raise ExportError(str(exc)) from None
     wanted = DTYPES[dtype] if dtype else tensors[0].saved.properties.dtype
     if wanted not in SAFETENSORS_DTYPES:
         raise ExportError(f"{checkpoint}: saved in {wanted}; --dtype fp32, bf16 or fp16")
-    _check_target(target)
-    staging = target.parent / f".{target.name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with _Staging(target) as staging:
         shards = _shards(tensors, wanted, shard_bytes)
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         weight_map: dict[str, str] = {}
         for name, shard in zip(names, shards, strict=True):
             write_safetensors(
-                staging / name, shard, wanted, _converted(shard, reader, args, wanted)
+                staging.path / name, shard, wanted, _converted(shard, reader, args, wanted)
             )
             weight_map.update({tensor.hf_name: name for tensor in shard})
         total = sum(tensor.nbytes(wanted) for tensor in tensors)
         _write_json(
-            staging / HF_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}
+            staging.path / HF_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}
         )
         run_config = _run_config(run)
-        copied = _copy_tokenizer(staging, tokenizer, run_config)
-        _write_json(staging / HF_CONFIG, hf_config(args, wanted, _token_ids(run_config)))
-        if target.exists():
-            target.rmdir()  # empty (_check_target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        copied = _copy_tokenizer(staging.path, tokenizer, run_config)
+        _write_json(staging.path / HF_CONFIG, hf_config(args, wanted, _token_ids(run_config)))
+        staging.publish()
     return Exported(target, step, tuple(names), total, tuple(copied))
 
 
 def _checkpoint(run: Path, step: int | None) -> tuple[Path, int]:
-    if not run.is_dir():
+    try:
+        is_dir = run.is_dir()
+    except OSError as exc:  # a name too long
+        raise ExportError(f"run directory {run}: {exc.strerror}") from None
+    if not is_dir:
         raise ExportError(f"run directory {run}: no such directory")
     try:
         found = runfiles.latest_step(run) if step is None else step
@@ -144,20 +159,56 @@ def _checkpoint(run: Path, step: int | None) -> tuple[Path, int]:
 def model_args(checkpoint: Path, run: Path) -> LlamaArgs:
     """The model's shape: beside the checkpoint (train.json), or in the run's metrics header
     for checkpoints saved before it was kept there."""
-    train = runfiles.read_small(checkpoint / "train.json", 1 << 20)
-    fields = json.loads(train).get("model") if train else None
-    if fields is None:
-        fields = _run_config(run).get("model")
-    if not isinstance(fields, dict):
+    train_file = checkpoint / "train.json"
+    train = runfiles.read_small(train_file, 1 << 20)
+    try:
+        saved = json.loads(train) if train else None
+    except (ValueError, RecursionError):
+        raise ExportError(f"{train_file}: not the JSON the trainer writes there") from None
+    shape = saved.get("model") if isinstance(saved, dict) else None
+    if shape is None:
+        shape = _run_config(run).get("model")
+    if not isinstance(shape, dict):
         raise ExportError(
             f"{checkpoint}: no model shape beside it or in {run / protocol.METRICS_FILE}: "
             "not a checkpoint of the llama3 trainer"
         )
-    scaling = fields.get("rope_scaling")
+    return _shape(shape, train_file)
+
+
+def _shape(saved: dict[str, Any], file: Path) -> LlamaArgs:
+    """LlamaArgs of the shape the trainer saved, every field checked: a number of its kind,
+    or a model this version cannot read (one line naming the field)."""
+    unknown = set(saved) - {f.name for f in fields(LlamaArgs)}
+    if unknown:
+        raise ExportError(
+            f"{file}: a model shape this version cannot read (fields {sorted(unknown)!r:.200})"
+        )
+    checked: dict[str, Any] = {}
     try:
-        return LlamaArgs(**{**fields, "rope_scaling": RopeScaling(**scaling) if scaling else None})
-    except TypeError as exc:
-        raise ExportError(f"{checkpoint}: a model shape this version cannot read ({exc})") from None
+        for name, value in saved.items():
+            if name == "rope_scaling":
+                checked[name] = None if value is None else _scaling(value, file)
+            elif name in ("ffn_dim_multiplier", "norm_eps", "rope_theta"):
+                checked[name] = None if value is None else positive_number(saved, name, file)
+            else:
+                checked[name] = whole_number(saved, name, file)
+        return LlamaArgs(**checked)
+    except PretrainedError as exc:
+        raise ExportError(str(exc)) from None
+    except TypeError as exc:  # a field missing
+        raise ExportError(f"{file}: a model shape this version cannot read ({exc})") from None
+
+
+def _scaling(saved: Any, file: Path) -> RopeScaling:
+    if not isinstance(saved, dict) or set(saved) != {f.name for f in fields(RopeScaling)}:
+        raise ExportError(f"{file}: rope_scaling is not the trainer's (factor, ... of Llama 3.1)")
+    return RopeScaling(
+        factor=positive_number(saved, "factor", file),
+        low_freq_factor=positive_number(saved, "low_freq_factor", file),
+        high_freq_factor=positive_number(saved, "high_freq_factor", file),
+        original_context=whole_number(saved, "original_context", file),
+    )
 
 
 def _run_config(run: Path) -> dict[str, Any]:
@@ -167,7 +218,7 @@ def _run_config(run: Path) -> dict[str, Any]:
     try:
         with runfiles.open_read(run / protocol.METRICS_FILE) as handle:
             first = json.loads(handle.readline(1 << 20) or b"{}")
-    except (OSError, ValueError, RunFileError):
+    except (OSError, ValueError, RecursionError):  # (RunFileError is a ValueError)
         return {}
     config = first.get("config") if isinstance(first, dict) else None
     if not isinstance(config, dict):
@@ -208,27 +259,23 @@ def _shards(tensors: list[_Tensor], dtype: torch.dtype, limit: int) -> list[list
     return shards
 
 
-class _Reader(dcp.FileSystemReader):
-    """The checkpoint's metadata read once, not once per tensor."""
-
-    _metadata: Metadata | None = None
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if self._metadata is None:
-            self._metadata = super().read_metadata(*args, **kwargs)
-        return self._metadata
-
-
 def _converted(
-    shard: list[_Tensor], reader: _Reader, args: LlamaArgs, dtype: torch.dtype
+    shard: list[_Tensor], reader: CheckedReader, args: LlamaArgs, dtype: torch.dtype
 ) -> Iterator[torch.Tensor]:
     """The shard's tensors one at a time, read whole from the checkpoint (wherever its pieces
     were saved) and put in Hugging Face's layout and `dtype`."""
     for tensor in shard:
         whole = torch.empty(tensor.shape, dtype=tensor.saved.properties.dtype)
-        with warnings.catch_warnings():  # that no process group is there: none is wanted
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.load({MODEL_PREFIX + tensor.name: whole}, storage_reader=reader, no_dist=True)
+        try:
+            with warnings.catch_warnings():  # that no process group is there: none is wanted
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load({MODEL_PREFIX + tensor.name: whole}, storage_reader=reader, no_dist=True)
+        except (CheckpointException, RuntimeError, ValueError, EOFError) as exc:
+            # a shard whose bytes are not the tensor's (the sizes were checked with .metadata)
+            raise ExportError(
+                f"{reader.checked_dir}: {tensor.name} cannot be read from its shard, damaged "
+                f"({_cause(exc)})"
+            ) from None
         heads = rotated_heads(tensor.name, args)
         if heads:  # each head's rows from pair order into rotate-half order
             rows, cols = whole.shape
@@ -236,6 +283,16 @@ def _converted(
                 whole.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
             )
         yield whole.to(dtype).contiguous()
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong reading, in a few words: DCP's CheckpointException wraps each rank's."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]  # (the exception, its traceback)
+    if isinstance(exc, pickle.UnpicklingError):  # torch's words on it advise weights_only=False
+        return "its bytes are not torch's serialization of a tensor"
+    first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def write_safetensors(
@@ -323,8 +380,8 @@ def _dataset_tokenizer(run_config: dict[str, Any]) -> dict[str, Any]:
     if not data or not Path(data).is_dir():
         return {}
     try:
-        manifest = json.loads((Path(data) / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(paths.read_regular(Path(data) / "manifest.json", MAX_MANIFEST_BYTES))
+    except (OSError, ValueError, RecursionError):  # (paths.NotReadable is a ValueError)
         return {}
     described = manifest.get("tokenizer") if isinstance(manifest, dict) else None
     return described if isinstance(described, dict) else {}
@@ -349,15 +406,25 @@ def _copy_tokenizer(
         files = [where / n for n in formats.TOKENIZER_FILES if (where / n).is_file()]
     else:
         described = _dataset_tokenizer(run_config)
-        path = Path(described.get("path") or "/nonexistent")
-        if path.is_file():
-            name = _tokenizer_name(path)
-            shutil.copyfile(path, staging / name)
+        path = described.get("path")
+        if isinstance(path, str) and Path(path).is_file():
+            name = _tokenizer_name(Path(path))
+            _copy_regular(Path(path), staging / name)
             return [name]
     for file in files:
         name = file.name if file.name in formats.TOKENIZER_FILES else _tokenizer_name(file)
-        shutil.copyfile(file, staging / name)
+        _copy_regular(file, staging / name)
     return [file.name for file in files]
+
+
+def _copy_regular(source: Path, to: Path) -> None:
+    """A tokenizer's file copied, read only where it is a regular file (a FIFO would block)."""
+    try:
+        fd = paths.open_regular(source)
+    except paths.NotReadable as exc:
+        raise ExportError(f"tokenizer {exc}") from None
+    with os.fdopen(fd, "rb") as reading, open(to, "xb") as writing:
+        shutil.copyfileobj(reading, writing)
 
 
 def _tokenizer_name(file: Path) -> str:
@@ -366,10 +433,126 @@ def _tokenizer_name(file: Path) -> str:
 
 
 def _check_target(target: Path) -> None:
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise ExportError(f"--to {target}: exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()):
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return  # the rename makes it
+    except OSError as exc:  # a path under a file, a name too long, ...
+        raise ExportError(f"--to {target}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ExportError(f"--to {target}: exists and is {runfiles.kind(target)}, not a directory")
+    if any(target.iterdir()):
         raise ExportError(f"--to {target}: not empty; name a new directory")
+
+
+class _Staging:
+    """`.OUT.partial` beside OUT, where export writes the model before renaming it to OUT.
+    Provably export's own: this export makes it (mkdir, which fails where the name is taken),
+    writes STAGING_MARK in it and holds that file locked while it writes. A name there that
+    export did not make (a link, a file, a directory without the mark, or not this user's) is
+    refused, never removed nor followed; a leftover of an interrupted export (this user's
+    directory with the mark, which no running export holds locked) is removed first. Any
+    failure inside removes what this export made, and says one line."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.path = target.parent / f".{target.name}.partial"
+        self.made: list[Path] = []  # directories this export made, outermost first
+        self.mark: int | None = None
+
+    def __enter__(self) -> _Staging:
+        try:
+            self._remove_leftover()
+            missing = [self.path, *takewhile(_absent, self.path.parents)]
+            for directory in reversed(missing):  # OUT's parents too, where they are not there
+                directory.mkdir()
+                self.made.append(directory)
+            self.mark = os.open(
+                self.path / STAGING_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            )
+        except OSError as exc:
+            self._remove()
+            raise self._refusal(exc) from None
+        except BaseException:
+            self._remove()
+            raise
+        with contextlib.suppress(OSError):  # no file locks here: a leftover is then refused
+            _lock(self.mark)
+        return self
+
+    def publish(self) -> None:
+        assert self.mark is not None
+        os.unlink(self.path / STAGING_MARK)
+        self.path.rename(self.target)  # over an empty OUT (_check_target): Linux allows it
+        self.made.remove(self.path)
+        os.close(self.mark)
+        self.mark = None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            return  # published
+        self._remove()
+        if isinstance(exc, OSError):  # a full disk, a read-only one, ...
+            raise self._refusal(exc) from None
+
+    def _refusal(self, exc: OSError) -> ExportError:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return ExportError(
+            f"--to {self.target}: not exported, nothing left there ({where}{exc.strerror or exc})"
+        )
+
+    def _remove(self) -> None:
+        if self.mark is not None:
+            os.close(self.mark)
+            self.mark = None
+        if self.made and self.made[-1] == self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.made.pop()
+        for directory in reversed(self.made):
+            try:
+                directory.rmdir()
+            except OSError:
+                break  # something else was put there meanwhile: not this export's to remove
+        self.made = []
+
+    def _remove_leftover(self) -> None:
+        found = runfiles.kind(self.path)
+        if found == "missing":
+            return
+        mark = self.path / STAGING_MARK
+        owned = found == "a directory" and os.lstat(self.path).st_uid == os.getuid()
+        if not owned or runfiles.kind(mark) != "a regular file":
+            raise ExportError(
+                f"--to {self.target}: {self.path}, export's staging name, is {found} that "
+                f"export did not make (no {STAGING_MARK} of its own in it): remove or rename "
+                "it, or choose another OUT"
+            )
+        fd = os.open(mark, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            _lock(fd)
+        except BlockingIOError:
+            os.close(fd)
+            raise ExportError(f"--to {self.target}: another export is writing it now") from None
+        except OSError as exc:
+            os.close(fd)
+            raise ExportError(
+                f"--to {self.target}: {self.path} is an export's leftover, or one still "
+                f"writing: no file locks here to tell ({exc.strerror}); remove it if none is"
+            ) from None
+        try:
+            shutil.rmtree(self.path)  # an interrupted export's, and no export holds it
+        finally:
+            os.close(fd)
+
+
+def _absent(path: Path) -> bool:
+    return not os.path.lexists(path)
+
+
+def _lock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _write_json(path: Path, value: Any) -> None:

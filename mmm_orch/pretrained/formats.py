@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
+from mmm_orch.errors import one_line, shown
 from mmm_orch.model_shapes import LlamaArgs, RopeScaling
+from mmm_orch.paths import NotReadable, open_regular
 
 HF_CONFIG = "config.json"
 HF_INDEX = "model.safetensors.index.json"
@@ -34,11 +37,17 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # what a weight may be stored as
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
 MAX_CONFIG_BYTES = 1 << 20
+# Meta's ffn_dim_multiplier: 1.3 (8B), 1.5 (405B); far from these it is not a Llama's.
+MAX_FFN_DIM_MULTIPLIER = 64.0
 
 
 class PretrainedError(ValueError):
     """A checkpoint that cannot start this run: one line naming the file, the field or the
     tensor, what it holds and what was expected."""
+
+    def __str__(self) -> str:
+        # One line whatever the file says: its names and values are shown escaped.
+        return one_line(super().__str__())
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,8 @@ def open_source(path: str | Path) -> Source:
         shards = tuple(sorted(where.glob(META_SHARDS)))
         if not shards:
             raise PretrainedError(f"--init-from {where}: {META_PARAMS} but no {META_SHARDS}")
+        for shard in shards:
+            check_regular(shard)
         return Source(where, "meta", meta_declared(params, where / META_PARAMS), shards=shards)
     raise PretrainedError(
         f"--init-from {where}: neither {HF_CONFIG} (Hugging Face) nor {META_PARAMS} (Meta) in it"
@@ -154,7 +165,7 @@ def _show(value: Any) -> str:
             f"{value.low_freq_factor:g}/{value.high_freq_factor:g}, original context "
             f"{value.original_context})"
         )
-    return "none" if value is None else str(value)
+    return "none" if value is None else shown(value)
 
 
 def hf_declared(config: dict[str, Any], file: Path) -> dict[str, tuple[str, Any]]:
@@ -162,24 +173,30 @@ def hf_declared(config: dict[str, Any], file: Path) -> dict[str, tuple[str, Any]
     settings in rope_parameters; earlier releases, and the configs on the Hub, in rope_theta
     and rope_scaling."""
     if config.get("model_type", "llama") != "llama":
-        raise PretrainedError(f"{file}: model_type {config.get('model_type')!r}, not 'llama'")
+        raise PretrainedError(f"{file}: model_type {shown(config.get('model_type'))}, not 'llama'")
     for name, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if name in config and config[name] != allowed:
-            raise PretrainedError(f"{file}: {name} is {config[name]!r}; Llama's is {allowed!r}")
-    heads = _whole(config, "num_attention_heads", file)
-    dim = _whole(config, "hidden_size", file)
-    rope = config.get("rope_parameters") or {}
-    scaling_fields = config.get("rope_scaling") or rope
+            raise PretrainedError(
+                f"{file}: {name} is {shown(config[name])}; Llama's is {allowed!r}"
+            )
+    heads = whole_number(config, "num_attention_heads", file)
+    dim = whole_number(config, "hidden_size", file)
+    rope = _object(config, "rope_parameters", file)
+    scaling_fields = _object(config, "rope_scaling", file) or rope
+    theta = config.get("rope_theta", rope.get("rope_theta", 10000.0))
     declared = {
         "dim": ("hidden_size", dim),
-        "n_layers": ("num_hidden_layers", _whole(config, "num_hidden_layers", file)),
+        "n_layers": ("num_hidden_layers", whole_number(config, "num_hidden_layers", file)),
         "n_heads": ("num_attention_heads", heads),
-        "n_kv_heads": ("num_key_value_heads", config.get("num_key_value_heads") or heads),
-        "head_dim": ("head_dim", config.get("head_dim") or dim // heads),
-        "vocab_size": ("vocab_size", _whole(config, "vocab_size", file)),
-        "ffn_dim": ("intermediate_size", _whole(config, "intermediate_size", file)),
-        "norm_eps": ("rms_norm_eps", config.get("rms_norm_eps", 1e-6)),
-        "rope_theta": ("rope_theta", config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        "n_kv_heads": (
+            "num_key_value_heads",
+            whole_number(config, "num_key_value_heads", file, heads),
+        ),
+        "head_dim": ("head_dim", whole_number(config, "head_dim", file, dim // heads)),
+        "vocab_size": ("vocab_size", whole_number(config, "vocab_size", file)),
+        "ffn_dim": ("intermediate_size", whole_number(config, "intermediate_size", file)),
+        "norm_eps": ("rms_norm_eps", positive_number(config, "rms_norm_eps", file, 1e-6)),
+        "rope_theta": ("rope_theta", positive_number({"rope_theta": theta}, "rope_theta", file)),
         "rope_scaling": ("rope_scaling", _hf_scaling(scaling_fields, file)),
         "tied_embeddings": ("tie_word_embeddings", bool(config.get("tie_word_embeddings"))),
     }
@@ -192,32 +209,35 @@ def _hf_scaling(fields: dict[str, Any], file: Path) -> RopeScaling | None:
         return None
     if kind != "llama3":
         raise PretrainedError(
-            f"{file}: RoPE scaling {kind!r}; the trainer has Llama 3.1's ('llama3') or none"
+            f"{file}: RoPE scaling {shown(kind)}; the trainer has Llama 3.1's ('llama3') or none"
         )
-    try:
-        return RopeScaling(
-            float(fields["factor"]),
-            float(fields["low_freq_factor"]),
-            float(fields["high_freq_factor"]),
-            int(fields["original_max_position_embeddings"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PretrainedError(f"{file}: rope scaling 'llama3' without a number for {exc}") from None
+    for name in ("factor", "low_freq_factor", "high_freq_factor"):
+        if name not in fields:
+            raise PretrainedError(f"{file}: rope scaling 'llama3' without a number for {name!r}")
+    return RopeScaling(
+        positive_number(fields, "factor", file),
+        positive_number(fields, "low_freq_factor", file),
+        positive_number(fields, "high_freq_factor", file),
+        whole_number(fields, "original_max_position_embeddings", file),
+    )
 
 
 def meta_declared(params: dict[str, Any], file: Path) -> dict[str, tuple[str, Any]]:
     """What Meta's params.json declares, in our fields (the same names: Meta's are ours).
     use_scaled_rope is Llama 3.1's scaling with Meta's fixed settings."""
-    heads = _whole(params, "n_heads", file)
+    heads = whole_number(params, "n_heads", file)
+    multiplier = params.get("ffn_dim_multiplier")
     shaped = LlamaArgs(
-        dim=_whole(params, "dim", file),
-        n_layers=_whole(params, "n_layers", file),
+        dim=whole_number(params, "dim", file),
+        n_layers=whole_number(params, "n_layers", file),
         n_heads=heads,
-        n_kv_heads=params.get("n_kv_heads") or heads,
-        vocab_size=_whole(params, "vocab_size", file),
+        n_kv_heads=whole_number(params, "n_kv_heads", file, heads),
+        vocab_size=whole_number(params, "vocab_size", file),
         max_seq_len=1,
-        multiple_of=_whole(params, "multiple_of", file),
-        ffn_dim_multiplier=params.get("ffn_dim_multiplier"),
+        multiple_of=whole_number(params, "multiple_of", file),
+        ffn_dim_multiplier=None
+        if multiplier is None
+        else positive_number(params, "ffn_dim_multiplier", file, limit=MAX_FFN_DIM_MULTIPLIER),
     )
     return {
         "dim": ("dim", shaped.dim),
@@ -226,8 +246,8 @@ def meta_declared(params: dict[str, Any], file: Path) -> dict[str, tuple[str, An
         "n_kv_heads": ("n_kv_heads", shaped.n_kv_heads),
         "vocab_size": ("vocab_size", shaped.vocab_size),
         "ffn_dim": ("multiple_of and ffn_dim_multiplier's hidden size", shaped.ffn_dim),
-        "norm_eps": ("norm_eps", params.get("norm_eps", 1e-5)),
-        "rope_theta": ("rope_theta", params.get("rope_theta", 10000.0)),
+        "norm_eps": ("norm_eps", positive_number(params, "norm_eps", file, 1e-5)),
+        "rope_theta": ("rope_theta", positive_number(params, "rope_theta", file, 10000.0)),
         "rope_scaling": (
             "use_scaled_rope",
             RopeScaling() if params.get("use_scaled_rope") else None,
@@ -235,26 +255,69 @@ def meta_declared(params: dict[str, Any], file: Path) -> dict[str, tuple[str, An
     }
 
 
-def _whole(config: dict[str, Any], name: str, file: Path) -> int:
+# A model's sizes (layers, heads, widths, a vocabulary, a context) are far below this; a larger
+# one is not a model's, and would overflow the arithmetic of its shapes.
+MAX_WHOLE = 1 << 31
+
+
+def whole_number(config: dict[str, Any], name: str, file: Path, default: int | None = None) -> int:
+    """config[name], a whole number from 1 to MAX_WHOLE; `default` where it is absent or null
+    (None: it must be there)."""
     value = config.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PretrainedError(f"{file}: {name} is {value!r}, not a positive whole number")
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_WHOLE:
+        raise PretrainedError(
+            f"{file}: {name} is {shown(value)}, not a whole number from 1 to {MAX_WHOLE}"
+        )
+    return value
+
+
+def positive_number(
+    config: dict[str, Any],
+    name: str,
+    file: Path,
+    default: float | None = None,
+    limit: float = math.inf,
+) -> float:
+    """config[name], a finite number above 0 (and at most `limit`); `default` where absent."""
+    value = config.get(name)
+    if value is None:
+        value = default
+    try:
+        number = float(value) if isinstance(value, (int, float)) and value is not True else math.nan
+    except OverflowError:  # an integer of hundreds of digits
+        number = math.inf
+    if not (0 < number <= limit and math.isfinite(number)):
+        bound = "" if limit == math.inf else f" and at most {limit:g}"
+        raise PretrainedError(
+            f"{file}: {name} is {shown(value)}, not a finite number above 0{bound}"
+        )
+    return number
+
+
+def _object(config: dict[str, Any], name: str, file: Path) -> dict[str, Any]:
+    """config[name], a JSON object; {} where it is absent or null."""
+    value = config.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PretrainedError(f"{file}: {name} is {shown(value)}, not a JSON object")
     return value
 
 
 def read_json(file: Path) -> dict[str, Any]:
     """A JSON object of at most MAX_CONFIG_BYTES; PretrainedError naming the file otherwise."""
-    try:
-        with file.open("rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise PretrainedError(f"{file}: cannot read it: {exc.strerror}") from None
+    with _opened(file) as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise PretrainedError(f"{file}: larger than {MAX_CONFIG_BYTES >> 20} MiB")
     try:
         value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PretrainedError(f"{file}: not JSON ({exc})") from None
+    except RecursionError:
+        raise PretrainedError(f"{file}: not JSON of a configuration (nested too deep)") from None
+    except ValueError as exc:  # not JSON, or a number of over 4,300 digits
+        raise PretrainedError(f"{file}: not JSON ({str(exc)[:200]})") from None
     if not isinstance(value, dict):
         raise PretrainedError(f"{file}: holds {type(value).__name__}, not a JSON object")
     return value
@@ -345,10 +408,11 @@ def _hf_tensors(where: Path) -> dict[str, TensorInfo]:
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise PretrainedError(f"{index}: no weight_map of tensor names to files")
+        for name in weight_map.values():
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise PretrainedError(f"{index}: {shown(name)} is not a file name in {where}")
         files = sorted(set(weight_map.values()))
         for name in files:
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise PretrainedError(f"{index}: {name!r} is not a file name in {where}")
             if not (where / name).is_file():
                 raise PretrainedError(
                     f"--init-from {where}: shard {name}, named in {HF_INDEX}, is missing"
@@ -370,12 +434,31 @@ def _hf_tensors(where: Path) -> dict[str, TensorInfo]:
     return found
 
 
+def check_regular(file: Path) -> None:
+    """PretrainedError unless `file` (a link followed: a Hub cache links its blobs) is a regular
+    file that can be read: a FIFO in a checkpoint would block its reader forever."""
+    with _opened(file):
+        pass
+
+
+def _opened(file: Path) -> BinaryIO:
+    """`file` opened to read, without waiting on a FIFO; PretrainedError, one line, when it is
+    no regular file or cannot be opened."""
+    try:
+        return os.fdopen(open_regular(file), "rb")
+    except NotReadable as exc:
+        raise PretrainedError(str(exc)) from None
+    except OSError as exc:
+        raise PretrainedError(f"{file}: cannot read it: {exc.strerror}") from None
+
+
 def read_header(file: Path) -> dict[str, TensorInfo]:
     """A safetensors file's tensors, its header checked against the file: every tensor's bytes
     inside the file, as many as its dtype and shape take, none overlapping another's."""
+    opened = _opened(file)
     try:
-        size = file.stat().st_size
-        with file.open("rb") as handle:
+        size = os.fstat(opened.fileno()).st_size
+        with opened as handle:
             head = handle.read(8)
             length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
             if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
@@ -388,7 +471,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
         raise PretrainedError(f"{file}: cannot read it: {exc.strerror}") from None
     try:
         header = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         raise PretrainedError(f"{file}: its safetensors header is not JSON") from None
     if not isinstance(header, dict):
         raise PretrainedError(f"{file}: its safetensors header is not a JSON object")

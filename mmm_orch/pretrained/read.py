@@ -26,6 +26,7 @@ from mmm_orch.pretrained.formats import (
     PretrainedError,
     Source,
     TensorInfo,
+    check_regular,
     hf_name,
     meta_split,
     rotated_heads,
@@ -169,6 +170,7 @@ def _index(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...
 def _load_pth(file: Path) -> dict[str, torch.Tensor]:
     """A consolidated file's tensors, mapped rather than read; PretrainedError for anything but
     a dictionary of tensors (weights_only refuses to unpickle other objects)."""
+    check_regular(file)  # torch.load would wait forever on a FIFO
     try:
         loaded = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:

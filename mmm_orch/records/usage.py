@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,17 @@ def parse_since(text: str | None) -> float | None:
     if text is None:
         return None
     try:
+        # fromisoformat alone also takes ISO's basic forms: 30 digits read as a date and time.
+        if not _SINCE.fullmatch(text.strip()):
+            raise ValueError(text)
         return dt.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         raise InvalidValue(
             "--since", text, "a date, YYYY-MM-DD, or a date and time, YYYY-MM-DDTHH:MM"
         ) from None
+
+
+_SINCE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?)?")
 
 
 # A record's times: the local date of MAX_EPOCH's last day can be in year 10000 east of UTC.

@@ -17,19 +17,22 @@ exposed part it makes the collectives' whole time.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmm_orch.errors import shown
 from mmm_orch.injob.protocol import PROFILE_PHASES, PROFILE_RANGE, PROFILE_TRACE
+from mmm_orch.paths import NotReadable, read_regular
 
 COLLECTIVE = re.compile(
     r"gloo:|nccl|rccl|ccl:|c10d::|_c10d_functional::|record_param_comms|wait", re.I
 )
 POINT_TO_POINT = re.compile(r"send|recv", re.I)  # of the collectives: a pipeline's transfers
-STEP = re.compile(re.escape(PROFILE_RANGE) + r"step#(\d+)$")
+STEP = re.compile(re.escape(PROFILE_RANGE) + r"step#([0-9]{1,15})$")  # no run has more steps
 TOP = 10
 
 Span = tuple[float, float]  # (start, end) in microseconds
@@ -80,7 +83,7 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
     # A CUDA trace repeats each range on the GPU's stream (gpu_user_annotation, from the first
     # kernel to the last one launched in it); the CPU's is the one the step clock times.
     spans = [
-        e
+        _timed(e)
         for e in events
         if isinstance(e, dict)
         and e.get("ph") == "X"
@@ -151,6 +154,7 @@ def rank_profile(trace: dict[str, Any], rank: int, host: str) -> RankProfile:
 
 
 MAX_TRACE_BYTES = 4 << 30  # a GPU trace of a few steps is tens to hundreds of MB
+MAX_MICROSECONDS = 2**53  # 285 years: a trace's clock (epoch microseconds) stays below
 
 
 def traces(where: Path) -> dict[int, tuple[str, Path]]:
@@ -158,17 +162,27 @@ def traces(where: Path) -> dict[int, tuple[str, Path]]:
     found = {}
     for file in sorted(where.glob("*.pt.trace.json")):
         named = PROFILE_TRACE.fullmatch(file.name)
-        if named:
+        if named and len(named["rank"]) <= 9:  # no run has a billion ranks
             found[int(named["rank"])] = (named["host"], file)
     return found
 
 
 def read(file: Path, rank: int, host: str) -> RankProfile:
-    """A trace file's profile; TraceError for one too large, not JSON or not a window's."""
-    if file.stat().st_size > MAX_TRACE_BYTES:
-        raise TraceError(f"{file}: larger than {MAX_TRACE_BYTES >> 30} GiB; profile fewer steps")
+    """A trace file's profile; TraceError for one that is not a regular file (a FIFO, a
+    device, a directory), too large, not JSON, nested past reading, or not a window's."""
     try:
-        return rank_profile(json.loads(file.read_bytes()), rank, host)
+        data = read_regular(file, MAX_TRACE_BYTES)
+    except NotReadable as exc:
+        raise TraceError(
+            f"{exc}; a trace is a regular file of at most "
+            f"{MAX_TRACE_BYTES >> 30} GiB (profile fewer steps)"
+        ) from None
+    except OSError as exc:
+        raise TraceError(f"{file}: cannot read: {exc.strerror}") from None
+    try:
+        return rank_profile(json.loads(data), rank, host)
+    except RecursionError:
+        raise TraceError(f"{file}: nested too deeply to be a Chrome trace") from None
     except (ValueError, TraceError) as exc:
         raise TraceError(f"{file}: {exc}") from None
 
@@ -198,8 +212,28 @@ def spread(ranks: list[RankProfile]) -> tuple[RankProfile, float] | None:
 def _top(events) -> list[tuple[str, float]]:
     total: dict[str, float] = defaultdict(float)
     for event in events:
-        total[str(event["name"])] += float(event["dur"]) / 1000
+        total[str(event["name"])] += event["dur"] / 1000
     return sorted(total.items(), key=lambda item: -item[1])[:TOP]
+
+
+def _timed(event: dict[str, Any]) -> dict[str, Any]:
+    """A span event whose `ts` and `dur` are numbers of microseconds a clock can hold, `dur`
+    not negative; TraceError naming the event otherwise."""
+    for key in ("ts", "dur"):
+        value = event.get(key)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or abs(value) > MAX_MICROSECONDS  # first: a 400-digit int is no float
+            or math.isnan(value)
+        ):
+            raise TraceError(
+                f"event {shown(event.get('name'))}: {key} {shown(value)} is not a number of "
+                f"microseconds (at most {MAX_MICROSECONDS})"
+            )
+    if event["dur"] < 0:
+        raise TraceError(f"event {shown(event.get('name'))}: dur {event['dur']} is negative")
+    return event
 
 
 def _span(event: dict[str, Any]) -> Span:

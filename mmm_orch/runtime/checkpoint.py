@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.protocol import CHECKPOINT_EVENT, EXIT_CHECKPOINTED
 from mmm_orch.injob.runfiles import RunFileError
+from mmm_orch.pretrained.dcp_reader import CheckedReader
 from mmm_orch.runtime import stop
 from mmm_orch.runtime.dist import refuse
 
@@ -231,11 +232,13 @@ class Checkpointer:
         train = runfiles.read_small(path / "train.json", 1 << 20)
         if train is None:
             raise RunFileError(f"{path} has no train.json: not a complete checkpoint")
-        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        train_state = _train_state(path / "train.json", train)
+        reader = CheckedReader(path)
+        saved = reader.read_metadata().state_dict_metadata
         options = AS_LISTS if "optim.param_groups.0.params" in saved else BY_NAME
         model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=reader)
         set_state_dict(
             model,
             optimizer,
@@ -246,7 +249,19 @@ class Checkpointer:
         rng = path / f"rng-{dist.get_rank()}.pt"
         if rng.exists():  # a run resumed on another number of ranks starts its draws afresh
             _set_rng_state(torch.load(rng, weights_only=True))
-        return json.loads(train)
+        return train_state
+
+
+def _train_state(file: Path, text: bytes) -> dict[str, Any]:
+    """train.json's object, whose step is a step; RunFileError (one line) for anything else."""
+    try:
+        state = json.loads(text)
+    except (ValueError, RecursionError):
+        state = None
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise RunFileError(f"{file} is not the train state the trainer writes (a step and more)")
+    return state
 
 
 @dataclass

@@ -317,7 +317,7 @@ class SampleLog:
             if dp_rank == 0:  # and the logs of ranks a run on more of them had
                 for stale in directory.glob("dp-*.jsonl"):
                     rank = stale.stem.removeprefix("dp-")
-                    if rank.isdigit() and int(rank) >= dp:
+                    if rank.isascii() and rank.isdigit() and int(rank) >= dp:
                         _trim(stale, resumed_from)
         self.file = open(path, "a")  # noqa: SIM115 - appended to for the whole run
 

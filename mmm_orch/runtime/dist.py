@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable
@@ -49,6 +50,33 @@ def _use_ezpz() -> bool:
     return True
 
 
+def _init_mpi_for_oneccl(is_reporter: bool) -> None:
+    """With CCL_KVS_MODE=mpi, oneCCL needs MPI initialised by the application before the process
+    group is made, and `import mpi4py` does it (ALCF-UG aurora/data-science/frameworks/
+    frameworks.md, Known issues, read 2026-11-28). Nothing happens under any other KVS mode."""
+    if os.environ.get("CCL_KVS_MODE") != "mpi":
+        return
+    try:
+        from mpi4py import MPI  # MPI_Init at import (mpi4py.rc.initialize)
+    except ImportError as exc:  # every rank finds the same: all stop, one says why
+        if is_reporter:
+            print(
+                f"[runtime] error: CCL_KVS_MODE=mpi needs MPI initialised before the process "
+                f"group, by mpi4py, which is not importable here ({exc}): install mpi4py in the "
+                "job environment, or run without CCL_KVS_MODE=mpi",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise SystemExit(2) from None
+    if is_reporter:
+        print(
+            f"[runtime] MPI initialised before the process group (CCL_KVS_MODE=mpi): "
+            f"{MPI.Is_initialized()}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def setup(timeout_s: float = 600) -> Runtime:
     """Find rank and device, pin the device, then join the process group (in that order: NCCL and
     xccl pick the device at init)."""
@@ -67,6 +95,7 @@ def setup(timeout_s: float = 600) -> Runtime:
     elif device.type == "xpu":
         torch.xpu.set_device(device.index)
     if not dist.is_initialized():
+        _init_mpi_for_oneccl(launch.rank == 0)
         if launch.world_size > 1 and _use_ezpz():
             import ezpz  # optional: found importable by _use_ezpz
 
@@ -104,11 +133,22 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+_ON_EXIT: list[Callable[[], None]] = []
+
+
+def on_exit(action: Callable[[], None]) -> None:
+    """Run `action` as the process leaves, by exit_process (which skips atexit) or otherwise."""
+    _ON_EXIT.append(action)
+    atexit.register(action)
+
+
 def exit_process(code: int) -> NoReturn:
     """Leave without interpreter finalization. After the process group is gone, C++ destructors
     of gloo's transport run at finalization and sometimes abort ("terminate called without an
     active exception", about 1 run in 10 on a loaded 2-core host), which turns a finished run into
-    a SIGABRT. Everything the run writes is flushed first."""
+    a SIGABRT. Everything the run writes is flushed first, and on_exit's actions run."""
+    for action in _ON_EXIT:
+        action()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

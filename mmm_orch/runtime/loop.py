@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import math
 import os
@@ -15,8 +14,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from mmm_orch.injob import protocol, runfiles
-from mmm_orch.runtime import profiling
-from mmm_orch.runtime.dist import Runtime, refuse, refuse_if_main_says
+from mmm_orch.runtime import profiling, run_claim
+from mmm_orch.runtime.dist import Runtime, on_exit, refuse, refuse_if_main_says
 from mmm_orch.runtime.profiling import region
 
 
@@ -164,13 +163,11 @@ def param_dtype(rt: Runtime, dtype: str) -> torch.dtype:
     return torch.bfloat16 if _bf16(rt, dtype) else torch.float32
 
 
-_RUN_LOCK = None  # rank 0 holds the run directory's lock for the life of the process
-
-
 def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
     """<output_dir>/<run_name>, the same on every rank. mmm-orch always names the run; started by
     hand, a run is named after its job id or, outside a job, the time rank 0 started. Rank 0 holds
-    a lock on the directory for the whole run: two runs never write one directory at once. A
+    the directory for the whole run (runtime/run_claim.py: by flock and a claim file, or the claim
+    alone where the file system refuses flock): two runs never write one directory at once. A
     directory in use, or one whose files are not what a run keeps there: exit 2 on every rank."""
     name = run_name
     if not name:
@@ -179,13 +176,13 @@ def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
         dist.broadcast_object_list(picked, src=0)
         name = f"{trainer}-{picked[0]}"
     path = Path(output_dir) / name
-    refuse_if_main_says(rt, "runtime", _claim(path, rt.hostname) if rt.is_main else "")
+    refuse_if_main_says(rt, "runtime", _claim(path) if rt.is_main else "")
     return path
 
 
-def _claim(path: Path, hostname: str) -> str:
-    """Rank 0: make the run directory and take its lock; why the run cannot have it, or ""."""
-    global _RUN_LOCK
+def _claim(path: Path) -> str:
+    """Rank 0: make the run directory and take it (runtime/run_claim.py); why the run cannot
+    have it, or ""."""
     if os.path.lexists(path) and not path.is_dir():
         return (
             f"run directory {path} is {runfiles.kind(path)}, not a directory; give this run "
@@ -197,7 +194,7 @@ def _claim(path: Path, hostname: str) -> str:
         return f"cannot make the run directory {path}: {exc.strerror}"
     # What the run writes in it: a FIFO there would block it, a link would be written through.
     for entry, wanted in (
-        (".lock", "a regular file"),
+        (run_claim.LOCK_FILE, "a regular file"),
         (protocol.METRICS_FILE, "a regular file"),
         (protocol.CHECKPOINTS_DIR, "a directory"),
     ):
@@ -206,34 +203,12 @@ def _claim(path: Path, hostname: str) -> str:
                 f"{path / entry} is {found}, not {wanted}: not a run directory this "
                 "runtime wrote; give this run another --run-name"
             )
-    _RUN_LOCK = open(path / ".lock", "a+")  # noqa: SIM115 - the lock is held until exit
     # A relaunch after a failure waits this long for the ranks of the launch that ended,
     # which may take the scheduler's kill grace (Slurm's KillWait) to go.
-    deadline = time.monotonic() + float(os.environ.get(protocol.RUN_LOCK_WAIT_VAR, "0"))
-    waiting = False
-    while True:
-        try:
-            fcntl.flock(_RUN_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _RUN_LOCK.seek(0)
-            _RUN_LOCK.truncate()
-            _RUN_LOCK.write(f"{hostname} {os.getpid()}\n")
-            _RUN_LOCK.flush()
-            return ""
-        except BlockingIOError:
-            _RUN_LOCK.seek(0)
-            holder = _RUN_LOCK.read().strip() or "another process"
-            if time.monotonic() >= deadline:
-                return (
-                    f"run directory {path} is in use by another run ({holder}); give this "
-                    "run another --run-name"
-                )
-            if not waiting:
-                waiting = True
-                print(
-                    f"[runtime] run directory {path} is still held by {holder}; waiting "
-                    f"up to {deadline - time.monotonic():.0f}s for it to stop",
-                    flush=True,
-                )
-            time.sleep(1)
-        except OSError:  # a filesystem without flock: run unguarded
-            return ""
+    wait_s = float(os.environ.get(protocol.RUN_LOCK_WAIT_VAR, "0"))
+    refused = run_claim.hold(
+        path, run_claim.this_process(), wait_s, lambda text: print(text, flush=True)
+    )
+    if not refused:
+        on_exit(run_claim.release)
+    return refused

@@ -172,6 +172,12 @@ def _tiktoken_ranks(file: Path, data: bytes) -> dict[bytes, int]:
             f"tokenizer {file}: rank {largest} with {len(ranks)} tokens: the ranks "
             f"must be 0 to {len(ranks) - 1}, each once"
         )
+    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
+    if missing is not None:  # tiktoken's encoder panics (in Rust) on a byte it has no token for
+        raise TextError(
+            f"tokenizer {file}: no token for the byte {missing:#04x}: a byte-level BPE file "
+            "holds each of the 256 bytes as a token"
+        )
     return ranks
 
 

@@ -13,8 +13,18 @@ import re
 import time
 from typing import Any
 
+from mmm_orch.errors import shown
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM
-from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
+from mmm_orch.schedulers.states import (
+    MOST_DIGITS,
+    JobState,
+    JobStatus,
+    LiveQueue,
+    OpenJob,
+    Reading,
+    stated_count,
+    stated_walltime,
+)
 from mmm_orch.walltime import duration
 
 # PBS job_state letters (PBS Professional Reference Guide, "Job States").
@@ -237,42 +247,78 @@ def open_jobs(text: str, user: str) -> list[OpenJob]:
 
 
 # A PBS limit's entities: each user, each project (PBS Pro Admin Guide, "Limits": u:, p:, g:, o:).
-_LIMIT = re.compile(r"\[([up]):PBS_GENERIC=(\d+)\]")
+_LIMIT = re.compile(r"\[([up]):PBS_GENERIC=([^\]]*)\]")
 _LIMIT_COUNTS = {"max_queued": "any", "queued_jobs_threshold": "queued", "max_run": "running"}
 
 
 def parse_queues(text: str) -> list[LiveQueue]:
     """`qstat -Q -f -F json`: every queue with its node and walltime bounds, its per-user and
     per-project job limits (max_queued: any state; queued_jobs_threshold: queued; max_run:
-    running) and a routing queue's destinations. ValueError when it is not that JSON."""
-    data = json.loads(text)
+    running) and a routing queue's destinations; a value that is not what PBS writes is named
+    in the queue's `unreadable`. ValueError when the output is not that JSON at all."""
+    try:
+        # An integer past MOST_DIGITS stays text, to be named unreadable: int() refuses one
+        # of over 4300 digits with a ValueError that would say nothing of where it was.
+        data = json.loads(
+            text, parse_int=lambda digits: int(digits) if len(digits) <= MOST_DIGITS else digits
+        )
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     queues = data.get("Queue") if isinstance(data, dict) else None
     if not isinstance(queues, dict):
         raise ValueError("no Queue object")
-    out = []
-    for name, queue in queues.items():
-        low, high = queue.get("resources_min") or {}, queue.get("resources_max") or {}
-        limits = frozenset(
-            (int(jobs), "user" if who == "u" else "project", counts)
-            for attribute, counts in _LIMIT_COUNTS.items()
-            for who, jobs in _LIMIT.findall(str(queue.get(attribute, "")))
-        )
-        walltime = duration(high.get("walltime"))
-        out.append(
-            LiveQueue(
-                name=name,
-                kind=str(queue.get("queue_type", "")).lower(),
-                min_nodes=_whole(low.get("nodect")),
-                max_nodes=_whole(high.get("nodect")),
-                max_walltime=int(walltime) if walltime is not None else None,
-                limits=limits,
-                destinations=tuple(
-                    d for d in str(queue.get("route_destinations", "")).split(",") if d
-                ),
-            )
-        )
-    return out
+    return [_queue(name, queue) for name, queue in queues.items()]
 
 
-def _whole(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) or str(value).isdigit() else None
+def _queue(name: str, queue: Any) -> LiveQueue:
+    if not isinstance(queue, dict):
+        return LiveQueue(name=name, kind="", limits=None, unreadable=(("", shown(queue)),))
+    reading = Reading()
+    read = reading.read
+    low = read("resources_min", queue.get("resources_min"), _mapping) or {}
+    high = read("resources_max", queue.get("resources_max"), _mapping) or {}
+    limits = frozenset(
+        (jobs, who, counts)
+        for attribute, counts in _LIMIT_COUNTS.items()
+        for who, jobs in read(attribute, queue.get(attribute), _limits) or ()
+    )
+    return LiveQueue(
+        name=name,
+        kind=(read("queue_type", queue.get("queue_type"), _text) or "").lower(),
+        min_nodes=read("resources_min.nodect", low.get("nodect"), stated_count),
+        max_nodes=read("resources_max.nodect", high.get("nodect"), stated_count),
+        max_walltime=read("resources_max.walltime", high.get("walltime"), stated_walltime),
+        # Not all of them read: none, rather than some that would seem to differ.
+        limits=None if any(f in _LIMIT_COUNTS for f, _ in reading.unreadable) else limits,
+        destinations=tuple(
+            d
+            for d in (
+                read("route_destinations", queue.get("route_destinations"), _text) or ""
+            ).split(",")
+            if d
+        ),
+        unreadable=tuple(reading.unreadable),
+    )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("not a text")
+    return value
+
+
+def _limits(value: Any) -> list[tuple[str, int]]:
+    """A PBS limit's per-user and per-project entries, e.g. '[u:PBS_GENERIC=1] [p:...=10]', as
+    (user|project, jobs); a bare number (an old-style limit on the whole queue) has none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return []
+    return [
+        ("user" if who == "u" else "project", stated_count(jobs))
+        for who, jobs in _LIMIT.findall(_text(value))
+    ]

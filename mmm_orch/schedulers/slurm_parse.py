@@ -10,7 +10,15 @@ import json
 import re
 from typing import Any
 
-from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
+from mmm_orch.schedulers.states import (
+    JobState,
+    JobStatus,
+    LiveQueue,
+    OpenJob,
+    Reading,
+    stated_count,
+    stated_walltime,
+)
 from mmm_orch.walltime import duration
 
 _STATES = {
@@ -366,22 +374,24 @@ QOS_FORMAT = "format=Name,MaxWall,MaxTRESPerJob," + ",".join(f for f, _, _ in QO
 
 def parse_partitions(text: str) -> list[LiveQueue]:
     """`scontrol show partition --oneliner`: each partition's node and walltime bounds (0 or
-    UNLIMITED: none), its partition QOS named as a destination."""
+    UNLIMITED: none), its partition QOS named as a destination; a value that is not what Slurm
+    writes is named in the partition's `unreadable`."""
     out = []
     for line in text.splitlines():
         fields = dict(word.partition("=")[::2] for word in line.split() if "=" in word)
         if "PartitionName" not in fields:
             continue
-        walltime = duration(fields.get("MaxTime"))
+        reading = Reading()
         qos = fields.get("QoS", "N/A")
         out.append(
             LiveQueue(
                 name=fields["PartitionName"],
                 kind="partition",
-                min_nodes=_bound(fields.get("MinNodes"), floor=1),
-                max_nodes=_bound(fields.get("MaxNodes")),
-                max_walltime=int(walltime) if walltime is not None else None,
+                min_nodes=_bound(reading, "MinNodes", fields.get("MinNodes"), floor=1),
+                max_nodes=_bound(reading, "MaxNodes", fields.get("MaxNodes")),
+                max_walltime=_walltime(reading, "MaxTime", fields.get("MaxTime")),
                 destinations=() if qos in ("N/A", "") else (qos,),
+                unreadable=tuple(reading.unreadable),
             )
         )
     return out
@@ -389,7 +399,8 @@ def parse_partitions(text: str) -> list[LiveQueue]:
 
 def parse_qos(text: str) -> list[LiveQueue]:
     """`sacctmgr --noheader --parsable2 show qos` with QOS_FORMAT: each QOS's job limits, its
-    walltime bound and its node bound (MaxTRESPerJob node=N)."""
+    walltime bound and its node bound (MaxTRESPerJob node=N); a value that is not what Slurm
+    writes is named in the QOS's `unreadable`."""
     out = []
     for line in text.splitlines():
         values = line.split("|")
@@ -397,23 +408,35 @@ def parse_qos(text: str) -> list[LiveQueue]:
             continue
         name, wall, tres, *counts = values
         tres_fields = dict(item.partition("=")[::2] for item in tres.split(",") if "=" in item)
-        walltime = duration(wall) if wall else None
+        reading = Reading()
+        limits = frozenset(
+            (jobs, per, kind)
+            for value, (field, per, kind) in zip(counts, QOS_LIMITS, strict=True)
+            if (jobs := reading.read(field, value or None, stated_count)) is not None
+        )
+        # Not all of them read: none, rather than some that would seem to differ.
+        limits_read = not reading.unreadable
         out.append(
             LiveQueue(
                 name=name,
                 kind="qos",
-                max_nodes=_bound(tres_fields.get("node")),
-                max_walltime=int(walltime) if walltime is not None else None,
-                limits=frozenset(
-                    (int(value), per, kind)
-                    for value, (_, per, kind) in zip(counts, QOS_LIMITS, strict=False)
-                    if value.isdigit()
-                ),
+                max_nodes=_bound(reading, "MaxTRESPerJob.node", tres_fields.get("node")),
+                max_walltime=_walltime(reading, "MaxWall", wall),
+                limits=limits if limits_read else None,
+                unreadable=tuple(reading.unreadable),
             )
         )
     return out
 
 
-def _bound(value: str | None, floor: int = 0) -> int | None:
+def _bound(reading: Reading, field: str, value: str | None, floor: int = 0) -> int | None:
     """A node bound, None where Slurm sets none (UNLIMITED, or at most `floor`)."""
-    return int(value) if value and value.isdigit() and int(value) > floor else None
+    if value in (None, "", "UNLIMITED"):
+        return None
+    bound = reading.read(field, value, stated_count)
+    return bound if bound is not None and bound > floor else None
+
+
+def _walltime(reading: Reading, field: str, value: str | None) -> int | None:
+    """A walltime bound, None where Slurm sets none (UNLIMITED)."""
+    return None if value in (None, "", "UNLIMITED") else reading.read(field, value, stated_walltime)

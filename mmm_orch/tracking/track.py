@@ -12,6 +12,7 @@ from pathlib import Path
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.injob import files, protocol
+from mmm_orch.injob.diagnose import setup_failure
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.record import JobRecord
 from mmm_orch.schedulers import scheduler_for
@@ -193,6 +194,8 @@ def _from_the_log(status: JobStatus, record: JobRecord, host: Host, cancel_sent:
             status,
             reason=f"resumable at step {saved}" if saved else "no checkpoint: it cannot be resumed",
         )
+    if status.state is JobState.FAILED and (setup := setup_failure(text, record.machine)):
+        return dataclasses.replace(status, reason=setup)  # the job stopped at its setup
     markers = parse_markers(text)
     if status.state is JobState.COMPLETED and markers.launch_exit != 0:
         if cancel_sent:

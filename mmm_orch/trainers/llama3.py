@@ -28,6 +28,7 @@ if (
 import torch
 import torch.distributed as dist
 
+from mmm_orch.limits import MAX_GLOBAL_BATCH
 from mmm_orch.model_shapes import (
     DEFAULT_LOSS_CHUNK,
     LlamaArgs,
@@ -118,7 +119,10 @@ class Config(RunOptions):
         "uint32", "a flat token file's id type (a dataset's manifest says its own)"
     )
     global_batch: int = option(
-        0, "samples a step on any node count, by gradient accumulation (0: batch_size x dp)", ge=0
+        0,
+        "samples a step on any node count, by gradient accumulation (0: batch_size x dp)",
+        ge=0,
+        le=MAX_GLOBAL_BATCH,
     )
     max_grad_norm: float = option(1.0, "clip to this norm (0: no clip)", ge=0)
     eval_every: int = option(0, "validation loss every N steps and at the last (0: never)", ge=0)

@@ -30,7 +30,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from mmm_orch.injob import protocol
+from mmm_orch.injob import launch_env, protocol
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.dataset import (
     FORMAT,
@@ -149,7 +149,14 @@ class ShardWriter:
 
 
 def _refuse(message: str) -> NoReturn:
-    print(f"[tokenize] error: {message}", file=sys.stderr, flush=True)
+    """Exit 2 over what every rank found wrong before the process group: the first rank says
+    it, once (the job's log holds one line however many ranks the launcher started)."""
+    try:
+        first = launch_env.locate(os.environ).rank == 0
+    except launch_env.LaunchEnvError:  # a launch runtime_dist.setup would refuse: said anyway
+        first = True
+    if first:
+        print(f"[tokenize] error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 

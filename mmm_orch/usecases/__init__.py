@@ -17,6 +17,7 @@ environments, machines).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,8 @@ class Prepared:
     template: str | None
     remote: str
     budget: float | None = None  # node-hours the budgets leave (a chain's links keep to it)
+    # What the submission says once it is made (a stack not checked lately), one line each.
+    notes: tuple[str, ...] = ()
 
 
 def bad_nodes(db: str | None, machine: str) -> tuple[str, ...]:
@@ -156,13 +159,37 @@ def prepare_plan(
     budget = within_budgets(checked, db, "a chain's first link" if chain else "this job")
 
     remote = target_for(checked, host)
+    notes = check_stacks([checked])
     check_room(checked, max(chain, 1), remote, db, load)
     # One job with the packaged templates is rendered once, at submission (a failure there
     # undoes everything); a template of the user's, and a chain's links, are tried first.
     scripts = [checked] if template is not None else []
     if chain:  # a chain's first link, and one that resumes: what its scripts differ by
         scripts = chain_links(checked, chain)[:2]
-    return _ready(checked, template, remote, env_check, scripts, budget)
+    prepared = _ready(checked, template, remote, env_check, scripts, budget)
+    return dataclasses.replace(prepared, notes=notes)
+
+
+def check_stacks(plans: list[Plan]) -> tuple[str, ...]:
+    """Before the queue: each plan's stack as its machine's last software check found it. A
+    stack found broken is refused (MmmError); the notes for those not checked lately."""
+    from mmm_orch.planning.software import gate
+
+    seen, notes = set(), []
+    for each in plans:
+        key = (each.machine, each.environment.stack or "default")
+        if not each.environment.setup or key in seen:
+            continue  # a stack of no lines (a machine without modules) has nothing to check
+        seen.add(key)
+        if note := gate(*key):
+            notes.append(note)
+    return tuple(notes)
+
+
+def tell(notes: tuple[str, ...]) -> None:
+    """A submission's notes, once it is made: on stderr, as the CLI's other notes."""
+    for note in notes:
+        print(f"mmm-orch: {note}", file=sys.stderr)
 
 
 def check_room(
@@ -259,15 +286,19 @@ def _ready(
 def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
     from mmm_orch.submission import submit as jobs
 
-    return jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
+    record = jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
+    tell(prepared.notes)
+    return record
 
 
 def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[JobRecord]:
     from mmm_orch.submission.chains import submit_chain as submit_links
 
-    return submit_links(
+    records = submit_links(
         prepared.plan, db_path(db), links, prepared.template, prepared.remote, prepared.budget
     )
+    tell(prepared.notes)
+    return records
 
 
 def sweep_points(
@@ -358,9 +389,12 @@ def submit_sweep(
     from mmm_orch.submission.submit import check_job_python, target_for
 
     remote = target_for(planned[0].plan, host)
+    notes = check_stacks([point.plan for point in planned])
     if env_check:
         check_job_python(planned[0].plan, remote)
-    return sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
+    made = sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
+    tell(notes)
+    return made
 
 
 def resuming(planned: Plan) -> Plan:

@@ -75,3 +75,31 @@ def schema(kind: str) -> dict[str, Any]:
 
 def is_machine(name: str) -> bool:
     return name in registry.names("machines")
+
+
+def check_software(name: str, host: str | None = None, timeout: float | None = None):
+    """Each of machine `name`'s stacks loaded in a clean shell here or on the login host, as a
+    job would load it (planning/software.py); the result kept as the machine's last check.
+    Stacks with nothing to check (no lines, nothing given or set) are left out."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.hosts import host_for
+    from mmm_orch.planning import software
+    from mmm_orch.usecases import target
+
+    machine = load_machine(name)
+    remote = "" if machine.scheduler.kind == "local" and host is None else target(name, host)
+    runner = host_for(remote)
+    checks = [
+        software.check_stack(machine, stack, runner.run, timeout or software.STACK_TIMEOUT)
+        for stack in machine.stacks
+        if stack.lines() or stack.gives or stack.sets
+    ]
+    software.save_checks(machine.name, remote, checks)
+    return checks
+
+
+def has_scheduler(name: str) -> bool:
+    """Whether machine `name` has a batch scheduler whose queues `machines check` compares."""
+    from mmm_orch.config.registry import load_machine
+
+    return load_machine(name).scheduler.kind != "local"

@@ -64,8 +64,11 @@ def pack_points(
 ) -> Pack:
     """The sweep's points and the pack job that runs them, all checked: every point fits the
     pack's nodes and renders, the pack job has a queue with room (its user's jobs counted where
-    it goes, `review`: offline) and keeps to the budgets."""
-    remote = None if review else target(request.machine, host)
+    it goes, `review`: offline) and keeps to the budgets. A pack where it cannot run is refused,
+    in a review too."""
+    # A review stays offline: only a --host given is known without looking for the submit
+    # command (a machine's login_hosts are taken where it is not on PATH, at submission).
+    remote = host if review else target(request.machine, host)
     if remote:
         raise MmmError(
             f"--pack submits from {request.machine}'s login node, not through "
@@ -75,6 +78,7 @@ def pack_points(
     swept = sweeps.axes(nodes, sets, devices)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     points = sweeps.points(shared, swept, new_jobs=False)  # no queue: they run in the pack
+    check_packable(request.machine, points[0].plan.scheduler)
     largest = max(points, key=lambda point: point.nodes)
     if pack_nodes is not None:
         if pack_nodes < 1:
@@ -105,6 +109,17 @@ def pack_points(
     return Pack(
         swept, points, prepare_plan(job, template, None, env_check and not review, db=db, load=load)
     )
+
+
+def check_packable(machine: str, scheduler: str, asked: str = "--pack") -> None:
+    """A pack's points share the allocation its job is granted: a machine whose scheduler grants
+    none (the local executor runs each job here at once) has nothing for them to run in."""
+    if scheduler == "local":
+        raise MmmError(
+            f"{asked}: machine {machine} runs its jobs on this computer without a batch "
+            "scheduler, so a pack job has no allocation for its points to share; run the "
+            "sweep without --pack (each point is a job of its own here)"
+        )
 
 
 def _pack_request(shared: Request, points: list, nodes: int, walltime: str | None) -> Request:
@@ -175,6 +190,9 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
     opened = open_db(str(db_path(db)))
     if opened is None or old.group_id is None:  # (a pack job is recorded in its sweep's group)
         raise MmmError(f"rerun: job {old.id} is no pack job in {db_path(db)}")
+    recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
+    # (a pack recorded by a version that did not refuse it)
+    check_packable(recorded.machine, recorded.scheduler, f"rerun: job {old.id} is a pack")
     group, ran = sweeps.sweep_jobs(opened, old.group_id)
     by_index = {record.group_index: record for record in ran}
     left: list[sweeps.Point] = []
@@ -190,7 +208,7 @@ def rerun_pack(old: JobRecord, resume: bool, db: str | None = None) -> tuple[int
             f"rerun: every point of sweep {group['id']} completed; nothing is left to run"
         )
     job = dataclasses.replace(
-        stored_plan(old.plan, f"job {old.id}'s recorded plan"),
+        recorded,
         submission=JobPlace(),
         chain=ChainLink(),
     )
@@ -215,6 +233,7 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
     pack_id = pack_job.id
     # The listing leaves plans out: the whole record has it.
     pack = stored_plan(opened.get_existing(pack_id).plan, f"job {pack_id}'s recorded plan")
+    check_packable(pack.machine, pack.scheduler, f"rerun: job {old.id} is a point of a pack")
     asked = _pack_request(
         Request(pack.machine, "command", account=pack.queue.account, name=pack.name),
         [again],

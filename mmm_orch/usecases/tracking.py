@@ -44,7 +44,7 @@ def job(db: JobDB | None, job_id: int) -> JobRecord:
 def run_dir(db: JobDB | None, target: str) -> Path:
     """The run directory `target` names: a directory, or a job's id (its recorded run, which
     must be readable here)."""
-    if not target.isdigit() or Path(target).is_dir():
+    if not (target.isascii() and target.isdigit()) or Path(target).is_dir():
         return Path(target)
     record = job(db, int(target))
     if record.remote:
