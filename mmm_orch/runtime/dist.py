@@ -58,12 +58,14 @@ def _init_mpi_for_oneccl(is_reporter: bool) -> None:
         return
     try:
         from mpi4py import MPI  # MPI_Init at import (mpi4py.rc.initialize)
-    except ImportError as exc:  # every rank finds the same: all stop, one says why
+    except (ImportError, RuntimeError) as exc:  # no mpi4py, or no MPI library for it to load;
+        # every rank finds the same: all stop, one says why
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if is_reporter:
             print(
                 f"[runtime] error: CCL_KVS_MODE=mpi needs MPI initialised before the process "
-                f"group, by mpi4py, which is not importable here ({exc}): install mpi4py in the "
-                "job environment, or run without CCL_KVS_MODE=mpi",
+                f"group, by mpi4py, which cannot start here ({reason}): install mpi4py and an "
+                "MPI library in the job environment, or run without CCL_KVS_MODE=mpi",
                 file=sys.stderr,
                 flush=True,
             )
