@@ -526,10 +526,11 @@ def test_a_plan_recorded_flat_by_an_older_mmm_orch_is_read_into_its_sections(db_
             or key == "scheduler_commands"}
     flat.update({old: sectioned[section][name] for old, (section, name) in FLAT_NAMES.items()})
     assert "layout" not in flat and flat["nodes"] == sectioned["layout"]["nodes"]
-    # (an older record has no price: plans were priced later; its script ran in a login shell)
+    # (an older record has no price: plans were priced later; its script ran in a login shell;
+    # it names no software stack: profiles had none)
     now = stored_plan(sectioned, "sectioned")
-    assert stored_plan(flat, "flat") == dataclasses.replace(
-        now, cost=None, environment=dataclasses.replace(now.environment, login_shell=True))
+    older = dataclasses.replace(now.environment, login_shell=True, stack="")
+    assert stored_plan(flat, "flat") == dataclasses.replace(now, cost=None, environment=older)
     before = json.loads(db_cli("report", "s1", "--out", str(tmp_path / "a"), "--json").out)
     try:
         _sql(sweep, "UPDATE jobs SET plan = ? WHERE id = 1", json.dumps(flat))
