@@ -337,6 +337,7 @@ def test_profile_fields_in_job_scripts(cli, isolated, label, value):
     profile_field_checked(cli, isolated, label, value)
 
 
+@pytest.mark.slow  # 40 scripts' heads run in bash, those of the test servers' profiles loading Lmod
 @GENERATED
 @given(label=st.sampled_from(list(PROFILE_FIELDS)), value=FRAGMENTS)
 def test_generated_profile_fields_in_job_scripts(cli, isolated, label, value):

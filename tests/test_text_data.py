@@ -439,20 +439,20 @@ def test_on_the_slurm_cluster_1_and_2_nodes_train_alike_and_a_run_moves_between_
 
     common = {"tiny": True, "dtype": "fp32", "data_path": "data", "warmup_steps": 2,
               "global_batch": 16, "batch_size": 4}
-    moving = {**common, "run_name": "moving", "log_sample_ids": True, "checkpoint_every": 5}
-    # Two jobs at a time on the cluster's 3 nodes: the 1-node curve beside the moving run's
-    # 2-node start, then the 2-node curve beside its 1-node resume.
-    one = mmm_orch.submit("slurm-local", "llama3_debug", nodes=1, options={**common, "steps": 6})
-    first = mmm_orch.submit("slurm-local", "llama3_debug", nodes=2, options={**moving, "steps": 5})
-    for job in (one, first):
+    curves = {}
+    for nodes in (1, 2):
+        job = mmm_orch.submit("slurm-local", "llama3_debug", nodes=nodes,
+                              options={**common, "steps": 6})
         assert job.wait(timeout=300, poll=1).state == "completed", job.logs()
-    two = mmm_orch.submit("slurm-local", "llama3_debug", nodes=2, options={**common, "steps": 6})
+        curves[nodes] = [row["loss"] for row in job.metrics()]
+    assert len(curves[1]) == 6 and curves[2] == pytest.approx(curves[1], rel=2e-4, abs=2e-4)
+
+    moving = {**common, "run_name": "moving", "log_sample_ids": True, "checkpoint_every": 5}
+    first = mmm_orch.submit("slurm-local", "llama3_debug", nodes=2, options={**moving, "steps": 5})
+    assert first.wait(timeout=300, poll=1).state == "completed", first.logs()
     second = mmm_orch.submit("slurm-local", "llama3_debug", nodes=1,
                              options={**moving, "steps": 12, "resume": True})
-    for job in (two, second):
-        assert job.wait(timeout=300, poll=1).state == "completed", job.logs()
-    curves = {nodes: [row["loss"] for row in job.metrics()] for nodes, job in ((1, one), (2, two))}
-    assert len(curves[1]) == 6 and curves[2] == pytest.approx(curves[1], rel=2e-4, abs=2e-4)
+    assert second.wait(timeout=300, poll=1).state == "completed", second.logs()
     run = Path(second.record.run_dir)
     lines = [json.loads(line) for f in sorted((run / "samples").iterdir())
              for line in f.read_text().splitlines()]
