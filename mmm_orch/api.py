@@ -18,6 +18,7 @@ locks, as for the CLI).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,8 +311,17 @@ def submit(
             checked = _planned(chosen, db)
         prepared = usecases.prepare_plan(checked, template, host, env_check, chain, db)
         if chain:
-            return [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
-        return Job(usecases.submit(prepared, db), db)
+            links = [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
+        else:
+            made = Job(usecases.submit(prepared, db), db)
+    _warn(prepared.notes)
+    return links if chain else made
+
+
+def _warn(notes: tuple[str, ...]) -> None:
+    """A submission's notes (a stack not checked lately), as Python warnings to the caller."""
+    for note in notes:
+        warnings.warn(f"mmm-orch: {note}", stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -429,7 +439,10 @@ def sweep(
         )
         _typed(planned[0].plan.workload, "options", fixed_values)
         _typed(planned[0].plan.workload, "grid", grid)
-        sweep_id, records = usecases.submit_sweep(swept, planned, db, template, host, env_check)
+        sweep_id, records, notes = usecases.submit_sweep(
+            swept, planned, db, template, host, env_check
+        )
+    _warn(notes)
     return Sweep(sweep_id, [Job(r, db) for r in records], [p.values for p in planned])
 
 

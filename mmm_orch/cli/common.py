@@ -228,6 +228,12 @@ def request(args: argparse.Namespace, **overrides: Any):
     return Request(**fields)
 
 
+def tell(notes: tuple[str, ...]) -> None:
+    """A submission's notes, once it is made: on stderr, as the CLI's other notes."""
+    for note in notes:
+        print(f"mmm-orch: {note}", file=sys.stderr)
+
+
 def print_script(script: str) -> None:
     if sys.stdout.isatty():
         console.print_script(script)

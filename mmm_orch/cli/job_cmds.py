@@ -124,6 +124,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.chain:
         return submit_chain(prepared, args)
     record = usecases.submit(prepared, args.db)
+    common.tell(prepared.notes)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:
@@ -164,6 +165,7 @@ def submit_chain(prepared, args: argparse.Namespace) -> int:
     from mmm_orch import usecases
 
     records = usecases.submit_chain(prepared, args.chain, args.db)
+    common.tell(prepared.notes)
     remote = prepared.remote
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))

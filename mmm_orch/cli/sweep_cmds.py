@@ -144,9 +144,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 )
         print(sweep_cost(planned))
         return 0
-    sweep, records = usecases.submit_sweep(
+    sweep, records, notes = usecases.submit_sweep(
         swept, planned, args.db, args.template, args.host, env_check=not args.no_env_check
     )
+    common.tell(notes)
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0

@@ -17,7 +17,6 @@ environments, machines).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -186,12 +185,6 @@ def check_stacks(plans: list[Plan]) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def tell(notes: tuple[str, ...]) -> None:
-    """A submission's notes, once it is made: on stderr, as the CLI's other notes."""
-    for note in notes:
-        print(f"mmm-orch: {note}", file=sys.stderr)
-
-
 def check_room(
     checked: Plan, jobs: int, remote: str, db: str | None, load: QueueLoad | None = None
 ) -> None:
@@ -286,19 +279,15 @@ def _ready(
 def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
     from mmm_orch.submission import submit as jobs
 
-    record = jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
-    tell(prepared.notes)
-    return record
+    return jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
 
 
 def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[JobRecord]:
     from mmm_orch.submission.chains import submit_chain as submit_links
 
-    records = submit_links(
+    return submit_links(
         prepared.plan, db_path(db), links, prepared.template, prepared.remote, prepared.budget
     )
-    tell(prepared.notes)
-    return records
 
 
 def sweep_points(
@@ -383,8 +372,9 @@ def submit_sweep(
     template: str | None = None,
     host: str | None = None,
     env_check: bool = True,
-) -> tuple[int, list[JobRecord]]:
-    """Submit planned points (sweep_points) as one sweep: all of them, or none."""
+) -> tuple[int, list[JobRecord], tuple[str, ...]]:
+    """Submit planned points (sweep_points) as one sweep: all of them, or none; with the notes
+    on their stacks (check_stacks) for the caller to say once they are submitted."""
     from mmm_orch.submission import sweeps
     from mmm_orch.submission.submit import check_job_python, target_for
 
@@ -392,9 +382,8 @@ def submit_sweep(
     notes = check_stacks([point.plan for point in planned])
     if env_check:
         check_job_python(planned[0].plan, remote)
-    made = sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
-    tell(notes)
-    return made
+    sweep_id, records = sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
+    return sweep_id, records, notes
 
 
 def resuming(planned: Plan) -> Plan:
