@@ -87,9 +87,9 @@ def _end_group(proc: subprocess.Popen) -> None:
     the signal, and the leader's exit, all that wait() tells, says nothing of its children:
     returning then left a hung tool's child (`sleep 300 &`) running a moment longer, and then a
     zombie that a container's init may never reap, a process to `kill -0` either way."""
-    was = _subreaper(None)
+    was = subreaper(None)
     # Made one before the kill: the leader's children come here as it dies.
-    adopting = bool(was) or (was is False and _subreaper(True) is True)
+    adopting = bool(was) or (was is False and subreaper(True) is True)
     try:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -105,14 +105,14 @@ def _end_group(proc: subprocess.Popen) -> None:
                 break
     finally:
         if adopting and was is False:
-            _subreaper(False)
+            subreaper(False)
 
 
-def _subreaper(on: bool | None) -> bool | None:
+def subreaper(on: bool | None) -> bool | None:
     """Whether this process is its descendants' subreaper (prctl(2), Linux 3.4 and later: it is
     given their orphans), after making it one or not (`on`) or as it is (None); None where it
     cannot be asked or set."""
-    import ctypes  # (only here: a command given up on)
+    import ctypes  # (only here: a command given up on, a local job's supervisor)
 
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl

@@ -14,7 +14,6 @@ whether it was cancelled or timed out).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -28,28 +27,19 @@ import psutil
 
 from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.protocol import PREFIX, RESULT_FILE, SUPERVISOR_FILE
+from mmm_orch.transport import subreaper
 
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
 # A cancel. LocalScheduler.submit starts the supervisor with these blocked, so that one sent while
 # it starts up (the record says running from its start) waits for supervise to handle it rather
 # than killing it before it could stop the job and record how it ended.
 CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
-
-
-def _adopt_orphans() -> None:
-    """Become the subreaper of the job: processes whose parent exits (the job script, torchrun)
-    are re-parented here instead of to init, so the job's whole tree stays visible."""
-    with contextlib.suppress(
-        AttributeError, OSError
-    ):  # not Linux: the tree is what is still attached
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def stop_job(script: subprocess.Popen, grace: float) -> None:
@@ -156,7 +146,9 @@ def supervise(
             "host": socket.gethostname(),
         },
     )
-    _adopt_orphans()
+    # The job's subreaper: processes whose parent exits (the job script, torchrun) come here
+    # instead of to init, so the job's whole tree stays visible (not Linux: what stays attached).
+    subreaper(True)
     outcome = {"cancelled": False, "timed_out": False}
     proc = _start(script)
 
