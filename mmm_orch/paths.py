@@ -54,12 +54,17 @@ def cache_home() -> Path:
     return Path(root) / "mmm-orch"
 
 
+def state_home() -> Path:
+    """mmm-orch's state directory: $XDG_STATE_HOME/mmm-orch, else ~/.local/state/mmm-orch."""
+    root = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(root) / "mmm-orch"
+
+
 def default_db_path() -> Path:
     """The job database: $MMM_ORCH_DB, else $XDG_STATE_HOME/mmm-orch/jobs.db."""
     if os.environ.get("MMM_ORCH_DB"):
         return Path(os.environ["MMM_ORCH_DB"])
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "mmm-orch" / "jobs.db"
+    return state_home() / "jobs.db"
 
 
 class NotReadable(ValueError):

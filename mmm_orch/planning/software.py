@@ -219,8 +219,9 @@ def _decode(text: str) -> str:
 def checks_dir() -> Path:
     """Where the last checks are kept: $XDG_STATE_HOME/mmm-orch/software-checks (beside the job
     database's default place)."""
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "mmm-orch" / "software-checks"
+    from mmm_orch.paths import state_home
+
+    return state_home() / "software-checks"
 
 
 def _file(machine: str) -> Path:
