@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mmm_orch.reporting.profile import read, traces
+from mmm_orch.reporting.trace_summary import read, traces
 
 LAYOUTS = {
     "dp4": ([], 1),

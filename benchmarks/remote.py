@@ -58,7 +58,7 @@ def follow_latency(root: Path, env: dict, lines: int) -> dict:
     log = root / "remote-jobs" / "follow.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    code = ("import sys, time\nfrom mmm_orch.hosts import host_for\nfrom mmm_orch.tracking import logs\n"
+    code = ("import sys, time\nfrom mmm_orch.hosts import host_for\nfrom mmm_orch.progress import logs\n"
             f"stop = time.monotonic() + {lines * 0.5 + 5}\n"
             f"for chunk in logs.follow(host_for('login'), {str(log)!r}, lambda: time.monotonic() > stop):\n"
             "    sys.stdout.write(chunk.decode()); sys.stdout.flush()\n")

@@ -1,6 +1,6 @@
 """mmm-orch: turn a machine profile and a workload spec into a correct, reviewable, tracked job.
 
-From Python (mmm_orch/api.py; docs/reference/commands.md, "From Python"):
+From Python (mmm_orch/api/__init__.py; docs/reference/commands.md, "From Python"):
 
     import mmm_orch
     job = mmm_orch.submit("slurm-local", "fsdp", nodes=2, options={"epochs": 1})
@@ -46,7 +46,7 @@ _ERRORS = frozenset(
         "SchedulerUnavailable",
     }
 )
-_API = frozenset(__all__) - _ERRORS - {"__version__"}  # mmm_orch/api.py's names
+_API = frozenset(__all__) - _ERRORS - {"__version__"}  # mmm_orch/api/__init__.py's names
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from mmm_orch.api import (

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import PACED_SPEC, run_cli, wait_state, write_spec
-from mmm_orch.allocations import parse_sbank, parse_showusage
+from mmm_orch.records.balance import parse_sbank, parse_showusage
 from mmm_orch.planning import Request, resolve
 from mmm_orch.schedulers.pbs_parse import parse_qstat_dsv, statuses
 from mmm_orch.schedulers.slurm_parse import SACCT_FIELDS, parse_sacct_parsable

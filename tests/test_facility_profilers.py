@@ -1,6 +1,6 @@
 """`--profile TOOL` with a facility's profiler (machines/*.yaml `profilers:`): each facility's
 profile renders its tool's lines with their source and starts every rank through
-injob/profiled.py, which runs the chosen ranks under the tool (their output named by host and
+injob/facility_profiler.py, which runs the chosen ranks under the tool (their output named by host and
 rank in the run's profile/) and the others as they are; the trainer opens and closes the tool's
 collection at the window; a machine without the tool named is refused with the tools it has.
 Live: the test cluster's own profiler (GNU time) around your own command on 2 Slurm nodes (the
@@ -112,7 +112,7 @@ def test_torchrun_cannot_start_a_rank_under_a_profiler(isolated):
 
 
 def run_profiled(tmp_path: Path, rank: int, local_rank: int, profiler: str, ranks: str = ""):
-    """One rank of a 4-rank launch started as the job starts it, through injob/profiled.py."""
+    """One rank of a 4-rank launch started as the job starts it, through injob/facility_profiler.py."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PMI_", "SLURM_"))}
     env.update({"PMI_RANK": str(rank), "PMI_SIZE": "4", "PMI_LOCAL_RANK": str(local_rank),
                 protocol.RUN_DIR_VAR: str(tmp_path), protocol.PROFILER_VAR: profiler,

@@ -198,7 +198,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(damage, run, tmp_path, cli,
 def test_a_superscript_two_is_no_number_where_names_are_read(run, tmp_path, cli, isolated):
     """"²" is a digit to str.isdigit and not to int: the runtime's and export's `latest`
     (runfiles.latest_step), export's JOB|RUN_DIR, MASTER_PORT, a login host's port."""
-    from mmm_orch import ssh
+    from mmm_orch.hosts import ssh
     from mmm_orch.injob import launch_env
 
     (run / "checkpoints" / "latest").write_text("step-²")

@@ -226,7 +226,7 @@ def test_status_shows_a_schedulers_reason_and_state_escaped():
 
     from mmm_orch.cli import view
     from mmm_orch.records.record import JobRecord
-    from mmm_orch.tracking.track import Refresh
+    from mmm_orch.progress.refresh import Refresh
 
     comment = "held [/] [red]\x1b[2J\nFORGED: job 2 completed"
     [status] = slurm_parse.parse_squeue_json(json.dumps({"jobs": [{
@@ -252,9 +252,9 @@ def test_status_shows_a_schedulers_reason_and_state_escaped():
 
 def test_nodes_shows_a_logs_evidence_escaped(cli, isolated):
     """The evidence a node was blamed on is a job log's line, kept as written."""
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
-    db = tracking.open_jobs(None, create=True)
+    db = following.open_jobs(None, create=True)
     assert db is not None
     db.bad_nodes.blame("local", "x1000c0s0b0n0", "NCCL error \x1b[2J\nFORGED: node fine", None)
     listed = cli("nodes")

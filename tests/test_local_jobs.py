@@ -187,7 +187,7 @@ def test_logs_strip_ansi_and_tolerate_bad_bytes(cli, isolated):
 def test_logs_follow_waits_for_a_file_that_does_not_exist_yet(tmp_path):
     import threading
 
-    from mmm_orch.tracking import logs
+    from mmm_orch.progress import logs
 
     path = tmp_path / "later.log"
     done = threading.Event()

@@ -253,8 +253,8 @@ def test_a_pipeline_stage_waiting_on_its_neighbour_is_the_bubble_and_shown_only_
     all-reduce alone is exposed communication; the text's bubble column is there only for a
     rank that had one."""
     from mmm_orch.cli.view import profile_text
-    from mmm_orch.reporting.profile import rank_profile
-    from mmm_orch.usecases.profiles import Profile
+    from mmm_orch.reporting.trace_summary import rank_profile
+    from mmm_orch.usecases.step_profiles import Profile
 
     def span(name, ts, dur, tid=1, cat="user_annotation"):
         return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat}
@@ -283,7 +283,7 @@ def test_on_a_gpu_trace_kernels_decide_what_computed():
     the CPU thread, each range repeated on the stream as the H200's were): an NCCL kernel
     overlapping compute kernels is hidden where they overlap and exposed where it runs alone;
     the step's parts still add up to it, each step counted once; the kernels listed apart."""
-    from mmm_orch.reporting.profile import rank_profile
+    from mmm_orch.reporting.trace_summary import rank_profile
 
     def span(name, ts, dur, tid=1, cat="user_annotation"):
         return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat}

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, run_cli
 from mmm_orch.injob import protocol
-from mmm_orch.tracking.startup import parse_markers
+from mmm_orch.progress.startup import parse_markers
 from test_local_jobs import wait_terminal
 
 PACKAGE = REPO / "mmm_orch"
@@ -24,12 +24,12 @@ INJOB = PACKAGE / "injob"
 # package itself (`import mmm_orch`: the Python API's names) is the top.
 LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
           "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.pretrained",
-          "mmm_orch.transport", "mmm_orch.config",
-          "mmm_orch.schedulers", "mmm_orch.ssh", "mmm_orch.hosts", "mmm_orch.sandbox",
-          "mmm_orch.envs", "mmm_orch.planning", "mmm_orch.allocations", "mmm_orch.rendering",
-          "mmm_orch.records", "mmm_orch.submission", "mmm_orch.tracking", "mmm_orch.reporting",
+          "mmm_orch.hosts.transport", "mmm_orch.config",
+          "mmm_orch.schedulers", "mmm_orch.hosts.ssh", "mmm_orch.hosts", "mmm_orch.rendering.sandbox",
+          "mmm_orch.hosts.job_envs", "mmm_orch.planning", "mmm_orch.records.balance", "mmm_orch.rendering",
+          "mmm_orch.records", "mmm_orch.submission", "mmm_orch.progress", "mmm_orch.reporting",
           "mmm_orch.usecases",
-          "mmm_orch.api_job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
+          "mmm_orch.api.job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
           "mmm_orch.cli", "mmm_orch.reference", "mmm_orch.__main__", "mmm_orch"]
 
 
@@ -76,10 +76,10 @@ def test_nothing_imports_upward():
 
 # What the command line and the Python API may import: the use cases (which say again, for them,
 # the words requests, plans and records are said in), the errors, the bounds every layer shares,
-# the version, and their own presentation (cli/ itself; api_job.py).
+# the version, and their own presentation (cli/ itself; api/job.py).
 DOOR = ("mmm_orch.usecases", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.version")
 FRONT = {module for module in MODULES if module.split(".")[:2] == ["mmm_orch", "cli"]
-         or module in ("mmm_orch.api", "mmm_orch.api_job")}
+         or module in ("mmm_orch.api", "mmm_orch.api.job")}
 
 
 def test_the_cli_and_the_api_import_only_the_use_cases():

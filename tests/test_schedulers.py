@@ -17,8 +17,8 @@ from mmm_orch.schedulers import slurm_parse
 from mmm_orch.errors import SchedulerError, SchedulerUnavailable
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef, Submission
-from mmm_orch import transport
-from mmm_orch.transport import LocalRunner, Retry, run_command
+from mmm_orch.hosts import transport
+from mmm_orch.hosts.transport import LocalRunner, Retry, run_command
 from mmm_orch.schedulers.pbs import statuses_for
 from mmm_orch.schedulers.states import JobState
 

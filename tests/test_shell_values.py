@@ -203,7 +203,7 @@ PRINT = "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), os.e
 
 @pytest.fixture
 def login(isolated, sshd):
-    from mmm_orch.ssh import SshHost
+    from mmm_orch.hosts.ssh import SshHost
 
     ssh_config(Path(os.environ["HOME"]), sshd)
     host = SshHost("login")

@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from mmm_orch.ssh import SshError, SshHost
+from mmm_orch.hosts.ssh import SshError, SshHost
 
 OTP = "918273"
 

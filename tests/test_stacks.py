@@ -215,7 +215,7 @@ def test_a_workload_spec_picks_a_stack_per_machine_and_the_option_wins(cli, isol
 
 
 def test_a_job_on_another_stack_than_its_environment_is_refused_with_the_command(cli, isolated):
-    from mmm_orch import envs
+    from mmm_orch.hosts import job_envs as envs
 
     envs.remember(
         "aurora",
@@ -271,7 +271,7 @@ stacks:
 def test_env_create_records_its_stack_and_a_job_on_another_is_refused(cli, isolated, tmp_path):
     from conftest import assert_nothing_recorded
 
-    from mmm_orch import envs
+    from mmm_orch.hosts import job_envs as envs
 
     (user_machines(isolated) / "site.yaml").write_text(LOCAL_STACKS % (tmp_path / "venv"))
     created = cli("env", "create", "site", "--stack", "old")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmm_orch.tracking.startup import parse_markers
+from mmm_orch.progress.startup import parse_markers
 from test_local_jobs import wait_terminal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "startup"

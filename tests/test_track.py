@@ -9,7 +9,7 @@ import types
 import pytest
 
 from mmm_orch.hosts import host_for
-from mmm_orch.tracking.track import _as_the_job_ended, _failover
+from mmm_orch.progress.refresh import _as_the_job_ended, _failover
 from mmm_orch.schedulers.states import JobState, JobStatus
 
 LAUNCHED = "[mmm-orch] launch_start=1.0 ranks=2 nodes=1\n"

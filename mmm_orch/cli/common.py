@@ -243,20 +243,20 @@ def print_script(script: str) -> None:
 
 def jobs_db(args: argparse.Namespace, create: bool = False):
     """The checked job database, or None when there is none yet (and `create` is False)."""
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
-    return tracking.open_jobs(args.db, create=create)
+    return following.open_jobs(args.db, create=create)
 
 
 def job(db, job_id: int):
     """The record of `job_id`, or an error that says which ids exist."""
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
-    return tracking.job(db, job_id)
+    return following.job(db, job_id)
 
 
 def check_machine(name: str | None, db) -> None:
     """A --machine filter must name a profile or a machine jobs were recorded on."""
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
-    tracking.check_known("machines", name, db)
+    following.check_known("machines", name, db)

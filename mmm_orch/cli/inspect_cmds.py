@@ -67,11 +67,11 @@ def _stamp(at: float) -> str:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from mmm_orch.usecases import inspection, tracking
+    from mmm_orch.usecases import following, inspection
 
-    db = tracking.open_jobs(args.db)
-    record = tracking.job(db, args.job)
-    assert db is not None  # tracking.job found the record in it
+    db = following.open_jobs(args.db)
+    record = following.job(db, args.job)
+    assert db is not None  # following.job found the record in it
     found = inspection.timeline(db, record)
     record = found.record
     if args.json:
@@ -105,13 +105,13 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_startup(args: argparse.Namespace) -> int:
-    from mmm_orch.usecases import inspection, tracking
+    from mmm_orch.usecases import following, inspection
 
     if args.logs:
         rows, groups = inspection.startup_of_files(args.logs)
     else:
         rows, groups = inspection.startup_of_jobs(
-            tracking.open_jobs(args.db), args.machine, args.workload
+            following.open_jobs(args.db), args.machine, args.workload
         )
     if args.json:
         print(json.dumps({"runs": rows, "groups": groups}, indent=2))
@@ -150,7 +150,7 @@ def cmd_startup(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.usecases import inspection, tracking
+    from mmm_orch.usecases import following, inspection
 
     if (args.job is None) == (args.log is None):
         raise MmmError("diagnose: give a job id or --log FILE (not both)")
@@ -158,9 +158,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         result, blamed = inspection.diagnose_file(args.log, args.machine), ""
         machine, where, header = args.machine, args.log, Path(args.log).name
     else:
-        db = tracking.open_jobs(args.db)
-        asked = tracking.job(db, args.job)
-        assert db is not None  # tracking.job found the record in it
+        db = following.open_jobs(args.db)
+        asked = following.job(db, args.job)
+        assert db is not None  # following.job found the record in it
         found = inspection.diagnose(db, asked)
         record, result, blamed = found.record, found.result, found.blamed
         machine, where = record.machine, record.log_path
@@ -222,10 +222,10 @@ def _utc(seconds: float) -> str:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.usecases import profiles
+    from mmm_orch.usecases import step_profiles
 
     db = common.jobs_db(args) if args.target.isdigit() else None
-    found = profiles.profile(db, args.target, args.rank)
+    found = step_profiles.profile(db, args.target, args.rank)
     if args.json:
         print(json.dumps(view.profile_dicts(found), indent=2))
     else:

@@ -202,16 +202,16 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
-    db = tracking.open_jobs(args.db)
+    db = following.open_jobs(args.db)
     asked = dict(
         ids=args.jobs, machine=args.machine, all_jobs=args.all, sweep=args.sweep, links=args.links
     )
     shown = (
-        tracking.watch(db, args.interval, **asked)
+        following.watch(db, args.interval, **asked)
         if args.watch
-        else iter([tracking.status(db, **asked)])
+        else iter([following.status(db, **asked)])
     )
     tty = sys.stdout.isatty() and not args.json
     with view.live(args.watch and tty) as live:
@@ -227,16 +227,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start: int = 0) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.usecases import tracking
+    from mmm_orch.usecases import following
 
     def waiting(path: str) -> None:
         print(f"mmm-orch: waiting for job {job_id} to start writing {path}", file=sys.stderr)
 
-    for text in tracking.follow(db, job_id, strip_ansi, start, waiting):
+    for text in following.follow(db, job_id, strip_ansi, start, waiting):
         view.write(text)
     if not exit_with_job:
         return 0
-    final = tracking.job(db, job_id)
+    final = following.job(db, job_id)
     print(
         f"mmm-orch: job {job_id} {final.state.value} (exit {view.exit_text(final)})",
         file=sys.stderr,
@@ -248,10 +248,10 @@ def follow(db, job_id: int, strip_ansi: bool, exit_with_job: bool = False, start
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.usecases import inspection, tracking
+    from mmm_orch.usecases import following, inspection
 
-    db = tracking.open_jobs(args.db)
-    record = tracking.job(db, args.job)
+    db = following.open_jobs(args.db)
+    record = following.job(db, args.job)
     text, start = inspection.log_text(record, args.tail, args.strip_ansi)
     if text is not None:
         view.write(text)

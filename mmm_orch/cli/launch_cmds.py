@@ -106,7 +106,7 @@ def _in_the_foreground(args: argparse.Namespace, record) -> int:
     every node, a trainer saving first; exit 130. Killed outright, this process leaves the job
     to its supervisor, which stops it the same way (it holds the job: submission/submit.py)."""
     from mmm_orch import usecases
-    from mmm_orch.usecases import inside, tracking
+    from mmm_orch.usecases import following, inside
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -126,5 +126,5 @@ def _in_the_foreground(args: argparse.Namespace, record) -> int:
         signal.signal(stop, signal.SIG_IGN)
     for line in usecases.cancel(db, [db.get(record.id, events=False)]):
         print(f"mmm-orch: {line}", file=sys.stderr)
-    follow(db, record.id, strip_ansi=False, start=tracking.log_end(record))
+    follow(db, record.id, strip_ansi=False, start=following.log_end(record))
     return 130

@@ -278,9 +278,9 @@ def _within(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mmm_orch.usecases import reports, tracking
+    from mmm_orch.usecases import following, reports
 
-    chosen = reports.targets(tracking.open_jobs(args.db), args.targets)
+    chosen = reports.targets(following.open_jobs(args.db), args.targets)
     made = reports.report(chosen, args.out or chosen.default_out)
     if args.json:
         print(json.dumps(reports.rows(made), indent=2))
@@ -298,9 +298,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from mmm_orch.usecases import reports, tracking
+    from mmm_orch.usecases import following, reports
 
-    path, note = reports.plot(tracking.open_jobs(args.db), args.job, args.out)
+    path, note = reports.plot(following.open_jobs(args.db), args.job, args.out)
     print(f"figure: {path}")
     if note:
         print(note, file=sys.stderr)

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mmm_orch.errors import one_line
-from mmm_orch.usecases.profiles import PARTS, Profile
-from mmm_orch.usecases.tracking import Group, JobRecord, Refresh
+from mmm_orch.usecases.following import Group, JobRecord, Refresh
+from mmm_orch.usecases.step_profiles import PARTS, Profile
 
 COLUMNS = ("id", "machine", "workload", "nodes", "state", "elapsed", "exit", "native id", "note")
 # A line of `status`: each of COLUMNS's cells (str), and "stale" (bool) for its style.

@@ -1,6 +1,6 @@
 """How a facility charges a job to its allocation, and the tool that tells what an allocation has
 left: the `charging:` section of a machine profile (planning/cost.py prices plans with it,
-allocations.py asks the tool)."""
+records/balance.py asks the tool)."""
 
 from __future__ import annotations
 

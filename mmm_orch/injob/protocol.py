@@ -75,7 +75,7 @@ PROFILE_PHASES = ("data", "forward", "backward", "optimizer")  # a step's ranges
 
 # A facility's profiler (`--profile nsys`, machines/*.yaml `profilers:`): the job exports its
 # words (shell-quoted) and how the trainers bound the window; the launch starts every rank
-# through injob/profiled.py, which puts where the rank's output goes in place of {output} (a
+# through injob/facility_profiler.py, which puts where the rank's output goes in place of {output} (a
 # file name without its suffix, the tool adds one) or {output_dir} (a directory of the rank's).
 PROFILER_VAR = "MMM_ORCH_PROFILER"
 PROFILE_WINDOW_VAR = "MMM_ORCH_PROFILE_WINDOW"
@@ -110,7 +110,7 @@ MODULES = MappingProxyType(
         "failover": "mmm_orch.injob.failover",
         "chain": "mmm_orch.injob.chain",
         "rendezvous": "mmm_orch.injob.rendezvous",
-        "profiled": "mmm_orch.injob.profiled",
+        "profiled": "mmm_orch.injob.facility_profiler",
     }
 )
 # Their options, by the names the templates use (`job.option.step_timeout`); the programs'

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shlex
 
-from mmm_orch import envs
 from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
 from mmm_orch.config.workload import Workload
 from mmm_orch.errors import MmmError, one_line
+from mmm_orch.hosts import job_envs as envs
 from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
 from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
 

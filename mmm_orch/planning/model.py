@@ -177,7 +177,7 @@ RESUMABLE_COMMAND_OPTIONS = ("run_name", "resume", "allow_fresh")
 @dataclass(frozen=True)
 class ProfilePlan:
     """How the run is profiled: torch.profiler in the program, or a facility's profiler (the
-    machine's `profilers:`) the launch starts the chosen ranks under (injob/profiled.py)."""
+    machine's `profilers:`) the launch starts the chosen ranks under (injob/facility_profiler.py)."""
 
     tool: str  # torch, or the profiler's name
     ranks: str  # the ranks profiled ("": local rank 0 of each node)
@@ -189,7 +189,7 @@ class ProfilePlan:
 
     @property
     def command_line(self) -> str:
-        """The profiler's words as injob/profiled.py splits them (shlex), quoted only where a
+        """The profiler's words as injob/facility_profiler.py splits them (shlex), quoted only where a
         word needs it: the job script quotes the whole line again."""
         return " ".join(w if _PLAIN_WORD.fullmatch(w) else shlex.quote(w) for w in self.command)
 
@@ -222,7 +222,7 @@ class Launch:
 
     @property
     def program(self) -> tuple[str, ...]:
-        """What each rank runs: the user's command or the trainer, through injob/profiled.py
+        """What each rank runs: the user's command or the trainer, through injob/facility_profiler.py
         when a facility's profiler runs the chosen ranks."""
         if self.command:
             program = self.command

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from mmm_orch.config import registry
 from mmm_orch.errors import MmmError
+from mmm_orch.hosts.transport import LocalRunner
 from mmm_orch.planning.model import Plan, Request
 from mmm_orch.schedulers.allocation import Allocation, node_names
-from mmm_orch.transport import LocalRunner
 
 
 def as_the_profile_lists(machine: str, node_list: str, allocation: Allocation) -> Allocation:

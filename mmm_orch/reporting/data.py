@@ -15,10 +15,10 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.injob.protocol import DIST_CHECK_JSON, METRICS_FILE, PROFILE_DIR
 from mmm_orch.planning.store import section
+from mmm_orch.progress.logs import head_and_tail
+from mmm_orch.progress.startup import NO_STEPS, parse_markers
 from mmm_orch.records.record import JobRecord
-from mmm_orch.reporting.profile import mean_shares
-from mmm_orch.tracking.logs import head_and_tail
-from mmm_orch.tracking.startup import NO_STEPS, parse_markers
+from mmm_orch.reporting.trace_summary import mean_shares
 
 MAX_METRICS_LINE = 1 << 16  # a step record is a few hundred bytes
 # A step record is ~250 bytes: 64 MiB or 500,000 lines is a quarter million steps and more, read

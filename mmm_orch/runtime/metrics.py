@@ -21,7 +21,7 @@ from typing import Any
 
 from mmm_orch.injob import protocol
 from mmm_orch.injob.runfiles import kind, open_read, open_write, step_number
-from mmm_orch.runtime.tracking import numbers, open_trackers
+from mmm_orch.runtime.experiment_trackers import numbers, open_trackers
 
 # A metric's name: one `key=value` field whatever it holds (TensorBoard-style `train/loss` too).
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")

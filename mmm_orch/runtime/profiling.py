@@ -1,6 +1,6 @@
 """Where the step time goes: torch.profiler over a window of steps on chosen ranks
 (`--profile torch`), or a facility's profiler around them (`--profile nsys`, `unitrace`,
-`rocprof`: the job starts the chosen ranks under it, injob/profiled.py, and the trainer opens
+`rocprof`: the job starts the chosen ranks under it, injob/facility_profiler.py, and the trainer opens
 and closes its collection at the window's first and last step), and named ranges around the
 parts of a step (data, forward, backward, optimizer) that every trainer marks the same way:
 record_function ranges in torch.profiler's trace, NVTX ranges on CUDA and ROCm (Nsight Systems

@@ -4,8 +4,8 @@ outputs; the submit/query/cancel verbs build on them."""
 from __future__ import annotations
 
 from mmm_orch.errors import MmmError
+from mmm_orch.hosts.transport import LocalRunner, Runner
 from mmm_orch.schedulers.base import Scheduler
-from mmm_orch.transport import LocalRunner, Runner
 
 
 def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = None) -> Scheduler:

@@ -1,5 +1,5 @@
 """What every scheduler module shares: the submission protocol that never loses or duplicates a
-job, and the job handles its verbs take. Commands run through mmm_orch.transport (argument lists,
+job, and the job handles its verbs take. Commands run through mmm_orch.hosts.transport (argument lists,
 never a shell string, with bounded retries); scheduler_for (schedulers/__init__.py) picks the
 module."""
 
@@ -22,8 +22,8 @@ from mmm_orch.errors import (
     SubmissionUnconfirmed,
     Unreachable,
 )
+from mmm_orch.hosts.transport import CommandResult, Retry, Runner, run_command
 from mmm_orch.schedulers.states import JobStatus, OpenJob
-from mmm_orch.transport import CommandResult, Retry, Runner, run_command
 
 # A job's submit time is the scheduler's clock, its record's the submitter's: a tag lookup that
 # starts at the record's time allows for this much skew.

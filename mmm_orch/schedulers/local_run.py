@@ -25,9 +25,9 @@ from pathlib import Path
 
 import psutil
 
+from mmm_orch.hosts.transport import subreaper
 from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.protocol import PREFIX, RESULT_FILE, SUPERVISOR_FILE
-from mmm_orch.transport import subreaper
 
 GRACE_S = 10  # between SIGTERM and SIGKILL, like Slurm's KillWait and PBS's kill_delay
 # A cancel. LocalScheduler.submit starts the supervisor with these blocked, so that one sent while

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
+from mmm_orch.hosts.transport import CommandResult
 from mmm_orch.schedulers import slurm_parse as parse
 from mmm_orch.schedulers.base import (
     FIND_SLACK_S,
@@ -18,7 +19,6 @@ from mmm_orch.schedulers.base import (
     check_directive_path,
 )
 from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
-from mmm_orch.transport import CommandResult
 
 
 class SlurmScheduler(CommandScheduler):

@@ -2,7 +2,7 @@
 or its machine rebooted) is found by its tag in the scheduler, or by the id the job wrote into its
 log, and gets its native id; once the scheduler answers that it has no such job and no submit
 command can still be running, the record and its directories are removed. `status` settles
-them (tracking/track.py), so every job started is recorded exactly once."""
+them (progress/refresh.py), so every job started is recorded exactly once."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from mmm_orch.hosts import Host, host_for
+from mmm_orch.hosts.transport import Retry
 from mmm_orch.injob import protocol
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.dbfile import jobs_root_for
@@ -23,7 +24,6 @@ from mmm_orch.records.record import JobRecord
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import Submission
 from mmm_orch.submission.submit import copy_keeper, record_copy
-from mmm_orch.transport import Retry
 
 
 def submitter_alive(text: str) -> bool | None:

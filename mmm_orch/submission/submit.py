@@ -38,10 +38,11 @@ from typing import Any
 
 import psutil
 
-from mmm_orch import envs
 from mmm_orch.config.failures import signatures_json
 from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable
 from mmm_orch.hosts import Host, host_for
+from mmm_orch.hosts import job_envs as envs
+from mmm_orch.hosts.transport import Retry
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.planning import Plan
@@ -52,7 +53,6 @@ from mmm_orch.rendering import render
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.schedulers.states import JobState
-from mmm_orch.transport import Retry
 
 
 def git_commit(directory: str) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 from mmm_orch.config.registry import load_workload
 from mmm_orch.config.registry import unknown_name as unknown_name
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
+from mmm_orch.hosts.transport import Retry
 from mmm_orch.limits import MAX_INT as MAX_INT
 from mmm_orch.limits import MAX_LINKS as MAX_LINKS
 from mmm_orch.paths import write_whole
@@ -36,7 +37,6 @@ from mmm_orch.records.record import PACK_INDEX as PACK_INDEX
 from mmm_orch.records.record import JobRecord
 from mmm_orch.rendering import render
 from mmm_orch.schedulers.states import JobState as JobState
-from mmm_orch.transport import Retry
 
 # A submission's own modules, and those of the use cases that read records (usage, budgets),
 # are imported in the functions that use them: `mmm-orch render` plans through here, and psutil,
@@ -106,7 +106,7 @@ def save(path: str, script_text: str) -> None:
 
 def balance(machine: str, account: str | None = None, host: str | None = None):
     """The project's allocations on `machine` and what remains, from the facility's tool."""
-    from mmm_orch.allocations import balance as ask  # its SSH and parsers: only this command
+    from mmm_orch.records.balance import balance as ask  # its SSH and parsers: only this command
 
     return ask(machine, account, host)
 
@@ -343,7 +343,7 @@ def _in_one_allocation(shared: Request, swept: dict[str, list[str]]) -> str:
     most: a job of its own (`sweep --pack`) or one the user gets (`sweep --within`); what that
     allocation asks for, and the command that gets it."""
     from mmm_orch.submission import sweeps
-    from mmm_orch.submission.in_allocation import allocation_hint
+    from mmm_orch.submission.launch import allocation_hint
     from mmm_orch.submission.pack import walltime_for
     from mmm_orch.walltime import format_walltime
 
@@ -419,8 +419,8 @@ def usage(
 ):
     """What was spent (records/usage.py): the open jobs refreshed first, so that those that ended
     meanwhile are charged; (rows, the refresh's warnings)."""
+    from mmm_orch.progress.refresh import refresh
     from mmm_orch.records import usage as spending
-    from mmm_orch.tracking.track import refresh
 
     start = spending.parse_since(since)
     if by is not None and by not in spending.GROUPINGS:
@@ -441,8 +441,8 @@ def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Ite
     """Cancel `records` and every job of `sweep` (of a pack: its job, which stops its points
     itself and records those waiting as not started); a link of a chain takes the whole chain
     with it. Yields what happened to each job, in words, as it happens."""
+    from mmm_orch.progress.refresh import refresh
     from mmm_orch.submission.submit import cancel as send_cancel
-    from mmm_orch.tracking.track import refresh
 
     records = list(records)
     if sweep is not None:

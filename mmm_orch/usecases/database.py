@@ -11,7 +11,7 @@ from mmm_orch.records import recover as rebuild
 from mmm_orch.records.bad_nodes import bad_node_days
 from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.dbfile import DatabaseError
-from mmm_orch.usecases.tracking import check_known
+from mmm_orch.usecases.following import check_known
 
 
 def check(path: str | None) -> list[str]:

@@ -13,15 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mmm_orch import envs
 from mmm_orch.config.machine import Machine, Stack
 from mmm_orch.config.registry import load_machine
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
+from mmm_orch.hosts import job_envs as envs
+from mmm_orch.hosts.transport import CommandResult
 from mmm_orch.planning.checks import check_text
 from mmm_orch.planning.environment import environment_word
 from mmm_orch.submission.submit import login_target
-from mmm_orch.transport import CommandResult
 from mmm_orch.version import __version__
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from mmm_orch.errors import MmmError
 from mmm_orch.records.db import JobDB
-from mmm_orch.usecases.tracking import run_dir
+from mmm_orch.usecases.following import run_dir
 
 
 def export(db: JobDB | None, target: str, out: str, **options: Any) -> str:

@@ -13,14 +13,15 @@ from collections.abc import Callable
 
 from mmm_orch.errors import InvalidValue, MmmError, SchedulerError
 from mmm_orch.planning import Plan, Request, placement, resolve
+from mmm_orch.progress import refresh as progress
 from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.dbfile import jobs_root_for
 from mmm_orch.records.record import JobRecord
 from mmm_orch.schedulers.allocation import current
-from mmm_orch.submission import in_allocation, pack, submit, sweeps
-from mmm_orch.submission.in_allocation import write_exit_report as write_exit_report
+from mmm_orch.submission import launch as launching
+from mmm_orch.submission import pack, submit, sweeps
+from mmm_orch.submission.launch import write_exit_report as write_exit_report
 from mmm_orch.submission.submit import stop_signals as stop_signals
-from mmm_orch.tracking import track
 from mmm_orch.usecases import Prepared, _ready, bad_nodes, cancel, plan
 
 
@@ -43,12 +44,12 @@ def launch(
     planned = plan(request, db)
     if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
         if request.command:
-            in_allocation.check_program(planned, request.command[0])
+            launching.check_program(planned, request.command[0])
         return _ready(planned, template, "", env_check)
     if allocation is None:
         raise MmmError(
             f"launch: not inside an allocation on {planned.machine}: get one with "
-            f"`{in_allocation.allocation_hint(planned)}` and launch in it (or submit a batch "
+            f"`{launching.allocation_hint(planned)}` and launch in it (or submit a batch "
             "job: `mmm-orch submit`)"
         )
     if allocation.scheduler != planned.scheduler:
@@ -63,9 +64,9 @@ def launch(
     bad = () if use_bad_nodes else bad_nodes(db, request.machine)
     nodes = placement.nodes_for(allocation, request, first_node, bad)
     sized = resolve(dataclasses.replace(request, nodes=len(nodes)))
-    in_allocation.check_fits(sized, allocation)
+    launching.check_fits(sized, allocation)
     if request.command:
-        in_allocation.check_program(sized, request.command[0])
+        launching.check_program(sized, request.command[0])
     return _ready(
         placement.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))),
         template,
@@ -98,7 +99,7 @@ def allocation_for_launch(
             f"--allocate: machine {machine} has no scheduler to get an allocation "
             "from; launch without --allocate"
         )
-    return planned, in_allocation.allocate_argv(
+    return planned, launching.allocate_argv(
         planned, _inner_launch(launch_words, program, report)
     )
 
@@ -126,13 +127,13 @@ def launch_in_a_new_allocation(
     planned, _ = allocation_for_launch(request, launch_words, program, str(report), db)
     inner = _inner_launch(launch_words, program, str(report))
     report.parent.mkdir(parents=True, exist_ok=True)
-    in_allocation.allocate(
+    launching.allocate(
         planned,
         db_path(db),
-        lambda name, tag: in_allocation.allocate_argv(planned, inner, name, tag),
-        lambda argv: in_allocation.run_allocation(planned, argv),
+        lambda name, tag: launching.allocate_argv(planned, inner, name, tag),
+        lambda argv: launching.run_allocation(planned, argv),
     )
-    code = in_allocation.read_exit_report(report)
+    code = launching.read_exit_report(report)
     if code is None:
         raise SchedulerError(
             f"--allocate: the allocation ended without the launch's report "
@@ -224,7 +225,7 @@ def _room_for(points: list, db: str | None, template: str | None):
                 f"{allocation.scheduler} job {allocation.job_id} (sweep point "
                 f"{point.index}, {point.label})",
             )
-        in_allocation.check_fits(point.plan, allocation)
+        launching.check_fits(point.plan, allocation)
         _ready(
             placement.placed_on(point.plan, allocation, pool[: point.nodes], root),
             template,
@@ -282,7 +283,7 @@ def _run_in(
         return record
 
     def ended(running: list[JobRecord]) -> list[JobRecord]:
-        track.refresh(opened, running)
+        progress.refresh(opened, running)
         done = [
             now
             for now in (opened.get_existing(r.id, events=False) for r in running)

@@ -14,13 +14,13 @@ from mmm_orch.config.failures import common_failures, machine_failures
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.injob import diagnose as signatures
+from mmm_orch.progress import logs, startup
+from mmm_orch.progress.refresh import refresh
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.record import JobRecord
 from mmm_orch.reporting import data
 from mmm_orch.schedulers.states import JobState
-from mmm_orch.tracking import logs, startup
-from mmm_orch.tracking.track import refresh
-from mmm_orch.usecases.tracking import check_known
+from mmm_orch.usecases.following import check_known
 
 # What the timeline says of a launch that ended without a first step.
 NO_STEPS = startup.NO_STEPS

@@ -18,7 +18,7 @@ from mmm_orch.records.db import JobDB
 from mmm_orch.records.record import JobRecord
 from mmm_orch.reporting import build, data, table
 from mmm_orch.submission import sweeps
-from mmm_orch.usecases.tracking import job
+from mmm_orch.usecases.following import job
 
 Report = build.Report
 

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Protocol
 
-from mmm_orch.transport import LocalRunner, Runner
+from mmm_orch.hosts.transport import LocalRunner, Runner
 
 
 class Host(Runner, Protocol):
@@ -96,7 +96,7 @@ def host_for(remote: str) -> Host:
     """The host for a job's `remote` field ('' is here); one instance per target per process."""
     if remote not in _open:
         if remote:
-            from mmm_orch.ssh import SshHost  # paramiko: only where a host is remote
+            from mmm_orch.hosts.ssh import SshHost  # paramiko: only where a host is remote
 
             _open[remote] = SshHost(remote)
         else:

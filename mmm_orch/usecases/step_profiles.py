@@ -1,5 +1,5 @@
 """Where the step time went: a run's torch.profiler traces (`--profile torch`) summarized per
-rank and step (reporting/profile.py)."""
+rank and step (reporting/trace_summary.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import PROFILE_DIR
 from mmm_orch.records.db import JobDB
-from mmm_orch.reporting.profile import PARTS as PARTS
-from mmm_orch.reporting.profile import RankProfile, TraceError, read, spread, traces
-from mmm_orch.usecases.tracking import run_dir
+from mmm_orch.reporting.trace_summary import PARTS as PARTS
+from mmm_orch.reporting.trace_summary import RankProfile, TraceError, read, spread, traces
+from mmm_orch.usecases.following import run_dir
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ def remember(machine: str, entry: dict[str, Any]) -> None:
 def package_files() -> list[tuple[str, bytes]]:
     """(archive name, bytes) of every file of the running mmm_orch package, symlinked data
     directories (machines, workloads, templates) followed, caches left out."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # mmm_orch/, from mmm_orch/hosts/
     files = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")

@@ -54,7 +54,7 @@ def _environment(extra_dir: Path | None):
 @functools.cache
 def _environment_for(dirs: tuple[str, ...]):
     """One sandboxed environment per search path (the user's template directory can change)."""
-    from mmm_orch.sandbox import Sandbox  # only to render: see render()
+    from mmm_orch.rendering.sandbox import Sandbox  # only to render: see render()
 
     return Sandbox(
         dirs,
@@ -80,12 +80,12 @@ def _moved(error: Exception) -> str:
 
 def render(plan: Plan, template: str | None = None) -> str:
     """The job script for `plan`; `template` is a file path overriding the scheduler's template.
-    Every template renders in mmm_orch.sandbox: data, never code."""
+    Every template renders in mmm_orch.rendering.sandbox: data, never code."""
     # Jinja and the sandbox cost ~23 ms of a start-up (2-core host, 2026-11-26): imported here,
     # only by the commands that render (this module is imported by every use case).
     import jinja2
 
-    from mmm_orch.sandbox import TemplateLimit, read_template
+    from mmm_orch.rendering.sandbox import TemplateLimit, read_template
 
     if template:
         path = Path(template)

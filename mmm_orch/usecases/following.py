@@ -14,11 +14,11 @@ from typing import Any
 from mmm_orch.config.registry import names, unknown_name
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
+from mmm_orch.progress import logs
+from mmm_orch.progress.refresh import Refresh, refresh
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.records.record import JobRecord
 from mmm_orch.submission import chains, sweeps
-from mmm_orch.tracking import logs
-from mmm_orch.tracking.track import Refresh, refresh
 
 RECENT = 20  # jobs `status` shows without ids or --all, besides every open one
 

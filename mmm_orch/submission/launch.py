@@ -18,9 +18,10 @@ from pathlib import Path
 
 import psutil
 
-from mmm_orch import envs
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
+from mmm_orch.hosts import job_envs as envs
+from mmm_orch.hosts.transport import LocalRunner
 from mmm_orch.injob import protocol
 from mmm_orch.planning import Plan
 from mmm_orch.records.db import open_db
@@ -37,7 +38,6 @@ from mmm_orch.submission.submit import (
     signals_as_interrupts,
     submission_of,
 )
-from mmm_orch.transport import LocalRunner
 
 
 def check_program(plan: Plan, program: str) -> None:

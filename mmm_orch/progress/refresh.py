@@ -13,14 +13,14 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.injob import files, protocol
 from mmm_orch.injob.diagnose import setup_failure
+from mmm_orch.progress.logs import head_and_tail, tail
+from mmm_orch.progress.startup import parse_markers
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.record import JobRecord
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.base import JobRef
 from mmm_orch.schedulers.states import JobState, JobStatus
 from mmm_orch.submission.settle import reconcile
-from mmm_orch.tracking.logs import head_and_tail, tail
-from mmm_orch.tracking.startup import parse_markers
 
 
 @dataclass

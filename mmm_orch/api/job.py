@@ -15,7 +15,7 @@ from typing import Any, Literal, overload
 
 from mmm_orch import usecases
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.usecases import MAX_INT, JobDB, JobRecord, inspection, reruns, tracking
+from mmm_orch.usecases import MAX_INT, JobDB, JobRecord, following, inspection, reruns
 
 # One connection per database file and process (records/db.py): threads take turns with it.
 lock = threading.RLock()
@@ -151,7 +151,7 @@ def jobs_of(field: str, value: Any, empty: bool = True) -> list[Job]:
 
 def opened(path: str | None) -> JobDB:
     """The job database at `path` (None: the default one); there must be one."""
-    db = tracking.open_jobs(path)
+    db = following.open_jobs(path)
     if db is None:
         raise MmmError("no job database yet: nothing was submitted")
     return db
@@ -167,7 +167,7 @@ def refresh(jobs: Iterable[Job]) -> list[Job]:
     with lock:
         for path, group in by_db.items():
             db = opened(path)
-            fresh = {r.id: r for r in tracking.refresh(db, [job.record for job in group]).records}
+            fresh = {r.id: r for r in following.refresh(db, [job.record for job in group]).records}
             for job in group:
                 job.record = fresh.get(job.id, job.record)
     return jobs
@@ -239,7 +239,7 @@ class Job:
 
     def follow(self) -> Iterator[str]:
         """The log as it is written (whole lines), until the job ends."""
-        yield from tracking.follow_log(self.record, lambda: self.refresh().done)
+        yield from following.follow_log(self.record, lambda: self.refresh().done)
 
     def cancel(self) -> list[str]:
         """Cancel it (a link of a chain: the chain), as `mmm-orch cancel`; what happened, in

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch import usecases
-from mmm_orch.api_job import (
+from mmm_orch.api.job import (
     Job,
     flag_of,
     items_of,
@@ -40,7 +40,7 @@ from mmm_orch.api_job import (
     whole_of,
 )
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.usecases import MAX_INT, MAX_LINKS, JobState, Plan, Request, packs, reports, tracking
+from mmm_orch.usecases import MAX_INT, MAX_LINKS, JobState, Plan, Request, following, packs, reports
 
 __all__ = [
     "Job",
@@ -450,7 +450,7 @@ def job(job_id: int, db: str | None = None) -> Job:
     """An earlier job, by its id (as `mmm-orch status` shows it), from this process or another."""
     job_id, db = whole_of("job_id", job_id, 1), path_of("db", db, none=True)
     with lock:
-        opened_db = tracking.open_jobs(db)
+        opened_db = following.open_jobs(db)
         record = opened_db.get(job_id, events=False) if opened_db is not None else None
     if record is None:
         raise MmmError(f"job {job_id} not found")
@@ -471,7 +471,7 @@ def jobs(
     sweep, limit = whole_of("sweep", sweep, 1, none=True), whole_of("limit", limit, 1, none=True)
     db = path_of("db", db, none=True)
     with lock:
-        records = tracking.recorded(tracking.open_jobs(db), machine, sweep, limit)
+        records = following.recorded(following.open_jobs(db), machine, sweep, limit)
     return [Job(r, db) for r in records if state is None or r.state.value == state]
 
 
@@ -510,7 +510,7 @@ def usage(
     since, by = text_of("since", since, none=True), text_of("by", by, none=True)
     db = path_of("db", db, none=True)
     with lock:
-        rows, _ = usecases.usage(tracking.open_jobs(db), machine, account, since, by)
+        rows, _ = usecases.usage(following.open_jobs(db), machine, account, since, by)
     return usecases.usage_dicts(rows)
 
 

@@ -1,7 +1,7 @@
 """One rank of a launch profiled with a facility's profiler (`--profile nsys`, `unitrace`, ...).
 
 The job exports the profiler's words (protocol.PROFILER_VAR, from the machine's `profilers:`)
-and the launch starts every rank as `python3 -m mmm_orch.injob.profiled -- PROGRAM...`. A rank
+and the launch starts every rank as `python3 -m mmm_orch.injob.facility_profiler -- PROGRAM...`. A rank
 chosen for profiling (--profile-ranks, by default local rank 0 of each node, as the trainers
 choose) becomes the profiler running PROGRAM, its output named by host and rank in the run's
 profile/ directory; any other rank becomes PROGRAM itself. Either way this process is replaced
@@ -52,7 +52,7 @@ def command(program: list[str], env: Mapping[str, str]) -> list[str]:
 def main(argv: list[str]) -> int:
     program = argv[1:] if argv[:1] == ["--"] else argv
     if not program:
-        print("usage: python -m mmm_orch.injob.profiled -- PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python -m mmm_orch.injob.facility_profiler -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     try:
         words = command(program, os.environ)

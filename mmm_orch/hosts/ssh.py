@@ -29,7 +29,7 @@ import paramiko
 
 from mmm_orch.config.common import ENV_NAME
 from mmm_orch.errors import MmmError, SchedulerUnavailable
-from mmm_orch.transport import CommandResult
+from mmm_orch.hosts.transport import CommandResult
 
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 
