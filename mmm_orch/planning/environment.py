@@ -9,11 +9,20 @@ import shlex
 from mmm_orch.config.common import ENV_NAME, check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
-from mmm_orch.config.workload import Workload
+from mmm_orch.config.workload import MachineOverride, Workload
 from mmm_orch.errors import MmmError, one_line
 from mmm_orch.hosts import job_envs as envs
+from mmm_orch.injob import protocol
+from mmm_orch.injob.protocol import MODULES
 from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
-from mmm_orch.planning.model import EnvEntry, EnvGroup, Request
+from mmm_orch.planning.model import (
+    SHARE_GROUP,
+    Devices,
+    EnvEntry,
+    EnvGroup,
+    Environment,
+    Request,
+)
 
 
 def env_groups(
@@ -145,3 +154,85 @@ def environment_word(machine: Machine, account: str | None) -> str:
         )
     path = template.format(account=account or "", account_lower=(account or "").lower())
     return f'"{path}"'  # a profile value: $USER and friends expand where it is used
+
+
+def job_environment(
+    machine: Machine,
+    workload: Workload,
+    override: MachineOverride | None,
+    request: Request,
+    nodes: int,
+    devices: Devices,
+    python: str,
+    account: str | None,
+) -> Environment:
+    workload_env = dict(workload.env)
+    if override:
+        workload_env.update(override.env)
+    shared = None
+    if devices.share is not None and machine.devices.slots is not None:  # a share is of the slots
+        shared = EnvGroup(
+            name=SHARE_GROUP,
+            description="its devices, beside other runs",
+            source=machine.devices.slots.source,
+            set=devices.share.env,
+        )
+    groups = env_groups(
+        machine,
+        workload,
+        request,
+        nodes,
+        list(override.presets) if override else [],
+        list(override.no_presets) if override else [],
+        _device_env(machine, devices, python),
+        workload_env,
+        shared,
+    )
+    path = environment_word(machine, account)
+    if request.stage_env and not path:
+        raise fail(
+            "--stage-env",
+            True,
+            f"{machine.name} has no job environment to stage (the "
+            "jobs run the interpreter that submitted them)",
+        )
+    stack = machine.stack(request.stack or (override.stack if override else None))
+    check_built_on(machine, stack.name)
+    return Environment(
+        stack=stack.name,
+        stack_date=stack.date,
+        stack_source=stack.source,
+        setup=tuple(stack.lines()),
+        groups=tuple(groups),
+        path=path,
+        stage=request.stage_env,
+        stage_dir=machine.environment.stage_dir if machine.environment else "/tmp",
+        login_shell=machine.login_shell,
+    )
+
+
+def _device_env(machine: Machine, devices: Devices, python: str) -> list[EnvEntry]:
+    """The variables mmm_orch.runtime reads: device, backend, visible devices, rendezvous."""
+    entries = [
+        EnvEntry(name=protocol.DEVICE_VAR, value=devices.torch),
+        EnvEntry(name=protocol.BACKEND_VAR, value=devices.backend),
+    ]
+    if machine.devices.visible and devices.share is None:  # (a share's own mask instead)
+        entries.append(
+            EnvEntry(
+                name=machine.devices.visible_env, value=",".join(map(str, machine.devices.visible))
+            )
+        )
+    if machine.devices.one_per_rank:
+        entries.append(EnvEntry(name=protocol.DEVICE_PER_RANK_VAR, value="1"))
+    if machine.rendezvous.master_addr:
+        entries.append(EnvEntry(name="MASTER_ADDR", value=machine.rendezvous.master_addr))
+    if machine.rendezvous.master_port == "auto":  # a port nobody on the node holds
+        entries.append(
+            EnvEntry(
+                name="MASTER_PORT", value=f"$({shlex.quote(python)} -m {MODULES['rendezvous']})"
+            )
+        )
+    elif machine.rendezvous.master_port:
+        entries.append(EnvEntry(name="MASTER_PORT", value=machine.rendezvous.master_port))
+    return entries

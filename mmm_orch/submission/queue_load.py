@@ -13,7 +13,7 @@ from mmm_orch.errors import MmmError, QueueFull, one_line
 from mmm_orch.hosts import host_for
 from mmm_orch.planning.model import Plan
 from mmm_orch.planning.occupancy import QueueLoad, past_limit, queue_names, way_out
-from mmm_orch.planning.resolve import queues_with_room
+from mmm_orch.planning.queue_choice import queues_with_room
 from mmm_orch.records.db import JobDB
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.states import JobState, OpenJob
