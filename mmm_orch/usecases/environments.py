@@ -21,7 +21,7 @@ from mmm_orch.hosts import job_envs as envs
 from mmm_orch.hosts.transport import CommandResult
 from mmm_orch.planning.checks import check_text
 from mmm_orch.planning.environment import environment_word
-from mmm_orch.submission.submit import login_target
+from mmm_orch.submission.preflight import login_target
 from mmm_orch.version import __version__
 
 

@@ -19,10 +19,11 @@ from mmm_orch.records.dbfile import jobs_root_for
 from mmm_orch.records.record import JobRecord
 from mmm_orch.schedulers.allocation import current
 from mmm_orch.submission import launch as launching
-from mmm_orch.submission import pack, submit, sweeps
+from mmm_orch.submission import pack, preflight, submit, sweeps
 from mmm_orch.submission.launch import write_exit_report as write_exit_report
 from mmm_orch.submission.submit import stop_signals as stop_signals
-from mmm_orch.usecases import Prepared, _ready, bad_nodes, cancel, plan
+from mmm_orch.usecases.plans import bad_nodes, plan
+from mmm_orch.usecases.submissions import Prepared, cancel, ready
 
 
 def launch(
@@ -45,7 +46,7 @@ def launch(
     if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
         if request.command:
             launching.check_program(planned, request.command[0])
-        return _ready(planned, template, "", env_check)
+        return ready(planned, template, "", env_check)
     if allocation is None:
         raise MmmError(
             f"launch: not inside an allocation on {planned.machine}: get one with "
@@ -67,7 +68,7 @@ def launch(
     launching.check_fits(sized, allocation)
     if request.command:
         launching.check_program(sized, request.command[0])
-    return _ready(
+    return ready(
         placement.placed_on(sized, allocation, nodes, jobs_root_for(db_path(db))),
         template,
         "",
@@ -99,9 +100,7 @@ def allocation_for_launch(
             f"--allocate: machine {machine} has no scheduler to get an allocation "
             "from; launch without --allocate"
         )
-    return planned, launching.allocate_argv(
-        planned, _inner_launch(launch_words, program, report)
-    )
+    return planned, launching.allocate_argv(planned, _inner_launch(launch_words, program, report))
 
 
 def _inner_launch(launch_words: list[str], program: tuple[str, ...], report: str) -> list[str]:
@@ -176,7 +175,7 @@ def sweep_within(
     planned = sweeps.points(request, swept, new_jobs=False)  # no queue: they run in here
     allocation, pool = _room_for(planned, db, template)
     if env_check:
-        submit.check_job_python(planned[0].plan, "")
+        preflight.check_job_python(planned[0].plan, "")
     sweep_id = sweeps.new_sweep(
         open_db(str(db_path(db)), create=True),
         swept,
@@ -226,7 +225,7 @@ def _room_for(points: list, db: str | None, template: str | None):
                 f"{point.index}, {point.label})",
             )
         launching.check_fits(point.plan, allocation)
-        _ready(
+        ready(
             placement.placed_on(point.plan, allocation, pool[: point.nodes], root),
             template,
             "",

@@ -1,8 +1,10 @@
 """The machine profiles and workload specs as data (`mmm-orch machines`, `workloads`, `show`,
-`schema`): a row each to list, one whole to show, the JSON schema a file is checked against."""
+`schema`): a row each to list, one whole to show, the JSON schema a file is checked against;
+and `machines check`, a profile's queues against its scheduler's live configuration."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mmm_orch.config import notes, registry
@@ -10,6 +12,7 @@ from mmm_orch.config.common import CONFIGURED
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.workload import LAYOUT_OPTIONS, Workload
 from mmm_orch.config.yamlio import adapter
+from mmm_orch.errors import MmmError
 from mmm_orch.walltime import format_walltime
 
 
@@ -84,7 +87,7 @@ def check_software(name: str, host: str | None = None, timeout: float | None = N
     from mmm_orch.config.registry import load_machine
     from mmm_orch.hosts import host_for
     from mmm_orch.planning import software
-    from mmm_orch.usecases import target
+    from mmm_orch.usecases.submissions import target
 
     machine = load_machine(name)
     remote = "" if machine.scheduler.kind == "local" and host is None else target(name, host)
@@ -103,3 +106,34 @@ def has_scheduler(name: str) -> bool:
     from mmm_orch.config.registry import load_machine
 
     return load_machine(name).scheduler.kind != "local"
+
+
+def check_machine(name: str, host: str | None = None) -> list[str]:
+    """Where machine `name`'s queues differ from its scheduler's live configuration (asked here
+    or on the login host, as a submission would be), one line each."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.hosts import host_for
+    from mmm_orch.planning.drift import differences
+    from mmm_orch.schedulers import scheduler_for
+    from mmm_orch.schedulers.pbs import PbsScheduler
+    from mmm_orch.schedulers.slurm import SlurmScheduler
+    from mmm_orch.usecases.submissions import target
+
+    machine = load_machine(name)
+    if machine.scheduler.kind == "local":
+        raise MmmError(
+            f"machines check: {name} runs jobs on this computer; it has no scheduler "
+            "to compare with"
+        )
+    remote = target(name, host)
+    scheduler = scheduler_for(
+        machine.scheduler.kind,
+        dataclasses.asdict(machine.scheduler.commands),
+        host_for(remote) if remote else None,
+    )
+    if not isinstance(scheduler, (SlurmScheduler, PbsScheduler)):  # those that list their queues
+        raise MmmError(
+            f"machines check: {name}'s scheduler ({machine.scheduler.kind}) shows no "
+            "queue configuration to compare with"
+        )
+    return differences(machine, scheduler.queue_config())

@@ -23,15 +23,9 @@ from mmm_orch.rendering import render
 from mmm_orch.schedulers.states import JobState
 from mmm_orch.submission import submit, sweeps
 from mmm_orch.submission.pack import walltime_for
-from mmm_orch.usecases import (
-    Prepared,
-    _counted_plan,
-    bad_nodes,
-    inside,
-    prepare_plan,
-    resuming,
-    target,
-)
+from mmm_orch.usecases import inside
+from mmm_orch.usecases.plans import bad_nodes, counted_plan
+from mmm_orch.usecases.submissions import Prepared, prepare_plan, resuming, target
 from mmm_orch.walltime import format_walltime
 
 EXIT_STOPPED = EXIT_STOPPED_BY_TERM  # `pack-run` stopped by the scheduler's SIGTERM
@@ -96,7 +90,7 @@ def pack_points(
         render(point.plan, template)
     asked = _pack_request(shared, points, pack_nodes or largest.nodes, pack_walltime)
     try:
-        job, load = _counted_plan(asked, db, None if review else "")
+        job, load = counted_plan(asked, db, None if review else "")
     except MmmError as exc:
         if pack_walltime:
             raise
@@ -240,7 +234,7 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
         point.nodes,
         None,
     )
-    job, load = _counted_plan(asked, db, "")
+    job, load = counted_plan(asked, db, "")
     job = _runs_once(
         job.with_launch(workdir=pack.launch.workdir, workdir_given=True),
         _program(job, db, "<sweep id>"),

@@ -12,8 +12,8 @@ from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.record import JobRecord
 from mmm_orch.submission import submit
 from mmm_orch.submission.sweeps import pack_job
-from mmm_orch.usecases import _ready, check_room, resuming, within_budgets
 from mmm_orch.usecases.packs import rerun_pack, rerun_point
+from mmm_orch.usecases.submissions import check_room, ready, resuming, within_budgets
 
 
 def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
@@ -44,7 +44,7 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
     )
     within_budgets(again, db, "this rerun")
     check_room(again, 1, old.remote, db)
-    prepared = _ready(again, None, old.remote, env_check=True)
+    prepared = ready(again, None, old.remote, env_check=True)
     return submit.submit(
         prepared.plan, db_path(db), remote=prepared.remote, links={"rerun_of": old.id}
     )
