@@ -71,7 +71,7 @@ def same_batch_cpu_and_cuda() -> dict:
 
     from mmm_orch.trainers.llama3 import Config, resolve
     from mmm_orch.trainers.loss import token_losses
-    from mmm_orch.trainers.models.llama import Transformer
+    from mmm_orch.models.llama3.model import Transformer
 
     args, batch, seq, _, _ = resolve(Config(config="debug", seq_len=256, batch_size=4))
     cpu = Transformer(args)

@@ -29,8 +29,8 @@ def make_checkpoint(root: Path, layers: int) -> Path:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from mmm_orch.model_shapes import LlamaArgs
-    from mmm_orch.trainers.models.llama import Transformer
+    from mmm_orch.models.llama3.args import LlamaArgs
+    from mmm_orch.models.llama3.model import Transformer
 
     args = LlamaArgs(n_layers=layers, **SIZES)
     run = root / f"run-{layers}"

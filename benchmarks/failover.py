@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from faults import kill, rank_pids, signal_node  # noqa: E402  (the same fault injection as the tests)
+from helpers.faults import kill, rank_pids, signal_node  # noqa: E402  (the tests' fault injection)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SPEC = ("extends: llama3_debug\nname: llama_fo\n"

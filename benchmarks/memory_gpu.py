@@ -1,5 +1,6 @@
-"""The plan's memory estimate (planning/memory.py) against the peak the llama3 trainer reaches on
-a GPU, bf16, one rank, the 8B model's layer shape with few layers.
+"""The plan's memory estimate (Llama 3's rule, mmm_orch/models/llama3/memory.py) against the
+peak the llama3 trainer reaches on a GPU, bf16, one rank, the 8B model's layer shape with few
+layers.
 
     python benchmarks/memory_gpu.py measure      # on the GPU machine: results/memory_gpu.json
     python benchmarks/memory_gpu.py table        # here: the estimates beside, as a table
@@ -74,8 +75,9 @@ def measure() -> None:
 def table() -> None:
     import dataclasses
 
-    from mmm_orch.model_shapes import PRESETS
-    from mmm_orch.planning.memory import GIB, Shape, estimate
+    from mmm_orch.models.llama3.args import PRESETS
+    from mmm_orch.models.llama3.memory import estimate
+    from mmm_orch.models.spec import GIB, Shape
 
     measured = json.loads(RESULTS.read_text())
     print(f"{measured['rows'][0]['device']}, torch {measured['rows'][0]['torch']}\n")

@@ -107,7 +107,7 @@ class Side:
 def flops_per_token(layers: int, seq_len: int) -> float:
     """Llama 3 8B's training FLOPs per token at `layers` layers (runtime/flops.py's count)."""
     sys.path.insert(0, str(ROOT))
-    from mmm_orch.model_shapes import PRESETS
+    from mmm_orch.models.llama3.args import PRESETS
     from mmm_orch.runtime.flops import transformer_flops_per_token
 
     m = PRESETS["8b"].model

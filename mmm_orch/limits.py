@@ -1,4 +1,14 @@
-"""Sizes no study needs, refused by the command line and the Python API alike."""
+"""The bounds every layer shares: sizes no study needs, refused by the command line and the Python
+API alike, and the shapes of the names mmm-orch writes into a shell or reads from a scheduler (an
+environment variable's, a node's), which the profiles, the hosts and the schedulers all check."""
+
+from __future__ import annotations
+
+import re
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A node's name: host names, and PBS vnode names (`host[3]`).
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
 
 # A chain's links are all queued at once: 200 links of a day's walltime is half a year of
 # training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).

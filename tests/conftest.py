@@ -1,10 +1,11 @@
-"""Shared fixtures: an isolated home and config search path, and an in-process CLI runner."""
+"""The suite's fixtures and pytest hooks: an isolated home and config search path, an in-process
+CLI runner, the live test servers, the test sshd and a tmpfs; the fast tier, the order in which
+the tests are handed out and their CPU budget. What the tests share beside these is in
+tests/helpers."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import functools
 import inspect
 import json
@@ -13,15 +14,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import REPO
+from helpers.jobs import cancel_leftovers
+from helpers.ssh import Sshd
 from mmm_orch.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # What a test needs that the fast tier (`scripts/test.sh --fast`) leaves out: a live server, a
@@ -312,158 +313,10 @@ def cli(capsys):
     return run
 
 
-TERMINAL = ("completed", "failed", "cancelled", "timeout", "hung")
-
-
-# The shared test schedulers run several tests' jobs side by side, so a job may queue for minutes
-# behind the others: time spent queued counts against QUEUE_LIMIT, not against a wait's timeout.
-QUEUE_LIMIT = 900
-QUEUED = ("submitting", "pending")
-
-
-def poll_row(read_row, done, timeout: float, interval: float) -> dict:
-    """Poll `read_row()` until `done(row)`; returns the last row. Raises TimeoutError once the
-    job spent `timeout` seconds out of the queue, or QUEUE_LIMIT seconds in it."""
-    started = last = time.monotonic()
-    queued = 0.0
-    while True:
-        row = read_row()
-        now = time.monotonic()
-        if row["state"] in QUEUED:
-            queued += now - last
-        last = now
-        if done(row):
-            return row
-        if now - started - queued > timeout or queued > QUEUE_LIMIT:
-            raise TimeoutError(f"job {row.get('id')} still {row['state']} after {now - started:.0f}s "
-                               f"({queued:.0f}s of it queued): {row}")
-        time.sleep(interval)
-
-
-def wait_state(cli, job: int, states: tuple[str, ...] = TERMINAL, timeout: float = 300) -> dict:
-    """The job's status row once its state is one of `states` (polling `mmm-orch status`)."""
-    def read_row() -> dict:
-        result = cli("status", str(job), "--json")
-        assert result.code == 0, result.err
-        return json.loads(result.out)[0]
-    return poll_row(read_row, lambda row: row["state"] in states, timeout, interval=1)
-
-
-def cancel_leftovers() -> None:
-    """Cancel the jobs a test left queued or running on a shared test scheduler, so that a failed
-    test does not hold nodes the next ones wait for."""
-    import sqlite3
-
-    path = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch" / "jobs.db"
-    if not path.exists():
-        return
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute("SELECT scheduler, native_id FROM jobs WHERE state IN "
-                            "('submitting', 'pending', 'running', 'unknown') AND native_id != ''"
-                            ).fetchall()
-    for kind, native_id in rows:
-        command = {"slurm": "scancel", "pbs": f"{PBS_BIN}/qdel"}.get(kind)
-        if command:
-            subprocess.run([command, native_id], capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def leftovers_cancelled():
     yield
     cancel_leftovers()
-
-
-def submit_over_walltime(machine: str, root: Path) -> Path:
-    """Submit, with its own database in `root`, a one-node job that sleeps past its 1-minute
-    walltime; returns the database (see wait_in_db)."""
-    write_probe(root, "forever", "import time\ntime.sleep(900)\n")
-    db = root / "jobs.db"
-    proc = run_cli("--db", str(db), "submit", machine, "forever", "--walltime", "00:01:00",
-                   cwd=root, env={"PYTHONPATH": str(root), "MMM_ORCH_PATH": str(root / ".mmm-orch"),
-                                  "HOME": str(root / "home")})
-    assert proc.returncode == 0, proc.stderr
-    return db
-
-
-def wait_in_db(db: Path, job: int, timeout: float) -> dict:
-    """The job's status row from the database `db` once it ended, or as it is at the timeout."""
-    def read_row() -> dict:
-        return json.loads(run_cli("--db", str(db), "status", str(job), "--json").stdout)[0]
-    try:
-        return poll_row(read_row, lambda row: row["state"] in TERMINAL, timeout, interval=2)
-    except TimeoutError:
-        return read_row()
-
-
-def assert_nothing_recorded() -> None:
-    """After a submission the scheduler refused: no record and no job directory. (The database
-    itself may exist: the record is written before the scheduler is asked, then removed.)"""
-    import sqlite3
-
-    state = Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch"
-    if (state / "jobs.db").exists():
-        with sqlite3.connect(state / "jobs.db") as conn:
-            assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
-            assert conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
-    jobs = state / "jobs"
-    assert not jobs.exists() or not any(jobs.iterdir()), list(jobs.iterdir())
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh interpreter (for import checks and real exit codes). The limit
-    catches a hang: a report's figures take over a minute on a 2-core host under full load."""
-    return subprocess.run(
-        [sys.executable, "-m", "mmm_orch", *args],
-        capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})}, cwd=cwd,
-    )
-
-
-def cli_in(env: dict[str, str], cwd: Path, *args: str) -> str:
-    """What `mmm-orch ARGS` prints, run in this process with `env` set and in `cwd` (a fresh
-    interpreter costs about 0.3 CPU-seconds, a poll every 2 s adds up)."""
-    import io
-
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    out = io.StringIO()
-    try:
-        os.environ.update(env)
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out):
-            assert main(list(args)) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        os.chdir(saved_cwd)
-    return out.getvalue()
-
-
-def finished_local_sweep(root: Path) -> tuple[dict[str, str], dict[int, dict]]:
-    """A real two-job sweep of the fsdp trainer on the local executor, with its own state, cache
-    and config under `root`, run to its end: its environment and its status rows by job id."""
-    env = {"XDG_STATE_HOME": str(root / "state"), "HOME": str(root / "home"),
-           "XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
-    # tiny: 256 test images to score rather than 10,000
-    proc = run_cli("sweep", "local", "fsdp", "--set", "train_samples=256,512", "--set",
-                   "epochs=1", "--set", "tiny=true", env=env, cwd=root)
-    assert proc.returncode == 0, proc.stderr
-    deadline = time.monotonic() + 600
-    while True:
-        rows = json.loads(cli_in(env, root, "status", "--all", "--json"))
-        if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows):
-            break
-        assert time.monotonic() < deadline, rows
-        time.sleep(2)
-    assert all(r["state"] == "completed" for r in rows), rows
-    return env, {r["id"]: r for r in rows}
-
-
-def bash_n(script: str, tmp_path: Path) -> None:
-    path = tmp_path / "check.sh"
-    path.write_text(script)
-    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
 
 
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
@@ -481,48 +334,7 @@ def slurm_cluster():
     return CLUSTER_SCRIPT
 
 
-@contextlib.contextmanager
-def scheduler_script_held(name: str):
-    """The lock scripts/NAME.sh runs under (lib.sh run_locked), held: a test that changes the
-    scheduler's rules holds it, so that another worker's `up`, which sets them afresh, waits
-    until the test has put them back."""
-    with open(f"/run/mmm-orch-{name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-# The trainings the tests start on this host themselves (torchrun and its ranks, not a
-# scheduler's job) are CPU-bound: more than two at once on CI's 2 cores only slow each other, and
-# with them the live tests' jobs, whose walltimes and deadlines do not wait. They take turns, two
-# at a time across the workers (one alone left the other workers idle behind it at the end of the
-# suite); the wait for a turn is no part of a run's own timeout.
-TRAINING_TURNS = [Path(tempfile.gettempdir()) / f"mmm-orch-tests-training-{os.getuid()}-{slot}.lock"
-                  for slot in range(2)]
-
-
-@contextlib.contextmanager
-def training_turn():
-    """Held while one training runs: the first of the TRAINING_TURNS free."""
-    while True:
-        for path in TRAINING_TURNS:
-            with open(path, "a") as turn:
-                try:
-                    fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                yield
-                return
-        time.sleep(0.5)
-
-
-def run_training(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run of a CPU-bound training on this host, in its turn."""
-    with training_turn():
-        return subprocess.run(argv, **kwargs)
-
-
 PBS_SCRIPT = REPO / "scripts" / "pbs-server.sh"
-PBS_BIN = "/opt/pbs/bin"  # where the test server's commands are; not on PATH (as on a login node)
 
 
 @pytest.fixture(scope="session")
@@ -561,77 +373,6 @@ def facility_python(tmp_path_factory) -> Path:
     assert subprocess.run([str(python), "-c", "import mmm_orch"], capture_output=True,
                           cwd=root).returncode != 0
     return root
-
-
-def write_machine(directory: Path, name: str, text: str) -> None:
-    """A user machine profile `name` (YAML `text`) in the directory's .mmm-orch/machines."""
-    profiles = directory / ".mmm-orch" / "machines"
-    profiles.mkdir(parents=True, exist_ok=True)
-    (profiles / f"{name}.yaml").write_text(text)
-
-
-# A workload of tiny Llama 3 (llama_chain unless named) with every step lasting PACED_STEP_S
-# (tests/paced_llama3.py): the tiny model's steps take about 0.03 s on a quiet host, so even ten
-# times slower a step still lasts PACED_STEP_S. A fixed number of steps then needs the same
-# walltime however loaded the host is, and a run waiting for its stop waits rather than computes.
-PACED_STEP_S = 0.5
-
-
-def paced_spec(name: str = "llama_chain", args: str = "",
-               watchdog: str = 'walltime_margin: "00:00:20"', step_s: float = PACED_STEP_S) -> str:
-    """The paced Llama workload `name`, with more trainer `args` and its `watchdog` settings
-    (each YAML mapping items, comma-separated), each step lasting `step_s`."""
-    return f"""extends: llama3_debug
-name: {name}
-trainer: paced_llama3
-args: {{config: debug, tiny: true, warmup_steps: 20{", " + args if args else ""}}}
-watchdog: {{{watchdog}}}
-env: {{PYTHONUNBUFFERED: "1", PYTHONPATH: "{Path(__file__).resolve().parent}",
-       MMM_TEST_STEP_S: "{step_s}"}}
-"""
-
-
-PACED_SPEC = paced_spec()
-
-
-def write_spec(directory: Path, name: str, text: str) -> None:
-    """A user workload spec `name` (YAML `text`) in the directory's .mmm-orch/workloads."""
-    specs = directory / ".mmm-orch" / "workloads"
-    specs.mkdir(parents=True, exist_ok=True)
-    (specs / f"{name}.yaml").write_text(text)
-
-
-def write_probe(directory: Path, name: str, body: str, trainer_options: str = "",
-                extra: str = "") -> None:
-    """A throwaway workload `name` whose trainer is the Python `body` (module on PYTHONPATH);
-    `extra` is more YAML for the spec."""
-    (directory / f"{name}_probe.py").write_text(body)
-    write_spec(directory, name, f"name: {name}\ntrainer: {name}_probe\n"
-               + (f"options:\n{trainer_options}" if trainer_options else "") + extra)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sshd:
-    """A real sshd on 127.0.0.1 with keys made for the test session."""
-
-    port: int
-    pid: int
-    host_key_pub: str       # "ssh-ed25519 AAAA..."
-    client_key: Path        # authorized for root
-    other_key: Path         # not authorized
-    log: Path
-
-    def known_hosts_line(self) -> str:
-        return f"[127.0.0.1]:{self.port} {self.host_key_pub}\n"
-
-    def sessions(self) -> list:
-        """The per-connection sshd processes (children of the listener)."""
-        import psutil
-
-        return psutil.Process(self.pid).children()
-
-    def accepted(self) -> int:
-        return self.log.read_text().count("Accepted publickey")
 
 
 @pytest.fixture(scope="session")
@@ -681,29 +422,6 @@ SetEnv HOME={root}/home
     os.kill(pid, signal.SIGTERM)
 
 
-def ssh_config(home: Path, sshd: Sshd, alias: str = "login", key: Path | None = None,
-               known_hosts: str | None = None) -> None:
-    """~/.ssh/config naming the test sshd `alias`, with its own known_hosts file."""
-    ssh = home / ".ssh"
-    ssh.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (ssh / "known_hosts_test").write_text(sshd.known_hosts_line() if known_hosts is None else known_hosts)
-    (ssh / "config").write_text(
-        f"Host {alias}\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
-        f"  IdentityFile {key or sshd.client_key}\n  UserKnownHostsFile {ssh / 'known_hosts_test'}\n")
-
-
-def command_wrappers(directory: Path, commands: list[str], log: Path) -> str:
-    """A PATH prefix whose `commands` record each call in `log`, then run the real command."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for command in commands:
-        real = subprocess.run(["bash", "-c", f"command -v {command}"], capture_output=True,
-                              text=True).stdout.strip()
-        wrapper = directory / command
-        wrapper.write_text(f'#!/bin/bash\necho "{command} $*" >> {log}\nexec {real} "$@"\n')
-        wrapper.chmod(0o755)
-    return f"{directory}{os.pathsep}{os.environ['PATH']}"
-
-
 @pytest.fixture
 def tmpfs(tmp_path):
     """mount(name, options): a real tmpfs at tmp_path/name (`size=64k` for a full disk, `ro`
@@ -723,16 +441,3 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def qsub_own_script(where: Path, nodes: int, command: str) -> Path:
-    """Submit, as a user's own PBS batch script would, `command` on `nodes` vnodes of the test
-    server, in `where` with this test's state and config dirs; returns the job's output file."""
-    env = {k: os.environ[k] for k in ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME")}
-    exports = "".join(f"export {k}={v}\n" for k, v in env.items())
-    script = where / "mine.sh"
-    script.write_text(f"#!/bin/bash\n#PBS -l select={nodes}:ncpus=2\n#PBS -l place=scatter\n"
-                      f"#PBS -j oe\n#PBS -o {where}/pbs.out\n#PBS -l walltime=00:10:00\n"
-                      f"{exports}cd {where}\n{command}\n")
-    submitted = subprocess.run([f"{PBS_BIN}/qsub", str(script)], capture_output=True, text=True,
-                               timeout=30)
-    assert submitted.returncode == 0, submitted.stderr
-    return where / "pbs.out"

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import mmm_orch
-from conftest import REPO, run_training
+from helpers import REPO
+from helpers.bad_input import CASES, files_under
+from helpers.training import run_training
 from mmm_orch.cli import build_parser
-from test_bad_input import CASES, _tree
 
 SAY_AND_EXIT_3 = "print('hello from the job', flush=True); raise SystemExit(3)"
 
@@ -47,7 +48,7 @@ def api_call(argv: list[str]):
         return None
     if args.command not in ("render", "submit", "sweep") or getattr(args, "out", None):
         return None
-    options, env = _pairs(args.sets), _pairs(args.envs)
+    options, env = _pairs(args.options), _pairs(args.env)
     if options is None or env is None or program == []:
         return None
     common = dict(command=program, queue=args.queue, walltime=args.walltime,
@@ -85,14 +86,14 @@ def test_most_of_the_corpus_has_a_python_spelling():
 
 @pytest.mark.parametrize("call,fragments", [c[1:] for c in SPELLED], ids=[c[0] for c in SPELLED])
 def test_each_refusal_raises_the_same_words_and_leaves_nothing(tmp_path, call, fragments):
-    before = _tree(tmp_path, tmp_path / "cache")
+    before = files_under(tmp_path, tmp_path / "cache")
     with pytest.raises(mmm_orch.MmmError) as raised:
         call()
     message = str(raised.value)
     assert "\n" not in message.strip()
     for fragment in fragments:
         assert fragment in message, (fragment, message)
-    assert _tree(tmp_path, tmp_path / "cache") == before
+    assert files_under(tmp_path, tmp_path / "cache") == before
 
 
 @pytest.mark.parametrize("call,field", [
@@ -118,11 +119,11 @@ def test_each_refusal_raises_the_same_words_and_leaves_nothing(tmp_path, call, f
     (lambda: mmm_orch.submit(mmm_orch.plan("local", "fsdp"), "fsdp"), "workload"),
 ])
 def test_a_wrong_type_or_value_is_an_invalid_value_naming_its_field(tmp_path, call, field):
-    before = _tree(tmp_path, tmp_path / "cache")
+    before = files_under(tmp_path, tmp_path / "cache")
     with pytest.raises(mmm_orch.InvalidValue) as raised:
         call()
     assert raised.value.field == field and raised.value.allowed
-    assert _tree(tmp_path, tmp_path / "cache") == before
+    assert files_under(tmp_path, tmp_path / "cache") == before
 
 
 @pytest.mark.slow

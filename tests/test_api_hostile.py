@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import mmm_orch
-from test_bad_input import _tree
+from helpers.bad_input import files_under
 
 
 class Hostile:
@@ -174,7 +174,8 @@ def recorded(tmp_path_factory):
 
 def _state(root: Path, job: mmm_orch.Job) -> tuple:
     """What a call could have changed: files here, the recorded job's files and every record."""
-    return (_tree(root, root / "cache"), _tree(Path(job.db).parent, Path(job.db).parent / "cache"),
+    job_dir = Path(job.db).parent
+    return (files_under(root, root / "cache"), files_under(job_dir, job_dir / "cache"),
             [each.to_dict() for each in mmm_orch.jobs(db=job.db)], mmm_orch.jobs())
 
 

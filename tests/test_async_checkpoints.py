@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from test_trainers import launch, sigterm_llama3_after, steps
+from helpers.training import launch, sigterm_llama3_after, steps
 
 pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 PROBE = (
     "import sys\n"

@@ -13,7 +13,7 @@ import torch
 
 from mmm_orch.trainers import loss as loss_module
 from mmm_orch.trainers.loss import token_losses
-from test_loss import Head
+from helpers.loss_head import Head
 
 
 def compiled_and_eager(device: str, dtype: torch.dtype = torch.float32):

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
+from helpers.profiles import facility_profiles
 from mmm_orch.config import registry
 from mmm_orch.config.machine import check_cpu_bind
 from mmm_orch.errors import ConfigError
-
-FACILITIES = ["aurora", "polaris", "perlmutter", "frontier"]
 
 
 def user_dir(root: Path, kind: str) -> Path:
@@ -166,7 +165,7 @@ def test_profile_with_forbidden_directive_or_bad_placeholder_is_refused(isolated
 SOURCE_TAG = re.compile(r"#.*(ALCF-UG|ALCF-WS|ALCF-GS|EZPZ|OLCF-UG|OLCF-AI|NERSC-[LAPT]|\[\?\])")
 
 
-@pytest.mark.parametrize("machine", FACILITIES)
+@pytest.mark.parametrize("machine", facility_profiles())
 def test_every_environment_value_carries_a_source_comment(machine):
     """Each exported facility variable cites where it comes from (or is marked [?])."""
     lines = (REPO / "machines" / f"{machine}.yaml").read_text().splitlines()
@@ -214,7 +213,7 @@ def test_version_flag(cli):
     assert result.code == 0 and result.out.strip() == f"mmm-orch {__version__}"
 
 
-@pytest.mark.parametrize("name", FACILITIES)
+@pytest.mark.parametrize("name", facility_profiles())
 def test_profiles_name_their_scheduler_commands(name):
     machine = registry.load_machine(name)
     expected = {"pbs": ("qsub", "qstat", "qdel"), "slurm": ("sbatch", "squeue", "scancel")}

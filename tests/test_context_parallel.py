@@ -12,17 +12,17 @@ import shutil
 import pytest
 import torch
 
-from test_pipeline import (
+from helpers.layouts import (
     ARGS,
     LAYOUT_RUNS,
+    PIPELINE_LAYOUTS,
     assert_gives_one_process_s_losses,
     assert_refused_before_the_queue,
     curves,
     layout_run,
     trained,
 )
-from test_pipeline import LAYOUTS as PIPELINE_LAYOUTS
-from test_trainers import launch, steps
+from helpers.training import launch, steps
 
 # Each layout makes a step of the same global batch (8) in two micro-batches a rank, as dp4 does:
 # where context parallel leaves one data-parallel rank, 8 micro-batches of one sample each paid

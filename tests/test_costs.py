@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.cli import run_cli
+from helpers.jobs import wait_state
+from helpers.profiles import PACED_SPEC, facility_profiles, write_spec
 
-from conftest import PACED_SPEC, run_cli, wait_state, write_spec
-from mmm_orch.records.balance import parse_sbank, parse_showusage
 from mmm_orch.planning import Request, resolve
-from mmm_orch.schedulers.pbs_parse import parse_qstat_dsv, statuses
-from mmm_orch.schedulers.slurm_parse import SACCT_FIELDS, parse_sacct_parsable
+from mmm_orch.records.balance import parse_sbank, parse_showusage
+from mmm_orch.schedulers.pbs.parse import parse_qstat_dsv, statuses
+from mmm_orch.schedulers.slurm.parse import SACCT_FIELDS, parse_sacct_parsable
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
-FACILITIES = ("aurora", "polaris", "perlmutter", "frontier")
 
 
 def state_dir() -> Path:
@@ -34,7 +35,7 @@ def state_dir() -> Path:
 
 # -- the rules, with their sources --------------------------------------------------------------
 
-@pytest.mark.parametrize("machine", FACILITIES)
+@pytest.mark.parametrize("machine", facility_profiles())
 def test_every_charging_fact_in_a_facility_profile_has_a_source(machine):
     text = (REPO / "mmm_orch" / "machines" / f"{machine}.yaml").read_text()
     data = yaml.safe_load(text)
@@ -58,7 +59,7 @@ def test_every_charging_fact_in_a_facility_profile_has_a_source(machine):
 
 def test_the_manual_tables_the_four_facilities_charging_rules():
     section = (REPO / "docs" / "guides" / "costs.md").read_text()
-    for machine in FACILITIES:
+    for machine in facility_profiles():
         assert re.search(rf"^\| {machine} \|", section, re.M), machine
 
 

@@ -10,11 +10,11 @@ from dataclasses import field
 
 import pytest
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 
 MADE = (
     "import sys\n"
-    "from mmm_orch.config import dataclass_code\n"
+    "from mmm_orch import dataclass_code\n"
     "import mmm_orch.planning, mmm_orch.config.machine, mmm_orch.config.workload\n"
     "print(dataclass_code._added, len(dataclass_code._table))\n"
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_probe
+from helpers.profiles import write_probe
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.dbfile import SCHEMA_VERSION, backup_path
 

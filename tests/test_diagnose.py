@@ -9,7 +9,7 @@ import pytest
 
 from mmm_orch.config.failures import common_failures, machine_failures
 from mmm_orch.injob.diagnose import diagnose
-from test_local_jobs import wait_terminal
+from helpers.jobs import wait_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "failures"
 
@@ -86,7 +86,7 @@ def test_a_real_failing_local_job(cli, isolated, monkeypatch):
     (specs / "oom.yaml").write_text("name: oom\ntrainer: oom_probe\nwatchdog: {enabled: false}\n")
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     assert cli("submit", "local", "oom").code == 0
-    assert wait_terminal(cli, 1)["state"] == "failed"
+    assert wait_state(cli, 1)["state"] == "failed"
     result = cli("diagnose", "1")
     assert result.code == 0, result.err
     assert "first failure: cuda-out-of-memory" in result.out and "job 1: oom on local, failed" in result.out
@@ -124,7 +124,7 @@ def test_the_first_failure_is_the_exception_not_the_peers_that_lost_it(cli, isol
     (specs / "cascade.yaml").write_text("name: cascade\ntrainer: cascade_probe\n")
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     assert cli("submit", "local", "cascade").code == 0
-    assert wait_terminal(cli, 1)["state"] == "failed"
+    assert wait_state(cli, 1)["state"] == "failed"
     log = cli("logs", "1").out
     assert "Connection closed by peer" in log or "Connection reset by peer" in log, log[-3000:]
     first = json.loads(cli("diagnose", "1", "--json").out)["first"]

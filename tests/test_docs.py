@@ -84,7 +84,7 @@ def test_a_changed_help_text_fails_the_check_until_the_pages_are_made_again(copi
 
 def test_a_changed_docstring_or_field_comment_fails_the_check(copies):
     scratch, pages = copies
-    api = scratch / "mmm_orch" / "api" / "job.py"
+    api = scratch / "mmm_orch" / "api" / "handles.py"
     api.write_text(api.read_text().replace("The log as it is written", "The log (changed)"))
     queues = scratch / "mmm_orch" / "config" / "queues.py"
     queues.write_text(queues.read_text().replace(

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import write_machine
+from helpers.jobs import wait_state
+from helpers.profiles import facility_profiles, write_machine
 from mmm_orch.config import registry
 from mmm_orch.config.registry import ConfigError
 from mmm_orch.injob import protocol
@@ -30,7 +31,7 @@ FACILITY_TOOLS = {
 }
 
 
-@pytest.mark.parametrize("machine", sorted(FACILITY_TOOLS))
+@pytest.mark.parametrize("machine", facility_profiles())
 def test_each_facility_renders_its_profiler_with_its_source(cli, isolated, machine):
     tool, window, source = FACILITY_TOOLS[machine]
     result = cli("render", machine, "llama3_8b", "-A", "P1", "--profile", tool,
@@ -199,8 +200,6 @@ def test_on_slurm_your_command_runs_on_two_nodes_and_the_tool_on_local_rank_0_of
     """Your own command (no trainer: the tool wraps the rank, whatever it runs) through srun on 2
     nodes x 2 ranks, under GNU time: ranks 0 and 2, one file each, named by host and rank;
     `mmm-orch profile` points at them. (The trainers' side of a tool, its window: above.)"""
-    from conftest import wait_state
-
     result = cli("submit", "slurm-local", "-N", "2", "--profile", "time", "--json", "--",
                  sys.executable, "-c", RANK_AND_NODE)
     assert result.code == 0, result.err
@@ -227,8 +226,6 @@ def test_on_pbs_your_command_runs_under_the_tool_on_the_ranks_named(cli, isolate
                                                                     leftovers_cancelled):
     """mpiexec (Hydra) on 2 PBS vnodes, your own program, rank 3 chosen through the job's
     variable: only it runs under the tool."""
-    from conftest import wait_state
-
     result = cli("submit", "pbs-local", "-N", "2", "--profile", "time", "--env",
                  f"{protocol.PROFILE_RANKS_VAR}=3", "--json", "--", "python3", "-c",
                  "import os; print('rank', os.environ['PMI_RANK'], os.environ['MMM_ORCH_PROFILE'])")

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, paced_spec, wait_state, write_spec
-from faults import signal_node
+from helpers.faults import signal_node
+from helpers.jobs import TERMINAL, wait_state
+from helpers.profiles import paced_spec, write_spec
 from mmm_orch.injob.protocol import EXIT_INTERNAL_ERROR
 from mmm_orch.records.db import JobDB
 from mmm_orch.runtime.metrics import parse_line

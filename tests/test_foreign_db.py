@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_state, write_probe
+from helpers.jobs import wait_state
+from helpers.profiles import write_probe
 from mmm_orch.cli import build_parser
 from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.records.db import JobDB, close_all, open_db

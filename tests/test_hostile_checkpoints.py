@@ -22,14 +22,17 @@ import torch.distributed.checkpoint as dcp
 
 from mmm_orch.injob import runfiles
 from mmm_orch.injob.runfiles import RunFileError
-from mmm_orch.model_shapes import LlamaArgs
+from mmm_orch import models
+from mmm_orch.models.llama3.args import LlamaArgs
+from mmm_orch.models.llama3.model import Transformer
+from mmm_orch.models.pretrained_config import PretrainedError
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.export import STAGING_MARK
 from mmm_orch.pretrained import checkpoint_metadata
 from mmm_orch.runtime.checkpoint import Checkpointer
-from mmm_orch.trainers.models.llama import Transformer
-from test_trainers import launch
+from helpers.training import launch
 
+MODEL = models.get("llama3")
 TINY = LlamaArgs(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=64, max_seq_len=16,
                  multiple_of=32)
 STEP = 3
@@ -146,8 +149,8 @@ def test_init_from_a_runs_checkpoint_refuses_it_unread(run, tmp_path):
     not opened."""
     marker = tmp_path / "code-ran"
     _hostile(_checkpoint(run), marker)
-    with pytest.raises(formats.PretrainedError, match="neither config.json .* nor params.json"):
-        formats.open_source(_checkpoint(run))
+    with pytest.raises(PretrainedError, match="neither config.json .* nor params.json"):
+        formats.open_source(_checkpoint(run), MODEL)
     assert not marker.exists()
 
 
@@ -324,8 +327,8 @@ def _config_dir(where: Path, name: str, content) -> Path:
 def test_a_hostile_config_json_is_one_line(case, tmp_path):
     content, said = HOSTILE_CONFIGS[case]
     where = _config_dir(tmp_path / "hf", "config.json", content)
-    with pytest.raises(formats.PretrainedError) as refused:
-        formats.open_source(where)
+    with pytest.raises(PretrainedError) as refused:
+        formats.open_source(where, MODEL)
     assert said in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
@@ -334,8 +337,8 @@ def test_a_hostile_params_json_is_one_line(case, tmp_path):
     value, said = HOSTILE_PARAMS[case]
     where = _config_dir(tmp_path / "meta", "params.json", {**META, "ffn_dim_multiplier": value})
     (where / "consolidated.00.pth").write_bytes(b"")
-    with pytest.raises(formats.PretrainedError, match=said.replace("[", r"\[").replace("+", r"\+")):
-        formats.open_source(where)
+    with pytest.raises(PretrainedError, match=said.replace("[", r"\[").replace("+", r"\+")):
+        formats.open_source(where, MODEL)
 
 
 def test_a_hostile_config_is_refused_before_the_queue(tmp_path, cli, isolated):
@@ -354,7 +357,7 @@ def test_the_trainer_refuses_a_hostile_config_in_one_line(tmp_path):
     where = _config_dir(tmp_path / "meta", "params.json", {**META, "ffn_dim_multiplier": "x"})
     (where / "consolidated.00.pth").write_bytes(b"")
     cfg = parse(Config, ["--tiny", "--steps", "2", "--init-from", str(where)])
-    with pytest.raises(formats.PretrainedError, match="ffn_dim_multiplier is 'x'"):
+    with pytest.raises(PretrainedError, match="ffn_dim_multiplier is 'x'"):
         pretrained(cfg, resolve(cfg)[0])
 
 
@@ -365,8 +368,8 @@ def test_the_trainer_refuses_a_hostile_config_in_one_line(tmp_path):
 def test_a_safetensors_fifo_is_refused_not_waited_on(tmp_path):
     where = _config_dir(tmp_path / "hf", "config.json", HF)
     os.mkfifo(where / "model.safetensors")
-    with pytest.raises(formats.PretrainedError, match="model.safetensors is a FIFO"):
-        formats.open_source(where)
+    with pytest.raises(PretrainedError, match="model.safetensors is a FIFO"):
+        formats.open_source(where, MODEL)
 
 
 @pytest.mark.timeout(30)
@@ -375,7 +378,7 @@ def test_a_pth_fifo_is_refused_not_waited_on(tmp_path):
 
     where = _config_dir(tmp_path / "meta", "params.json", META)
     os.mkfifo(where / "consolidated.00.pth")
-    with pytest.raises(formats.PretrainedError, match="consolidated.00.pth is a FIFO"):
-        formats.open_source(where)  # the review before the queue, and the trainer's first look
-    with pytest.raises(formats.PretrainedError, match="consolidated.00.pth is a FIFO"):
+    with pytest.raises(PretrainedError, match="consolidated.00.pth is a FIFO"):
+        formats.open_source(where, MODEL)  # the review before the queue, and the trainer's first look
+    with pytest.raises(PretrainedError, match="consolidated.00.pth is a FIFO"):
         _load_pth(where / "consolidated.00.pth")  # the trainer's reading of the weights

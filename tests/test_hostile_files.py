@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
+from helpers.profiles import facility_profiles
 
 MACHINE = "extends: local\nname: {name}\n"
 WORKLOAD = "extends: fsdp\nname: {name}\n"
@@ -177,7 +178,7 @@ def test_every_packaged_failure_pattern_is_accepted_and_long_lines_are_cut(cli, 
     log = isolated / "job.log"
     log.write_text(("x" * 200_000 + " ") * 5 + "\nRuntimeError: CUDA error: out of memory\n")
     started = time.monotonic()
-    for machine in ("aurora", "polaris", "perlmutter", "frontier", "slurm-local", "pbs-local"):
+    for machine in (*facility_profiles(), "slurm-local", "pbs-local"):
         result = cli("diagnose", "--log", str(log), "--machine", machine)
         assert result.code == 0, result.err
     assert time.monotonic() - started < 30

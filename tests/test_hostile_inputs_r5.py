@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_nothing_recorded, write_machine
+from helpers.jobs import assert_nothing_recorded
+from helpers.profiles import write_machine
 
 import mmm_orch
 from mmm_orch.reference import PAGES

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, run_cli, wait_state, write_machine
+from helpers.cli import run_cli
+from helpers.jobs import assert_nothing_recorded, wait_state
+from helpers.profiles import write_machine
 
 HUGE = "9" * 401
 

@@ -15,7 +15,8 @@ import pytest
 
 from mmm_orch.config.registry import load_machine
 from mmm_orch.planning import drift
-from mmm_orch.schedulers import pbs_parse, slurm_parse
+from mmm_orch.schedulers.pbs import parse as pbs_parse
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DIGITS_5000 = "9" * 5000
@@ -225,8 +226,8 @@ def test_status_shows_a_schedulers_reason_and_state_escaped():
     from rich.console import Console
 
     from mmm_orch.cli import view
-    from mmm_orch.records.record import JobRecord
     from mmm_orch.progress.refresh import Refresh
+    from mmm_orch.records.record import JobRecord
 
     comment = "held [/] [red]\x1b[2J\nFORGED: job 2 completed"
     [status] = slurm_parse.parse_squeue_json(json.dumps({"jobs": [{

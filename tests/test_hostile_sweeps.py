@@ -9,6 +9,7 @@ this process."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import finished_local_sweep
+from helpers.cli import run_cli
+from helpers.jobs import TERMINAL
+from mmm_orch.cli import main
 
 pytestmark = pytest.mark.xdist_group("hostile-sweeps")
 # CPU seconds of this process (the CLI runs in it): a refusal of a huge input is as quick as one
@@ -32,6 +35,45 @@ HANG = 120
 
 def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if "cache" not in p.parts}
+
+
+def cli_in(env: dict[str, str], cwd: Path, *args: str) -> str:
+    """What `mmm-orch ARGS` prints, run in this process with `env` set and in `cwd` (a fresh
+    interpreter costs about 0.3 CPU-seconds, a poll every 2 s adds up)."""
+    import io
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out = io.StringIO()
+    try:
+        os.environ.update(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out):
+            assert main(list(args)) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+    return out.getvalue()
+
+
+def finished_local_sweep(root: Path) -> tuple[dict[str, str], dict[int, dict]]:
+    """A real two-job sweep of the fsdp trainer on the local executor, with its own state, cache
+    and config under `root`, run to its end: its environment and its status rows by job id."""
+    env = {"XDG_STATE_HOME": str(root / "state"), "HOME": str(root / "home"),
+           "XDG_CACHE_HOME": str(root / "cache"), "XDG_CONFIG_HOME": str(root / "config")}
+    # tiny: 256 test images to score rather than 10,000
+    proc = run_cli("sweep", "local", "fsdp", "--set", "train_samples=256,512", "--set",
+                   "epochs=1", "--set", "tiny=true", env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 600
+    while True:
+        rows = json.loads(cli_in(env, root, "status", "--all", "--json"))
+        if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(2)
+    assert all(r["state"] == "completed" for r in rows), rows
+    return env, {r["id"]: r for r in rows}
 
 
 def refused(result, *fragments: str) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, ssh_config, wait_state
+from helpers.jobs import assert_nothing_recorded, wait_state
+from helpers.ssh import ssh_config
 
 
 def facility_profile(isolated: Path, name: str, base: str, python_root: Path, envs: Path,

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.jobs import TERMINAL, assert_nothing_recorded, wait_state
+from helpers.profiles import write_machine
+from helpers.schedulers import PBS_BIN, qsub_own_script
 
-from conftest import (PBS_BIN, TERMINAL, assert_nothing_recorded, qsub_own_script,
-                      wait_state, write_machine)
 from mmm_orch.errors import MmmError
-from mmm_orch.planning.placement import nodes_for, which_machine
 from mmm_orch.planning import Request
-from mmm_orch.schedulers.allocation import Allocation, current, expand_hostlist, unique_lines
+from mmm_orch.planning.placement import nodes_for, which_machine
+from mmm_orch.schedulers import current_allocation as current
+from mmm_orch.schedulers.allocation import Allocation, expand_hostlist, unique_lines
 
 MMM_ORCH = [sys.executable, "-m", "mmm_orch"]
 # One write of one whole line (ranks share the log; see test_own_command.RANKS).

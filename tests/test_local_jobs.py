@@ -12,12 +12,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.cli import run_cli
+from helpers.jobs import assert_nothing_recorded
+from helpers.profiles import PACED_SPEC, write_probe, write_spec
 
-from conftest import PACED_SPEC, assert_nothing_recorded, run_cli, write_probe, write_spec
 from mmm_orch.hosts import LocalHost
-from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.injob.protocol import EXIT_STOPPED_BY_TERM, RESULT_FILE
-from mmm_orch.schedulers.local_run import GRACE_S
+from mmm_orch.records.db import JobDB, open_db
+from mmm_orch.schedulers.local.supervisor import GRACE_S
 
 
 def wait_terminal(cli, job: int, timeout: float = 120) -> dict:
@@ -405,7 +407,7 @@ def test_a_local_job_on_another_computer_is_not_taken_for_vanished(tmp_path):
     from mmm_orch.errors import SchedulerError
     from mmm_orch.injob.protocol import RESULT_FILE, SUPERVISOR_FILE
     from mmm_orch.schedulers.base import JobRef
-    from mmm_orch.schedulers.local import LocalScheduler
+    from mmm_orch.schedulers.local.scheduler import LocalScheduler
     from mmm_orch.schedulers.states import JobState
 
     (tmp_path / SUPERVISOR_FILE).write_text(json.dumps(
@@ -428,7 +430,7 @@ def test_a_local_job_whose_supervisor_ended_unrecorded_after_a_cancel_is_cancell
     and never for vanished."""
     from mmm_orch.injob.protocol import CANCEL_SENT_FILE, SUPERVISOR_FILE
     from mmm_orch.schedulers.base import JobRef
-    from mmm_orch.schedulers.local import LocalScheduler
+    from mmm_orch.schedulers.local.scheduler import LocalScheduler
     from mmm_orch.schedulers.states import JobState
 
     gone = {"pid": os.getpid(), "create_time": psutil.Process().create_time() - 60}  # not this one

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACED_SPEC, PACED_STEP_S, wait_state, write_spec
+from helpers.jobs import wait_state
+from helpers.training import run_steps
+from helpers.profiles import PACED_SPEC, PACED_STEP_S, write_spec
 
 pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds
 
@@ -24,11 +26,6 @@ name: llama_chain
 args: {config: debug, tiny: true, warmup_steps: 20}
 watchdog: {walltime_margin: "00:00:20"}
 """
-
-
-def metrics(run_dir: str | Path) -> list[dict]:
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["event"] == "step"]
 
 
 def local_run(isolated: Path, steps: int, run_name: str, nice: int = 0,
@@ -104,10 +101,10 @@ def test_a_chain_of_short_links_reaches_the_end_of_training(request, cli, isolat
     assert all(r["reason"].startswith("resumable at step") for r in ran[:-1]), rows
     assert all(r["state"] == "cancelled" for r in rows[len(ran):])  # never ran
 
-    got = metrics(links[0]["run_dir"])
+    got = run_steps(links[0]["run_dir"])
     assert [r["step"] for r in got] == list(range(1, steps + 1))  # every step once, in order
     assert reference.wait(timeout=900) == 0, reference.stderr.read()
-    expected = {r["step"]: r for r in metrics(isolated / "outputs" / "reference")}
+    expected = {r["step"]: r for r in run_steps(isolated / "outputs" / "reference")}
     for record in got:
         want = expected[record["step"]]
         assert abs(record["loss"] - want["loss"]) < 1e-4, (record, want)
@@ -184,11 +181,11 @@ def test_rerun_resume_continues_a_stopped_run(cli, isolated):
     new = json.loads(again.out)
     assert new["rerun_of"] == 1 and new["run_dir"] == json.loads(first.out)["run_dir"]
     deadline = time.monotonic() + 240  # a loaded host may take a while to start it
-    while len(metrics(new["run_dir"])) <= stopped_at:
+    while len(run_steps(new["run_dir"])) <= stopped_at:
         assert time.monotonic() < deadline, cli("logs", str(new["id"])).out[-2000:]
         time.sleep(1)
     assert cli("cancel", str(new["id"])).code == 0
     wait_state(cli, new["id"], timeout=120)
-    steps = [r["step"] for r in metrics(new["run_dir"])]
+    steps = [r["step"] for r in run_steps(new["run_dir"])]
     assert steps[:stopped_at] == list(range(1, stopped_at + 1))
     assert steps[stopped_at] == stopped_at + 1  # went on from the checkpoint, not from step 1

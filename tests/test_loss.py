@@ -6,25 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from helpers.loss_head import Head
 from mmm_orch.trainers.loss import token_losses
-
-
-class Head(nn.Module):
-    """The two things token_losses asks of a model: hidden states, and the output layer."""
-
-    def __init__(self, dim: int, vocab: int, seed: int):
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.embed = nn.Parameter(torch.randn(vocab, dim, generator=generator))
-        self.output = nn.Linear(dim, vocab, bias=False)
-        with torch.no_grad():
-            self.output.weight.copy_(torch.randn(vocab, dim, generator=generator) / dim ** 0.5)
-
-    def forward(self, tokens: torch.Tensor, hidden_only: bool = False) -> torch.Tensor:
-        hidden = torch.tanh(self.embed[tokens])
-        return hidden if hidden_only else self.output(hidden)
 
 
 def losses_and_grads(chunk: int, reduction: str, scale: float = 1.0, seed: int = 0,

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, training_turn
+from helpers import REPO
+from helpers.manual import blocks
+from helpers.training import training_turn
 
 PAGE = REPO / "docs" / "getting-started.md"
 # The lines not run here, and why: each is what brought this test where it is.
@@ -31,22 +33,8 @@ NOT_RUN = {
 }
 
 
-def blocks(page: Path = PAGE, comments: bool = False) -> list[list[str]]:
-    """The page's code blocks (indented by four spaces), each a list of its lines, without
-    their comments unless `comments`."""
-    found: list[list[str]] = []
-    previous = ""
-    for line in page.read_text().splitlines():
-        if line.startswith("    ") and line.strip():
-            if not previous.startswith("    "):
-                found.append([])
-            found[-1].append(line[4:] if comments else line.strip().split("  #")[0].strip())
-        previous = line if line.strip() else previous if previous.startswith("    ") else line
-    return found
-
-
 def test_the_page_has_the_blocks_this_test_runs():
-    assert blocks() == [
+    assert blocks(PAGE) == [
         ["bash scripts/setup.sh && .venv/bin/mmm-orch submit local fsdp --follow"],
         ["bash scripts/test.sh"],
         ["pip install ./mmm-orch",
@@ -67,7 +55,7 @@ def run(line: str, cwd: Path, bin_dir: Path, timeout: float = 900) -> subprocess
 
 @pytest.mark.slow
 def test_the_fresh_machine_s_main_job(isolated):
-    setup, main = blocks()[0][0].split(" && ")
+    setup, main = blocks(PAGE)[0][0].split(" && ")
     assert setup in NOT_RUN
     (isolated / ".venv").symlink_to(Path(sys.prefix))  # the environment setup.sh made
     with training_turn():  # the job trains on this host's cores
@@ -78,12 +66,12 @@ def test_the_fresh_machine_s_main_job(isolated):
     assert re.search(r"^\[epoch\] epoch=2 train_loss=\S+ test_loss=\S+ test_acc=", done.stdout,
                      re.M), done.stdout[-2000:]
     assert "job 1 completed (exit 0)" in done.stderr
-    assert blocks()[1] == ["bash scripts/test.sh"] and blocks()[1][0] in NOT_RUN
+    assert blocks(PAGE)[1] == ["bash scripts/test.sh"] and blocks(PAGE)[1][0] in NOT_RUN
 
 
 def test_the_first_time_on_a_facility(isolated, pbs_server, facility_python, tmp_path,
                                       leftovers_cancelled):
-    lines = blocks()[2]
+    lines = blocks(PAGE)[2]
     # The user's clone (a copy of the source: pip builds in it), and a fresh virtual environment.
     shutil.copytree(REPO, isolated / "mmm-orch", ignore=shutil.ignore_patterns(
         ".git", ".venv", ".*_cache", "build", "*.egg-info", "__pycache__", "vendor", "tests",

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_training
-from test_trainers import free_port, launch, steps
+from helpers.profiles import facility_profiles
+from helpers.training import free_port, launch, run_training, steps
 
-from mmm_orch.model_shapes import PRESETS
-from mmm_orch.planning.memory import GIB, Shape, estimate
+from mmm_orch.models.llama3.args import PRESETS
+from mmm_orch.models.llama3.memory import estimate
+from mmm_orch.models.spec import GIB, Shape
 
 HERE = Path(__file__).resolve().parent
 SMALL = dataclasses.replace(PRESETS["debug"].model, n_layers=4)  # 256 wide, vocabulary 2048
@@ -92,10 +93,7 @@ def test_the_old_70b_preset_did_not_fit_an_aurora_tile():
     assert estimate(new).total < 64 * GIB  # the preset now: sharded logits, one sequence
 
 
-FACILITIES = ["aurora", "polaris", "perlmutter", "frontier"]
-
-
-@pytest.mark.parametrize("machine", FACILITIES)
+@pytest.mark.parametrize("machine", facility_profiles())
 @pytest.mark.parametrize("workload", ["llama3_8b", "llama3_70b"])
 def test_the_presets_fit_and_the_script_says_by_how_much(cli, isolated, machine, workload):
     result = cli("render", machine, workload, "-A", "MYPROJ")

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TERMINAL, wait_state, write_spec
+from helpers.jobs import TERMINAL, wait_state
+from helpers.profiles import write_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, assert_nothing_recorded, wait_state, write_spec
+from helpers.jobs import TERMINAL, assert_nothing_recorded, wait_state
+from helpers.profiles import write_spec
 
 # One write of one whole line: ranks share the log, and under torchrun Python's stdout is
 # unbuffered, so print('rank', r) would be three writes that another rank's can split.

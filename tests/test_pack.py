@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PACED_SPEC, assert_nothing_recorded, qsub_own_script, wait_state,
-                      write_probe, write_spec)
+from helpers.jobs import assert_nothing_recorded, wait_state
+from helpers.profiles import PACED_SPEC, write_probe, write_spec
+from helpers.schedulers import qsub_own_script
+from helpers.training import run_steps
 from mmm_orch.injob import protocol
 from mmm_orch.submission import pack
 
@@ -221,7 +223,7 @@ def _read(path) -> str:
 # A loaded host, where a supervisor's Python takes seconds to start, made certain: the local
 # supervisor's start-up lasts until it has a SIGTERM waiting, so the cancel comes first.
 SLOW_START = """import signal, sys, time
-if "mmm_orch.schedulers.local_run" in sys.orig_argv:
+if "mmm_orch.schedulers.local.supervisor" in sys.orig_argv:
     while signal.SIGTERM not in signal.sigpending():
         time.sleep(0.05)
 """
@@ -414,8 +416,6 @@ def test_a_cancelled_pack_ends_its_running_point_and_rerun_resume_finishes_every
     steps): the first runs, the second waits for the node. `cancel --sweep` ends the pack job and
     its running point, and the waiting point never starts. `rerun --resume` of the pack goes on
     with the first from its checkpoint, then runs the second: every step of each once."""
-    from test_long_runs import metrics
-
     write_spec(isolated, "llama_chain", PACED_SPEC)
     result = cli("sweep", "slurm-local", "llama_chain", "--set", "steps=60,10", "--set",
                  "checkpoint_every=10", "--pack", "-t", "00:05:00", "--json")
@@ -449,6 +449,6 @@ def test_a_cancelled_pack_ends_its_running_point_and_rerun_resume_finishes_every
     rows = points(2)
     assert [rows[i]["state"] for i in (1, 2)] == ["completed", "completed"], rows
     assert "[resume] step=" in cli("logs", str(rows[1]["id"])).out  # not from step 1 again
-    resumed, fresh = (metrics(rows[i]["run_dir"]) for i in (1, 2))
+    resumed, fresh = (run_steps(rows[i]["run_dir"]) for i in (1, 2))
     assert [r["step"] for r in resumed] == list(range(1, 61))  # every step once, in order
     assert [r["step"] for r in fresh] == list(range(1, 11))

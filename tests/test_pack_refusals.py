@@ -9,7 +9,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from conftest import assert_nothing_recorded
+from helpers.jobs import assert_nothing_recorded
 
 LOCAL_PACK = (
     "--pack: machine local runs its jobs on this computer without a batch scheduler, so a pack "

@@ -1,4 +1,5 @@
-"""The package list in pyproject.toml names every package, so a non-editable install is whole."""
+"""A non-editable install is whole: every folder of mmm_orch that holds Python is a package that
+pyproject.toml's package search finds."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_package_is_listed_in_pyproject():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "mmm_orch").rglob("__init__.py")}
-    assert found == listed, f"missing from pyproject: {found - listed}; listed but absent: {listed - found}"
+def test_every_folder_of_python_is_a_package_the_install_finds():
+    """A folder of .py files without an __init__.py would be left out of the wheel, silently."""
+    from setuptools import find_packages
+
+    search = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    shipped = set(find_packages(str(ROOT), include=search["find"]["include"]))
+    holding_python = {".".join(p.parent.relative_to(ROOT).parts)
+                      for p in (ROOT / "mmm_orch").rglob("*.py") if "__pycache__" not in p.parts}
+    assert holding_python == shipped, (
+        f"not shipped: {holding_python - shipped}; shipped without Python: {shipped - holding_python}")
 
 
 def test_the_suite_runs_from_a_clean_virtualenv():

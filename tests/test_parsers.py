@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import REPO
 
-from conftest import REPO
-from mmm_orch.schedulers import pbs_parse, slurm_parse
+from mmm_orch.schedulers.pbs import parse as pbs_parse
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 from mmm_orch.schedulers.states import JobState, advance
 
 FIX = REPO / "tests" / "fixtures"

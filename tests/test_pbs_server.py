@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PBS_BIN, assert_nothing_recorded, ssh_config, submit_over_walltime,
-                      wait_in_db, wait_state, write_probe)
-from faults import HANG
+from helpers.faults import HANG
+from helpers.jobs import assert_nothing_recorded, submit_over_walltime, wait_in_db, wait_state
+from helpers.profiles import write_probe
+from helpers.schedulers import PBS_BIN
+from helpers.ssh import ssh_config
 from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")

@@ -8,91 +8,30 @@ the two nodes of the Slurm cluster."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from test_trainers import assert_ran, launch, steps
-
-TINY = ["--tiny", "--n-layers", "8", "--dtype", "fp32", "--global-batch", "8", "--batch-size", "1",
-        "--seq-len", "32", "--log-sample-ids"]
-# A layout's run (this module's and test_context_parallel's). Four steps show each check: losses
-# after optimizer steps, a validation amid the run and one at its end, and a resume from step 2
-# whose step 3 needs the saved weights and step 4 the optimizer's state too. 13 held-out
-# samples: the last micro-batches of a validation are partly slots.
-ARGS = [*TINY, "--steps", "4", "--eval-every", "2", "--eval-samples", "13",
-        "--checkpoint-every", "2"]
-
-LAYOUTS = {
-    "dp2 x pp2": ["--pp", "2"],
-    # 4 micro-batches of 2 (8 of 1 paid tensor parallel's collectives twice as often)
-    "tp2 x pp2": ["--tp", "2", "--pp", "2", "--batch-size", "2"],
-    "pp4 interleaved": ["--pp", "4", "--pp-schedule", "interleaved_1f1b"],
-    "dp2 x pp2 gpipe": ["--pp", "2", "--pp-schedule", "gpipe"],
-}
-
-
-def losses(out: Path, key: str = "loss") -> dict[int, float]:
-    return {r["step"]: r[key] for r in steps(out) if key in r}
-
-
-def trained(out: Path) -> list[int]:
-    """Every sample the run's data-parallel ranks logged, over all its steps."""
-    return sorted(sample for path in (out / "run" / "samples").glob("dp-*.jsonl")
-                  for line in path.read_text().splitlines()
-                  for sample in json.loads(line)["samples"])
-
-
-def curves(out: Path) -> dict[int, float]:
-    """A run's loss at each step, and its validation loss at -step."""
-    return {**losses(out), **{-s: v for s, v in losses(out, "val_loss").items()}}
-
-
-# The layouts' tests of both modules share their runs (the reference, the pp2 x cp2 run that is
-# resumed), so they run on one worker, one after the other: each layout its own test (its own
-# failure), each run made once.
-LAYOUT_RUNS = pytest.mark.xdist_group("llama3-layouts")
-_MADE: dict[tuple[int, tuple[str, ...]], Path] = {}  # the runs by their ranks and options
-
-
-def layout_run(tmp_path_factory, options: list[str], ranks: int = 4) -> Path:
-    """The run of a layout (its options after ARGS) on `ranks` ranks (1: one process, no
-    launcher), made the first time a test asks for it."""
-    key = (ranks, tuple(options))
-    if key not in _MADE:
-        out = tmp_path_factory.mktemp("layout") / "out"
-        # (a hang guard: tp2 x cp2 took over 240 s on 2 loaded cores)
-        proc = launch("llama3", [*ARGS, *options], ranks, "torchrun" if ranks > 1 else "none",
-                      out, timeout=600)
-        assert_ran(proc, out, ranks)
-        _MADE[key] = out
-    return _MADE[key]
-
-
-def assert_gives_one_process_s_losses(tmp_path_factory, options: list[str]) -> None:
-    """The layout's loss at every step and its validation losses are those of one process (the
-    global batch in micro-batches of one, no FSDP); each of the two runs trained on every sample
-    once (4 steps x 8 samples)."""
-    reference = layout_run(tmp_path_factory, [], ranks=1)
-    layout = layout_run(tmp_path_factory, options)
-    expected, found = curves(reference), curves(layout)
-    assert sorted(expected) == [-4, -2, 1, 2, 3, 4]  # val_loss at steps 2 and 4
-    assert sorted(found) == sorted(expected)
-    for step, loss in expected.items():
-        assert found[step] == pytest.approx(loss, rel=1e-4), step
-    assert trained(reference) == trained(layout) == list(range(32))
+from helpers.jobs import wait_state
+from helpers.layouts import (
+    LAYOUT_RUNS,
+    PIPELINE_LAYOUTS,
+    assert_gives_one_process_s_losses,
+    assert_refused_before_the_queue,
+    losses,
+)
+from helpers.training import launch
 
 
 @pytest.mark.slow
 @LAYOUT_RUNS
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", PIPELINE_LAYOUTS)
 def test_each_pipeline_layout_gives_one_process_s_losses(tmp_path_factory, name):
-    assert_gives_one_process_s_losses(tmp_path_factory, LAYOUTS[name])
+    assert_gives_one_process_s_losses(tmp_path_factory, PIPELINE_LAYOUTS[name])
 
 
 def test_the_layers_split_into_stages_of_as_many_each():
-    from mmm_orch.model_shapes import stage_layers
+    from mmm_orch.models.layout import stage_layers
 
     assert stage_layers(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert stage_layers(80, 1) == [list(range(80))]
@@ -110,16 +49,6 @@ def test_the_layers_split_into_stages_of_as_many_each():
 ])
 def test_a_pipeline_the_trainer_cannot_make_is_refused_before_the_queue(cli, sets, said):
     assert_refused_before_the_queue(cli, sets, said)
-
-
-def assert_refused_before_the_queue(cli, sets: list[str], said: str) -> None:
-    """`submit slurm-local llama3_debug -N 2 --set ...` refused: exit 2, one line saying
-    `said`, before anything is written (no job database, no record)."""
-    args = [item for s in sets for item in ("--set", s)]
-    result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", *args)
-    assert result.code == 2 and said in result.err, result.err
-    assert len(result.err.strip().splitlines()) == 1
-    assert not (Path(os.environ["XDG_STATE_HOME"]) / "mmm-orch").exists()
 
 
 def memory_line(cli, *args: str) -> str:
@@ -151,8 +80,6 @@ def test_on_slurm_the_pipeline_spans_the_two_nodes(cli, isolated, slurm_cluster,
     """pp outermost: stage 0 on the first node's two ranks, stage 1 on the second's; the loss
     is the one a single process gives here for the same global batch; profiled, each node's
     first rank (one stage each) shows the bubble, and so does the report."""
-    from conftest import wait_state
-
     sets = ["tiny=true", "n_layers=4", "dtype=fp32", "global_batch=8", "batch_size=2",
             "seq_len=32", "steps=4"]
     args = [item for s in [*sets, "pp=2", "profile=torch", "profile_steps=2:3"]

@@ -17,11 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmm_orch.model_shapes import run_model
+from mmm_orch import models
+from mmm_orch.models.llama3 import checkpoint
+from mmm_orch.models.llama3.args import run_model
+from mmm_orch.models.pretrained_config import PretrainedError
 from mmm_orch.pretrained import formats
-from mmm_orch.pretrained.export import model_args
+from mmm_orch.pretrained.export import saved_model
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
-from test_trainers import launch, steps
+from helpers.jobs import wait_state
+from helpers.profiles import write_spec
+from helpers.training import launch, steps
 
 transformers = pytest.importorskip("transformers")  # a test dependency (pyproject's test extra)
 
@@ -114,7 +119,7 @@ def save_meta(model, where: Path, files: int = 1) -> Path:
     for part in range(files):
         piece = {}
         for name, tensor in state.items():
-            split = formats.meta_split(name)
+            split = checkpoint.meta_split(name)
             piece[name] = (tensor if split is None else tensor.chunk(files, split)[part]).clone()
         torch.save(piece, where / f"consolidated.{part:02d}.pth")
     return where
@@ -175,11 +180,11 @@ def trainer_logits(run_dir: Path, tokens: torch.Tensor) -> torch.Tensor:
     """The trainer's model at its latest checkpoint, read back by the trainer's own classes."""
     import torch.distributed.checkpoint as dcp
 
-    from mmm_orch.trainers.models.llama import Transformer
+    from mmm_orch.models.llama3.model import Transformer
 
     step = (run_dir / "checkpoints" / "latest").read_text().strip()
     checkpoint = run_dir / "checkpoints" / step
-    model = Transformer(model_args(checkpoint, run_dir))
+    model = Transformer(saved_model(checkpoint, run_dir)[1])
     state = {"model." + k: v for k, v in model.state_dict().items()}
     dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
@@ -252,12 +257,12 @@ def test_llama_3_1_rope_scaling_is_transformers_and_survives_a_dtype_change(chec
     import warnings
 
     from mmm_orch.pretrained.read import load_weights, open_reader
-    from mmm_orch.trainers.models.llama import Transformer
+    from mmm_orch.models.llama3.model import Transformer
 
     tokens = first_batch("3.1-8b", 1)[0]
     with torch.no_grad():
         expected = reference("3.1-8b")(tokens).logits
-    source = formats.open_source(checkpoints["hf-3.1-8b"])
+    source = formats.open_source(checkpoints["hf-3.1-8b"], models.get("llama3"))
     differences = {}
     for config in ("3.1-8b", "8b"):
         _, args = run_model(config, True, None, None, None)
@@ -291,7 +296,7 @@ def _refused(start: Path, config: str = "3.1-8b") -> str:
     from mmm_orch.trainers.llama3 import Config, pretrained, resolve
 
     cfg = parse(Config, ["--config", config, "--tiny", "--steps", "2", "--init-from", str(start)])
-    with pytest.raises(formats.PretrainedError) as refused:
+    with pytest.raises(PretrainedError) as refused:
         pretrained(cfg, resolve(cfg)[0])
     said = str(refused.value)
     assert "\n" not in said, said
@@ -421,8 +426,6 @@ def test_on_slurm_a_two_node_run_from_weights_stops_resumes_on_one_node_and_expo
     resumed on 1 node from its checkpoint (not from the weights again), exported from the job.
     (Its own checkpoint, made in a second: the shared ones would hold this test's minutes of
     walltimes on the worker of the trainings that share them.)"""
-    from conftest import wait_state, write_spec
-
     save_hf("3.1-8b", isolated / "llama-3.1-tiny")
     write_spec(isolated, "finetune_tiny", """extends: llama3_8b_finetune
 name: finetune_tiny
@@ -468,7 +471,7 @@ watchdog: {walltime_margin: "00:00:20"}
 
 
 def test_llama_3_1_presets_have_llama_3s_shapes_a_128k_context_and_meta_s_scaling():
-    from mmm_orch.model_shapes import PRESETS, RopeScaling
+    from mmm_orch.models.llama3.args import PRESETS, RopeScaling
 
     for size in ("8b", "70b", "405b"):
         three, three_one = PRESETS[size].model, PRESETS[f"3.1-{size}"].model
@@ -481,7 +484,7 @@ def sparse_hf_download(where: Path, config: str) -> Path:
     """A Hugging Face directory of the `config` preset's shapes: its config.json and one
     safetensors file whose header is real and whose data is a hole (a sparse file), as big as
     the model's bf16 weights but taking no disk."""
-    from mmm_orch.model_shapes import PRESETS
+    from mmm_orch.models.llama3.args import PRESETS
 
     args = PRESETS[config].model
     where.mkdir()
@@ -492,9 +495,9 @@ def sparse_hf_download(where: Path, config: str) -> Path:
               max_position_embeddings=args.max_seq_len, head_dim=args.head_dim)
     (where / "config.json").write_text(json.dumps(hf))
     header, offset = {}, 0
-    for name, shape in formats.shapes(args).items():
+    for name, shape in checkpoint.shapes(args).items():
         size = 2 * int(torch.Size(shape).numel())
-        header[formats.hf_name(name)] = {"dtype": "BF16", "shape": list(shape),
+        header[checkpoint.hf_name(name)] = {"dtype": "BF16", "shape": list(shape),
                                          "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header).encode()
@@ -537,4 +540,4 @@ def test_a_long_sequence_plan_counts_its_activations():
 
     with pytest.raises(Exception, match=r"memory: llama3_8b needs an estimated (\d{3,})"):
         plan(Request("polaris", "llama3_8b", account="P",
-                     sets=("config=3.1-8b", "seq_len=131072")))
+                     options=(("config", "3.1-8b"), ("seq_len", "131072"))))

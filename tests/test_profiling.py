@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_trainers import free_port, launch, steps
+from helpers.jobs import wait_state
+from helpers.training import free_port, launch, steps
 
 
 def profile_json(cli, run_dir: Path, *more: str) -> dict:
@@ -200,8 +201,6 @@ def test_before_the_queue_a_bad_window_rank_or_tool_writes_nothing(cli, isolated
 def test_the_report_of_a_profiled_sweep_has_the_two_columns(cli, isolated):
     """Two points on this computer: the table and report.html show each point's exposed
     communication and data loading, as `mmm-orch profile` gives them."""
-    from conftest import wait_state
-
     result = cli("sweep", "local", "llama3_debug", "--set", "tiny=true", "--set", "steps=6",
                  "--set", "profile=torch", "--set", "batch_size=1,4")
     assert result.code == 0, result.err
@@ -225,8 +224,6 @@ def test_on_slurm_two_nodes_profile_local_rank_0_of_each(cli, isolated, slurm_cl
                                                           leftovers_cancelled):
     """2 nodes x 2 ranks: by default ranks 0 and 2 are profiled, one trace each, and `mmm-orch
     profile JOB` splits their steps into parts that add up to the logged step time."""
-    from conftest import wait_state
-
     result = cli("submit", "slurm-local", "llama3_debug", "-N", "2", "--set", "tiny=true",
                  "--set", "steps=8", "--set", "profile=torch", "--set", "profile_steps=4:6",
                  "--json")

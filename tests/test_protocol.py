@@ -13,24 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from helpers import REPO
+from helpers.cli import run_cli
+from helpers.jobs import wait_state
 from mmm_orch.injob import protocol
 from mmm_orch.progress.startup import parse_markers
-from test_local_jobs import wait_terminal
 
 PACKAGE = REPO / "mmm_orch"
 INJOB = PACKAGE / "injob"
 # Low to high: a module may import from its own layer and the ones before it, never after. The
 # package itself (`import mmm_orch`: the Python API's names) is the top.
 LAYERS = ["mmm_orch.version", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.paths",
-          "mmm_orch.walltime", "mmm_orch.model_shapes", "mmm_orch.injob", "mmm_orch.pretrained",
-          "mmm_orch.hosts.transport", "mmm_orch.config",
-          "mmm_orch.schedulers", "mmm_orch.hosts.ssh", "mmm_orch.hosts", "mmm_orch.rendering.sandbox",
-          "mmm_orch.hosts.job_envs", "mmm_orch.planning", "mmm_orch.records.balance", "mmm_orch.rendering",
-          "mmm_orch.records", "mmm_orch.submission", "mmm_orch.progress", "mmm_orch.reporting",
-          "mmm_orch.usecases",
-          "mmm_orch.api.job", "mmm_orch.api", "mmm_orch.runtime", "mmm_orch.trainers",
-          "mmm_orch.cli", "mmm_orch.reference", "mmm_orch.__main__", "mmm_orch"]
+          "mmm_orch.walltime", "mmm_orch.dataclass_code", "mmm_orch.options", "mmm_orch.models",
+          "mmm_orch.injob", "mmm_orch.pretrained", "mmm_orch.hosts.transport", "mmm_orch.schedulers",
+          "mmm_orch.config", "mmm_orch.hosts.ssh", "mmm_orch.hosts", "mmm_orch.rendering.sandbox",
+          "mmm_orch.hosts.job_envs", "mmm_orch.planning", "mmm_orch.records.balance",
+          "mmm_orch.rendering", "mmm_orch.records", "mmm_orch.submission", "mmm_orch.progress",
+          "mmm_orch.reporting", "mmm_orch.usecases", "mmm_orch.api.handles", "mmm_orch.api",
+          "mmm_orch.runtime", "mmm_orch.trainers", "mmm_orch.cli", "mmm_orch.reference",
+          "mmm_orch.__main__", "mmm_orch"]
 
 
 def _modules() -> dict[str, Path]:
@@ -59,10 +60,12 @@ def _imports(path: Path) -> set[str]:
 
 
 def _layer(module: str) -> int:
-    parts = module.split(".")
-    name = ".".join(parts[:2]) if len(parts) > 1 else module
-    assert name in LAYERS, f"{module}: a package or module that LAYERS does not place"
-    return LAYERS.index(name)
+    """The place of the longest entry of LAYERS that is `module` or a package holding it (the
+    package itself holds only its own __init__: a new module must be placed)."""
+    holders = [name for name in LAYERS
+               if module == name or (name != "mmm_orch" and module.startswith(name + "."))]
+    assert holders, f"{module}: a package or module that LAYERS does not place"
+    return LAYERS.index(max(holders, key=len))
 
 
 GRAPH = {module: _imports(path) & set(MODULES) - {module} for module, path in MODULES.items()}
@@ -76,10 +79,12 @@ def test_nothing_imports_upward():
 
 # What the command line and the Python API may import: the use cases (which say again, for them,
 # the words requests, plans and records are said in), the errors, the bounds every layer shares,
-# the version, and their own presentation (cli/ itself; api/job.py).
-DOOR = ("mmm_orch.usecases", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.version")
+# the version, the plan options both are made from (light: the parser reads them at every start),
+# and their own presentation (cli/ itself; api/handles.py).
+DOOR = ("mmm_orch.usecases", "mmm_orch.errors", "mmm_orch.limits", "mmm_orch.version",
+        "mmm_orch.options.plan")
 FRONT = {module for module in MODULES if module.split(".")[:2] == ["mmm_orch", "cli"]
-         or module in ("mmm_orch.api", "mmm_orch.api.job")}
+         or module in ("mmm_orch.api", "mmm_orch.api.handles")}
 
 
 def test_the_cli_and_the_api_import_only_the_use_cases():
@@ -87,6 +92,69 @@ def test_the_cli_and_the_api_import_only_the_use_cases():
     below = [f"{module} -> {target}" for module in sorted(FRONT) for target in sorted(GRAPH[module])
              if target not in FRONT and not target.startswith(DOOR)]
     assert not below, below
+
+
+# The code that runs inside the job (the runtime and the trainers, on a facility's Python) reaches
+# nothing of the orchestrator: its profiles and plans, its records, its submission, its use cases
+# and its two doors; neither itself nor through a module on the way.
+IN_JOB = ("mmm_orch.runtime", "mmm_orch.trainers")
+ORCHESTRATOR = ("mmm_orch.config", "mmm_orch.planning", "mmm_orch.records", "mmm_orch.submission",
+                "mmm_orch.usecases", "mmm_orch.api", "mmm_orch.cli")
+
+
+def fence_breaches(graph: dict[str, set[str]], inside: tuple[str, ...],
+                   outside: tuple[str, ...]) -> list[str]:
+    """For each module of the packages `inside` that reaches a module of `outside`, the shortest
+    chain of imports that does: "a -> b -> c". Every import counts, a lazy one in a function too,
+    and so does the package an import runs first (mmm_orch.schedulers.base runs
+    mmm_orch/schedulers/__init__.py); not the top package, whose names load on first use."""
+    def within(module: str, packages: tuple[str, ...]) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in packages)
+
+    def imported_by(module: str) -> set[str]:
+        package = module.rpartition(".")[0]
+        return graph.get(module, set()) | ({package} if package not in ("", "mmm_orch") else set())
+
+    chains = []
+    for start in sorted(m for m in graph if within(m, inside)):
+        came_from, todo = {start: ""}, [start]
+        while todo:  # breadth first: the first forbidden module found has the shortest chain
+            module = todo.pop(0)
+            if within(module, outside):
+                chain = [module]
+                while came_from[chain[-1]]:
+                    chain.append(came_from[chain[-1]])
+                chains.append(" -> ".join(reversed(chain)))
+                break
+            for target in sorted(imported_by(module) - came_from.keys()):
+                came_from[target] = module
+                todo.append(target)
+    return chains
+
+
+def test_the_code_inside_a_job_reaches_nothing_of_the_orchestrator():
+    assert "mmm_orch.runtime.run_claim" in GRAPH and "mmm_orch.trainers.llama3" in GRAPH
+    breaches = fence_breaches(GRAPH, IN_JOB, ORCHESTRATOR)
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_fence_names_the_chain_that_breaks_it():
+    """On a tree of its own: a lazy import of a scheduler whose package imports the config is
+    found through the package, and only the modules that reach it are named."""
+    graph = {"mmm_orch.runtime.claim": {"mmm_orch.schedulers.local", "mmm_orch.errors"},
+             "mmm_orch.runtime.loop": {"mmm_orch.runtime.dist", "mmm_orch.walltime"},
+             "mmm_orch.runtime.dist": set(), "mmm_orch.runtime": set(),
+             "mmm_orch.schedulers.local": {"mmm_orch.errors"},
+             "mmm_orch.schedulers": {"mmm_orch.config.dataclass_code"},
+             "mmm_orch.trainers.fsdp": {"mmm_orch.runtime.claim"}}
+    assert fence_breaches(graph, IN_JOB, ORCHESTRATOR) == [
+        "mmm_orch.runtime.claim -> mmm_orch.schedulers.local -> mmm_orch.schedulers -> "
+        "mmm_orch.config.dataclass_code",
+        "mmm_orch.trainers.fsdp -> mmm_orch.runtime.claim -> mmm_orch.schedulers.local -> "
+        "mmm_orch.schedulers -> mmm_orch.config.dataclass_code"]
+    del graph["mmm_orch.runtime.claim"]  # nothing else reaches it
+    graph["mmm_orch.trainers.fsdp"] = {"mmm_orch.runtime.loop"}
+    assert fence_breaches(graph, IN_JOB, ORCHESTRATOR) == []
 
 
 def test_the_import_graph_has_no_circles():
@@ -196,7 +264,7 @@ def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
     proc = run_cli("submit", "local", "fsdp", "--set", "epochs=1", "--set", "train_samples=256",
                    "--set", "checkpoint_every=1")
     assert proc.returncode == 0, proc.stderr
-    row = wait_terminal(cli, 1, timeout=300)
+    row = wait_state(cli, 1, timeout=300)
     assert (row["state"], row["exit_code"]) == ("completed", 0), row
     record = json.loads(cli("show", "1", "--json").out)
     log = Path(record["log_path"]).read_text()

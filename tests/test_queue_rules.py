@@ -13,12 +13,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.schedulers import PBS_BIN, scheduler_script_held
+from helpers.ssh import ssh_config
 
-from conftest import PBS_BIN, scheduler_script_held, ssh_config
 from mmm_orch.config.registry import load_machine
 from mmm_orch.planning import drift
 from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad, past_limit
-from mmm_orch.schedulers import pbs_parse, slurm_parse
+from mmm_orch.schedulers.pbs import parse as pbs_parse
+from mmm_orch.schedulers.slurm import drift as slurm_drift
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 from mmm_orch.schedulers.states import OpenJob
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -140,7 +143,7 @@ def test_slurm_parsers_and_drift_on_the_test_clusters_recorded_configuration():
     assert named["qos", "pair"].limits == {(2, "user", "any"), (1, "user", "running")}
     assert named["qos", "team"].limits == {(2, "project", "any")}
     assert drift.differences(load_machine("slurm-local"), live) == []
-    assert drift.slurm_names(("-p batch", "-q debug")) == {"partition": "batch", "qos": "debug"}
+    assert slurm_drift.slurm_names(("-p batch", "-q debug")) == {"partition": "batch", "qos": "debug"}
 
 
 # --- live: PBS --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import TERMINAL, poll_row
+from helpers.jobs import TERMINAL, poll_row
 from mmm_orch.cli import main
 
 pytestmark = pytest.mark.slow  # trainings, real jobs or processes for seconds

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, command_wrappers, ssh_config, wait_state
+from helpers.jobs import assert_nothing_recorded, wait_state
+from helpers.schedulers import command_wrappers
+from helpers.ssh import ssh_config
 from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")

@@ -11,20 +11,20 @@ import os
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
+from helpers.profiles import facility_profiles
 from mmm_orch.errors import MmmError
 from mmm_orch.submission.chains import link_plans
 from mmm_orch.planning import Request, resolve
 from mmm_orch.rendering import render
 
 KEPT = REPO / "tests" / "fixtures" / "scripts"
-MACHINES = ["aurora", "polaris", "perlmutter", "frontier"]
 WORKLOADS = ["dist_check", "fsdp", "fsdp_tp", "llama3_8b", "llama3_70b", "llama3_debug", "vit"]
 JOB_DIR = "/home/user/.local/state/mmm-orch/jobs/20261125-120000-abcd"
 VARIANTS = {
     "plain": {},
     "spare": {"nodes": 2, "spare_nodes": 1, "avoid_nodes": ("x1000c0s0b0n0",)},
-    "staged": {"stage_env": True, "envs": ("MY_FLAG=it's on",)},
+    "staged": {"stage_env": True, "env": (("MY_FLAG", "it's on"),)},
 }
 
 
@@ -45,7 +45,7 @@ def _scripts() -> dict[str, str]:
 
 def _rendered() -> dict[str, str]:
     out = {}
-    for machine in MACHINES:
+    for machine in facility_profiles():
         for workload in WORKLOADS:
             for variant, options in VARIANTS.items():
                 request = Request(machine=machine, workload=workload, account="proj1",
@@ -78,7 +78,7 @@ def test_the_scripts_are_the_ones_kept():
         assert text == kept[name], f"{name} differs from tests/fixtures/scripts/{name}"
 
 
-@pytest.mark.parametrize("machine", MACHINES)
+@pytest.mark.parametrize("machine", facility_profiles())
 def test_the_kept_scripts_carry_the_plan(machine):
     """The kept scripts are the real thing, not empty files: each names its job, its walltime
     and its launch."""
@@ -94,7 +94,7 @@ def test_a_recorded_plan_holds_what_asdict_gives():
 
     from mmm_orch.planning.model import _plain
 
-    for machine in MACHINES:
+    for machine in facility_profiles():
         for workload in WORKLOADS:
             for options in VARIANTS.values():
                 try:

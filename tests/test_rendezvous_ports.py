@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TERMINAL, wait_state
+from helpers.jobs import TERMINAL, wait_state
 from mmm_orch.injob import protocol, rendezvous
 
 WATCHDOG = [sys.executable, "-m", "mmm_orch.injob.watchdog", "--first-step-timeout", "30",

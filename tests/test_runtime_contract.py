@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TERMINAL, wait_state
+from helpers import REPO
+from helpers.jobs import TERMINAL, wait_state
 
 EXAMPLE = REPO / "examples" / "tinytrain"
 TRAIN = ["python3", "-m", "tinytrain.train"]

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from test_trainers import launch
+from helpers.training import launch
 
 from mmm_orch.runtime.metrics import MetricLogger, parse_line
-from mmm_orch.runtime.options import RunOptions
+from mmm_orch.options.run import RunOptions
 
 TRAINERS = ("llama3", "fsdp", "fsdp_tp", "vit")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",

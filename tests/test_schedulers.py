@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
+from helpers.jobs import assert_nothing_recorded
+from helpers.profiles import write_machine
 
-from conftest import REPO, assert_nothing_recorded, write_machine
-from mmm_orch.schedulers import slurm_parse
 from mmm_orch.errors import SchedulerError, SchedulerUnavailable
-from mmm_orch.schedulers import scheduler_for
-from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.hosts import transport
 from mmm_orch.hosts.transport import LocalRunner, Retry, run_command
-from mmm_orch.schedulers.pbs import statuses_for
+from mmm_orch.schedulers import scheduler_for
+from mmm_orch.schedulers.base import JobRef, Submission
+from mmm_orch.schedulers.pbs.scheduler import statuses_for
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 from mmm_orch.schedulers.states import JobState
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -5,11 +5,20 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import bash_n
+from helpers.profiles import facility_profiles
 from mmm_orch.config.machine import parse_cpu_bind
+
+
+def bash_n(script: str, tmp_path: Path) -> None:
+    """`script` parses as bash (bash -n)."""
+    path = tmp_path / "check.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 def render(cli, tmp_path, *args: str) -> str:
@@ -167,7 +176,7 @@ def test_local_fsdp_runs_here_shape(cli, tmp_path):
     assert 'export MMM_BACKEND="gloo"' in script
 
 
-@pytest.mark.parametrize("machine", ["aurora", "polaris", "perlmutter", "frontier", "local"])
+@pytest.mark.parametrize("machine", [*facility_profiles(), "local"])
 @pytest.mark.parametrize("workload", ["fsdp", "fsdp_tp", "vit", "llama3_debug", "llama3_8b", "llama3_70b"])
 def test_every_pair_renders_valid_bash_or_is_refused_with_a_reason(cli, tmp_path, machine, workload):
     result = cli("render", machine, workload, "-A", "PROJ")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.profiles import write_machine
+
 HOSTILE = '$(touch /tmp/pwned); "quotes" and spaces'
 HOSTILE_ENV = "`touch {marker}` $HOME 'single' \\back"
 
@@ -145,8 +147,6 @@ def test_a_line_break_in_any_text_of_a_profile_or_spec_is_refused(cli, isolated)
 
 
 def test_the_shell_line_fields_still_take_several_lines(cli, isolated):
-    from conftest import write_machine
-
     write_machine(isolated, "multi", "extends: local\nname: multi\n"
                   "setup: ['export A=1\n\n    export B=2']\n")
     result = cli("render", "multi", "dist_check", "--out", "job.sh")

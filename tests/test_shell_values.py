@@ -19,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, assert_nothing_recorded, ssh_config
+from helpers import REPO
+from helpers.jobs import assert_nothing_recorded
+from helpers.ssh import ssh_config
 
 # {c} is the canary's path: every way a word turns into a command, a redirection or other words.
 HOSTILE = ["$(touch {c})", "`touch {c}`", "a;touch {c}", "a && touch {c}", "a|touch {c}",

@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TERMINAL, assert_nothing_recorded, command_wrappers, run_cli,
-                      submit_over_walltime, wait_in_db, wait_state, write_probe)
-from faults import HANG
+from helpers.cli import run_cli
+from helpers.faults import HANG
+from helpers.jobs import (
+    TERMINAL,
+    assert_nothing_recorded,
+    submit_over_walltime,
+    wait_in_db,
+    wait_state,
+)
+from helpers.profiles import write_probe
+from helpers.schedulers import command_wrappers
 from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")

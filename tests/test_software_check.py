@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import assert_nothing_recorded, ssh_config, wait_state, write_machine
+from helpers.jobs import assert_nothing_recorded, wait_state
+from helpers.profiles import write_machine
+from helpers.ssh import ssh_config
 from mmm_orch.injob.diagnose import setup_failure
 from mmm_orch.planning import software
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.jobs import assert_nothing_recorded
+from helpers.profiles import facility_profiles
 from mmm_orch.config import registry
 from mmm_orch.errors import ConfigError, MmmError
 
@@ -116,7 +118,7 @@ def test_a_stack_written_wrong_is_a_load_error_naming_it(isolated, text, error):
         registry.load_machine("bad")
 
 
-@pytest.mark.parametrize("name", ["aurora", "polaris", "frontier", "perlmutter"])
+@pytest.mark.parametrize("name", facility_profiles())
 def test_every_facility_stack_is_dated_and_cited(name):
     machine = registry.load_machine(name)
     for stack in machine.stacks:
@@ -269,8 +271,6 @@ stacks:
 
 @pytest.mark.slow  # makes a virtual environment and installs this mmm-orch in it
 def test_env_create_records_its_stack_and_a_job_on_another_is_refused(cli, isolated, tmp_path):
-    from conftest import assert_nothing_recorded
-
     from mmm_orch.hosts import job_envs as envs
 
     (user_machines(isolated) / "site.yaml").write_text(LOCAL_STACKS % (tmp_path / "venv"))

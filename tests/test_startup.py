@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmm_orch.progress.startup import parse_markers
-from test_local_jobs import wait_terminal
+from helpers.jobs import wait_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "startup"
 
@@ -57,7 +57,7 @@ def test_timeline_and_startup_of_a_real_local_run(cli, isolated):
     submitted = cli("submit", "local", "fsdp", "--set", "tiny=true", "--set", "epochs=1",
                     "--set", "train_samples=512")
     assert submitted.code == 0, submitted.err
-    assert wait_terminal(cli, 1)["state"] == "completed"
+    assert wait_state(cli, 1)["state"] == "completed"
     result = cli("timeline", "1", "--json")
     assert result.code == 0, result.err
     timeline = json.loads(result.out)

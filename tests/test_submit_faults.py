@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PBS_BIN, cancel_leftovers, write_probe
+from helpers.jobs import assert_nothing_recorded, cancel_leftovers
+from helpers.profiles import write_machine, write_probe
+from helpers.schedulers import PBS_BIN
 from mmm_orch.injob.protocol import RECORD_FILE
 from mmm_orch.schedulers.base import FIND_SLACK_S
 
@@ -327,8 +329,6 @@ def test_a_directive_the_scheduler_refuses_is_one_call_and_exit_2(request, cli, 
     know) is permanent: one call, exit 2 with its words, nothing recorded, no retry for a
     minute. (sbatch's own refusal of an option it does not take, before it asks the controller:
     test_a_refusal_in_the_scheduler_s_words_proves_it_has_no_job.)"""
-    from conftest import assert_nothing_recorded, write_machine
-
     request.getfixturevalue("slurm_cluster" if machine == "slurm-local" else "pbs_server")
     write_machine(isolated, "refuses", f"extends: {machine}\nname: refuses\n"
                   f"directives: [{json.dumps(directive)}]\n")

@@ -4,9 +4,11 @@ the tests out longest first."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow  # each runs pytest in fresh interpreters
@@ -46,6 +48,7 @@ def test_a_busy_child():
 @pytest.fixture
 def suite(pytester, monkeypatch):
     pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
+    shutil.copytree(REPO / "tests" / "helpers", pytester.path / "helpers")  # what conftest imports
     pytester.makepyfile(test_suite=SUITE)
     monkeypatch.setenv("MMM_ORCH_TEST_CPU_BUDGET", "0.2")
     return pytester

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_nothing_recorded, run_cli, wait_state
+from helpers.cli import run_cli
+from helpers.jobs import assert_nothing_recorded, wait_state
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD_SWEEPS = [

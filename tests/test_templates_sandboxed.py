@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from helpers.cli import run_cli
 
 # Known ways out of a Jinja template into Python, each trying to create the canary file.
 ESCAPES = [

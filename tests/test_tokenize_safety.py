@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from test_text_data import corpus, hf_tokenizer
-from test_trainers import launch
+from helpers.text import corpus, hf_tokenizer
+from helpers.training import launch
 
 from mmm_orch.runtime.dataset import DatasetError, TokenDataset, replacement_dirs
 from mmm_orch.runtime.text import MAX_DOCUMENT_CHARS, MAX_TOKENIZER_BYTES

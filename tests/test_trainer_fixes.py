@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_trainers import launch, steps
+from helpers.training import launch, steps
 
 BINDINGS = "oneccl_bindings_for_pytorch"
 

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -14,7 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_training, training_turn
+from helpers.training import (
+    assert_ran,
+    free_port,
+    launch,
+    run_training,
+    sigterm_llama3_after,
+    steps,
+    training_turn,
+)
 
 # Each trainer is launched where its code differs, the checks of a launch (assert_ran) made in
 # the tests that launch it anyway: on several ranks under torchrun, the uninterrupted run of the
@@ -22,47 +29,6 @@ from conftest import run_training, training_turn
 # one-rank test (fsdp, vit), the 2x2-mesh test (fsdp_tp, one process) and the bf16 test (llama3);
 # on 4 ranks, the mesh test and the layouts' runs (test_pipeline); under mpiexec, once (the
 # ranks' variables are read by the runtime, the same for every trainer).
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(trainer: str, args: list[str], ranks: int, launcher: str, out: Path,
-           timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    module = ["-m", f"mmm_orch.trainers.{trainer}"]
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={ranks}", *module]
-    elif launcher == "mpiexec":
-        cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), sys.executable, *module]
-    else:
-        cmd = [sys.executable, *module]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port()), **(env or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-                "SLURM_NTASKS", "MASTER_ADDR"):
-        env.pop(key, None)
-    return run_training([*cmd, *args, "--output-dir", str(out), "--run-name", "run"],
-                        capture_output=True, text=True, timeout=timeout, env=env, cwd=out.parent)
-
-
-def steps(out: Path) -> list[dict]:
-    lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["event"] == "step"]
-
-
-def assert_ran(proc: subprocess.CompletedProcess, out: Path, ranks: int) -> None:
-    """The launch trained to its end on `ranks` ranks: exit 0, every step's loss and time
-    logged, the world size in the metrics' header, and the first step announced by rank 0 only
-    (however many ranks write to the launch's output)."""
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    records = steps(out)
-    assert records and all(r["loss"] > 0 and r["dt"] > 0 for r in records)
-    header = json.loads((out / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert header["event"] == "config" and header["config"]["world_size"] == ranks
-    assert proc.stdout.count("[mmm-orch] first_step=") == 1, proc.stdout[-2000:]
 
 
 @pytest.fixture(scope="session")
@@ -183,24 +149,6 @@ def test_one_rank_computes_in_bf16_over_fp32_parameters_and_resumes_on_two_and_b
         for record in after:
             assert abs(record["loss"] - curve[record["step"]]) < 0.02, (ranks, record)
         curve.update({r["step"]: r["loss"] for r in after})
-
-
-def sigterm_llama3_after(out: Path, event: str, count: int, args: list[str] = ()) -> \
-        subprocess.CompletedProcess:
-    """One llama3 process (tiny, endless) stopped by SIGTERM once its metrics hold `count`
-    records of `event`, and how it ended."""
-    proc = subprocess.Popen([sys.executable, "-m", "mmm_orch.trainers.llama3", "--tiny",
-                             "--steps", "100000", *args, "--output-dir", str(out), "--run-name",
-                             "run"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    metrics = out / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count(f'"event": "{event}"') >= count):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
@@ -343,8 +291,8 @@ def test_peak_flops_table_and_the_flops_count():
     # The 8b and 70b presets have Meta's published parameter counts (built on the meta device).
     import torch
 
-    from mmm_orch.model_shapes import PRESETS
-    from mmm_orch.trainers.models.llama import Transformer
+    from mmm_orch.models.llama3.args import PRESETS
+    from mmm_orch.models.llama3.model import Transformer
 
     counts = {}
     for name in ("8b", "70b"):

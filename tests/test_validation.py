@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli
+from helpers.cli import run_cli
 
 PBS = ["-A", "MYPROJ"]
 

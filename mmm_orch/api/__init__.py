@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmm_orch import usecases
-from mmm_orch.api.job import (
+from mmm_orch.api.handles import (
     Job,
     flag_of,
     items_of,
@@ -40,6 +40,7 @@ from mmm_orch.api.job import (
     whole_of,
 )
 from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.options.plan import option_fields
 from mmm_orch.usecases import MAX_INT, MAX_LINKS, JobState, Plan, Request, following, packs, reports
 
 __all__ = [
@@ -56,103 +57,6 @@ __all__ = [
     "sweep",
     "usage",
 ]
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """What makes a plan, as the command line's options do (`--nodes`, `--set`, `--env`, ...)."""
-
-    machine: str
-    workload: str | None = None
-    command: Sequence[str] | None = None  # your own program, in place of a trainer (after --)
-    nodes: int | None = None
-    queue: str | None = None
-    walltime: str | None = None  # HH:MM:SS
-    account: str | None = None
-    name: str | None = None
-    options: Mapping[str, Any] | None = None  # the trainer's options (--set)
-    env: Mapping[str, str] | None = None  # extra variables for the job (--env)
-    presets: Iterable[str] = ()
-    no_presets: Iterable[str] = ()
-    spare_nodes: int = 0
-    stage_env: bool = False
-    workdir: str | None = None
-    max_node_hours: float | None = None  # the budget: a costlier plan (sweep, chain) is refused
-    init_from: str | None = None  # pretrained weights to start from (--init-from)
-    profile: str | None = None  # torch, or the machine's profiler (--profile)
-    stack: str | None = None  # the machine's software stack (--stack); None: its default
-
-    def __post_init__(self) -> None:
-        """Python's types where the command line's parser would check them, each value made
-        plain: a wrong type is an InvalidValue, never a TypeError from deep inside. What a name
-        or a walltime may say, planning checks, in the command line's words."""
-        plain = {
-            "machine": text_of("machine", self.machine),
-            **{
-                field: text_of(field, getattr(self, field), none=True)
-                for field in (
-                    "workload",
-                    "queue",
-                    "walltime",
-                    "account",
-                    "name",
-                    "workdir",
-                    "init_from",
-                    "profile",
-                    "stack",
-                )
-            },
-            "nodes": whole_of("nodes", self.nodes, 1, none=True),
-            "spare_nodes": whole_of("spare_nodes", self.spare_nodes, 0),
-            "stage_env": flag_of("stage_env", self.stage_env),
-            "max_node_hours": number_of("max_node_hours", self.max_node_hours, none=True),
-            "options": None if self.options is None else _settings("options", self.options),
-            "env": None
-            if self.env is None
-            else {
-                key: text_of(f"env {key}", value)
-                for key, value in _keyed("env", self.env, "{'NCCL_DEBUG': 'INFO'}").items()
-            },
-            "command": None
-            if self.command is None
-            else _words("command", self.command, "['python3', '-m', 'mypkg.train']"),
-            "presets": _words("presets", self.presets, "['nccl-ofi']"),
-            "no_presets": _words("no_presets", self.no_presets, "['nccl-ofi']"),
-        }
-        for field, value in plain.items():
-            object.__setattr__(self, field, value)
-
-    def request(self, swept: bool = False) -> Request:
-        if self.workload is None and not self.command:
-            raise InvalidValue(
-                "workload",
-                None,
-                "a workload's name, or command=[...]",
-                "workload is missing: name one (`mmm-orch workloads`), or give "
-                "your own command: command=['python3', '-m', 'mypkg.train'], as "
-                "after -- on the command line",
-            )
-        return Request(
-            machine=self.machine,
-            workload=self.workload or "command",
-            command=tuple(self.command or ()),
-            nodes=None if swept else self.nodes,
-            queue=self.queue,
-            walltime=self.walltime,
-            account=self.account,
-            name=self.name,
-            sets=() if swept else tuple(f"{k}={_word(v)}" for k, v in (self.options or {}).items()),
-            envs=tuple(f"{k}={v}" for k, v in (self.env or {}).items()),
-            presets=tuple(self.presets),
-            no_presets=tuple(self.no_presets),
-            spare_nodes=self.spare_nodes,
-            stage_env=self.stage_env,
-            workdir=self.workdir,
-            max_node_hours=self.max_node_hours,
-            init_from=self.init_from,
-            profile=self.profile,
-            stack=self.stack,
-        )
 
 
 def _words(field: str, value: Any, example: str) -> tuple[str, ...]:
@@ -194,6 +98,38 @@ def _settings(field: str, value: Any) -> dict[str, Any]:
     }
 
 
+def _trainer_options(field: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    return () if value is None else tuple(_settings(field, value).items())
+
+
+def _variables(field: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    named = _keyed(field, value, "{'NCCL_DEBUG': 'INFO'}")
+    return tuple((key, text_of(f"{field} {key}", each)) for key, each in named.items())
+
+
+def _command(field: str, value: Any) -> tuple[str, ...]:
+    return () if value is None else _words(field, value, "['python3', '-m', 'mypkg.train']")
+
+
+# Each kind of plan option (mmm_orch/options/plan.py) as a keyword: what it takes, in Python's
+# types (as the reference shows them), and its value made plain where the command line's parser
+# would check it: a wrong type is an InvalidValue, never a TypeError from deep inside. What a
+# name or a walltime may say, planning checks, in the command line's words.
+KEYWORD_KINDS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "text": ("str | None", lambda field, value: text_of(field, value, none=True)),
+    "count": ("int | None", lambda field, value: whole_of(field, value, 1, none=True)),
+    "spare": ("int", lambda field, value: whole_of(field, value, 0)),
+    "flag": ("bool", flag_of),
+    "budget": ("float | None", lambda field, value: number_of(field, value, none=True)),
+    "names": ("Iterable[str]", lambda field, value: _words(field, value, "['nccl-ofi']")),
+    "settings": ("Mapping[str, bool | int | float | str] | None", _trainer_options),
+    "variables": ("Mapping[str, str] | None", _variables),
+    "words": ("Sequence[str] | None", _command),
+}
+
+
 _PYTHON_TYPES = {
     "bool": ((bool,), "True or False"),
     "int": ((int,), "an int"),
@@ -204,8 +140,8 @@ _PYTHON_TYPES = {
 
 
 def _typed(workload: str, field: str, given: Mapping[str, Sequence[Any]]) -> None:
-    """Each option given a value of its Python type: planning reads values as the command line's
-    text, where 'yes' is a bool and '10' an int; from Python those are mistakes."""
+    """Each option given a value of its Python type: planning reads text as the option's type
+    too (the command line's 'yes' is a bool, '10' an int); from Python those are mistakes."""
     options = usecases.options_of(workload)
     for key, values in given.items():
         kinds, allowed = _PYTHON_TYPES[options[key].type]
@@ -225,25 +161,31 @@ def _word(value: bool | int | float | str) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _plan_options(machine: Any, workload: Any, options: dict[str, Any]) -> PlanOptions:
-    """PlanOptions from a call's keywords: an unknown one is an UnknownName, as a misspelt
-    option is on the command line."""
-
-    known = [
-        field.name
-        for field in dataclasses.fields(PlanOptions)
-        if field.name not in ("machine", "workload")
-    ]
-    for key in options:
+def _request(machine: Any, workload: Any, keywords: dict[str, Any]) -> Request:
+    """The Request a call's keywords ask for, each a plan option made plain by its kind: an
+    unknown one is an UnknownName, as a misspelt option is on the command line."""
+    known = {option.name: option.metadata["kind"] for option in option_fields()}
+    for key in keywords:
         if key not in known:
-            raise usecases.unknown_name("keyword", key, known)
-    return PlanOptions(machine, workload, **options)
+            raise usecases.unknown_name("keyword", key, list(known))
+    machine = text_of("machine", machine)
+    workload = text_of("workload", workload, none=True)
+    plain = {key: KEYWORD_KINDS[known[key]][1](key, value) for key, value in keywords.items()}
+    if workload is None and not plain.get("command"):
+        raise InvalidValue(
+            "workload",
+            None,
+            "a workload's name, or command=[...]",
+            "workload is missing: name one (`mmm-orch workloads`), or give "
+            "your own command: command=['python3', '-m', 'mypkg.train'], as "
+            "after -- on the command line",
+        )
+    return Request(machine, workload or "command", **plain)
 
 
-def _planned(options: PlanOptions, db: str | None) -> Plan:
-
-    made = usecases.plan(options.request(), db)
-    _typed(made.workload, "options", {k: [v] for k, v in (options.options or {}).items()})
+def _planned(request: Request, db: str | None) -> Plan:
+    made = usecases.plan(request, db)
+    _typed(made.workload, "options", {key: [value] for key, value in request.options})
     return made
 
 
@@ -251,8 +193,9 @@ def plan(
     machine: str, workload: str | None = None, *, db: str | None = None, **options: Any
 ) -> Plan:
     """The validated, immutable plan (what `mmm-orch render` shows); nothing is written.
-    Keyword options: those of PlanOptions."""
-    chosen, db = _plan_options(machine, workload, options), path_of("db", db, none=True)
+    Keyword options: the plan options (mmm_orch.options.plan.PlanOptions) beside the machine
+    and the workload."""
+    chosen, db = _request(machine, workload, options), path_of("db", db, none=True)
     with lock:
         return _planned(chosen, db)
 
@@ -266,7 +209,7 @@ def render(
     **options: Any,
 ) -> str:
     """The job script the plan would submit, for review."""
-    chosen, db = _plan_options(machine, workload, options), path_of("db", db, none=True)
+    chosen, db = _request(machine, workload, options), path_of("db", db, none=True)
     template = path_of("template", template, none=True)
     with lock:
         return usecases.render(_planned(chosen, db), template)
@@ -302,7 +245,7 @@ def submit(
             )
         chosen = None
     else:
-        chosen = _plan_options(machine, workload, options)
+        chosen = _request(machine, workload, options)
     with lock:
         if isinstance(machine, Plan):
             checked = machine
@@ -358,7 +301,9 @@ def sweep(
     `--pack-walltime`); `devices`: with `pack`, points on that many devices of one node each,
     besides those of `nodes` (`--devices`)."""
 
-    fixed = _plan_options(machine, workload, options)
+    fixed = _request(machine, workload, options)
+    # What every point shares: its nodes and the options fixed come from the axes.
+    shared = dataclasses.replace(fixed, nodes=None, options=())
     host, env_check = name_of("host", host, none=True), flag_of("env_check", env_check)
     template, db = path_of("template", template, none=True), path_of("db", db, none=True)
     swept_nodes = None if fixed.nodes is None else str(fixed.nodes)
@@ -401,7 +346,7 @@ def sweep(
             raise InvalidValue(
                 f"grid {key}", values, "a non-empty list of values, e.g. [1e-3, 3e-4]"
             )
-    fixed_values = {key: [value] for key, value in (fixed.options or {}).items()}
+    fixed_values = {key: [value] for key, value in fixed.options}
     axes = [
         f"{key}={','.join(_word(v).replace(',', chr(92) + ',') for v in values)}"
         for key, values in {**fixed_values, **grid}.items()
@@ -418,7 +363,7 @@ def sweep(
         pack_walltime = None if pack_walltime is None else _word(pack_walltime)
         with lock:
             packed = packs.pack_points(
-                fixed.request(swept=True),
+                shared,
                 swept_nodes,
                 axes,
                 pack_nodes,
@@ -434,9 +379,7 @@ def sweep(
             sweep_id, record = packs.submit_pack(packed, db)
         return Sweep(sweep_id, [], [p.values for p in packed.points], Job(record, db))
     with lock:
-        swept, planned = usecases.sweep_points(
-            fixed.request(swept=True), swept_nodes, axes, db, template, host
-        )
+        swept, planned = usecases.sweep_points(shared, swept_nodes, axes, db, template, host)
         _typed(planned[0].plan.workload, "options", fixed_values)
         _typed(planned[0].plan.workload, "grid", grid)
         sweep_id, records, notes = usecases.submit_sweep(

@@ -4,6 +4,7 @@ plan options of render/submit/sweep, and opening the job database."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import sys
@@ -14,6 +15,7 @@ from typing import Any, NoReturn
 from mmm_orch.cli import console
 from mmm_orch.errors import MmmError
 from mmm_orch.limits import MAX_LINKS  # a constant: the use cases' import would cost start-up
+from mmm_orch.options.plan import PlanOptions, option_fields, pairs
 
 MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer
 
@@ -81,11 +83,36 @@ def seconds(text: str) -> float:
     return value
 
 
+# What each kind of plan option (options/plan.py) is on the command line.
+_KINDS: dict[str, dict[str, Any]] = {
+    "text": {},
+    "count": {"type": count},
+    "spare": {"type": lines},
+    "flag": {"action": "store_true"},
+    "budget": {},  # planning reads the text (cost.parse_budget)
+    "names": {"action": "append", "default": []},
+    "settings": {"action": "append", "default": []},
+    "variables": {"action": "append", "default": []},
+}
+# A sweep's --nodes and --set take lists of values: the points' axes (submission/sweeps.py).
+_SWEPT: dict[str, dict[str, Any]] = {
+    "nodes": {"metavar": "N1,N2,...", "help": "node counts to sweep (default: the workload's)"},
+    "options": {
+        "metavar": "KEY=V1,V2,...",
+        "help": "trainer option values to sweep (a comma in a value: \\,; repeatable)",
+        "action": "append",
+        "default": [],
+    },
+}
+
+
 def plan_options(
     parser: argparse.ArgumentParser, sweep: bool = False, machine_found: bool = False
 ) -> None:
-    """The options that make a plan (render, submit); a sweep takes lists of nodes and values;
-    `machine_found`: MACHINE may be left out (launch finds it from the host names)."""
+    """The options that make a plan (render, submit, launch), as options/plan.py defines them;
+    a sweep takes lists of nodes and values; `machine_found`: MACHINE may be left out (launch
+    finds it from the host names)."""
+    machine, workload = dataclasses.fields(PlanOptions)[:2]
     if machine_found:
         parser.add_argument(
             "machine",
@@ -95,105 +122,31 @@ def plan_options(
             "allocation's nodes, or this host; see `mmm-orch machines`)",
         )
     else:
-        parser.add_argument("machine", help="machine profile (see `mmm-orch machines`)")
-    parser.add_argument(
-        "workload",
-        nargs="?",
-        help="workload spec (see `mmm-orch workloads`); leave it out to run "
-        "your own command, given after --",
-    )
+        parser.add_argument("machine", help=machine.metadata["help"])
+    parser.add_argument("workload", nargs="?", help=workload.metadata["help"])
     parser.set_defaults(takes_program=True)
-    if sweep:
-        parser.add_argument(
-            "-N",
-            "--nodes",
-            metavar="N1,N2,...",
-            help="node counts to sweep (default: the workload's)",
-        )
-    else:
-        parser.add_argument(
-            "-N", "--nodes", type=count, help="number of nodes (default: the workload's)"
-        )
-    parser.add_argument("-q", "--queue", help="queue/partition/QOS (default: the first that fits)")
-    parser.add_argument("-t", "--walltime", help="HH:MM:SS (default: the workload's)")
-    parser.add_argument("-A", "--account", help="project to charge (or $MMM_ORCH_ACCOUNT)")
-    parser.add_argument("--name", help="job name (default: the workload name)")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,..." if sweep else "KEY=VALUE",
-        help="trainer option values to sweep (a comma in a value: \\,; repeatable)"
-        if sweep
-        else "trainer option (repeatable)",
-    )
-    parser.add_argument(
-        "--init-from",
-        metavar="PATH",
-        help="start from pretrained weights: a Hugging Face model directory or Meta's "
-        "(params.json, consolidated.*.pth); checked against the model before the queue",
-    )
-    parser.add_argument(
-        "--profile",
-        metavar="TOOL",
-        help="profile a window of steps: torch (torch.profiler traces; `mmm-orch profile JOB`) "
-        "or the machine's profiler (nsys, unitrace, rocprof: `mmm-orch show machine M`)",
-    )
-    parser.add_argument(
-        "--env",
-        dest="envs",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment variable for the job (repeatable)",
-    )
-    parser.add_argument(
-        "--preset",
-        dest="presets",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="enable an environment preset of the machine (repeatable)",
-    )
-    parser.add_argument(
-        "--no-preset",
-        dest="no_presets",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="disable an environment preset (repeatable)",
-    )
-    parser.add_argument(
-        "--stack",
-        metavar="NAME",
-        help="the machine's software stack (modules) to run on (default: the profile's "
-        "default; `mmm-orch show machine M` lists them)",
-    )
+    for option in option_fields():
+        if option.metadata["flags"] and not option.metadata["alone"]:
+            plan_option(parser, option.name, sweep)
     parser.add_argument("--template", help="job script template file to use instead of the default")
-    parser.add_argument(
-        "--spare-nodes",
-        type=lines,
-        default=0,
-        metavar="K",
-        help="ask for K nodes more than --nodes: when a node fails, the job swaps "
-        "in a spare and relaunches from the last checkpoint",
-    )
-    parser.add_argument(
-        "--max-node-hours",
-        metavar="H",
-        help="refuse a plan that can be charged more than H node-hours (a sweep: "
-        "all its points; a chain: it stops linking before it would pass H)",
-    )
-    parser.add_argument(
-        "--stage-env",
-        action="store_true",
-        help="copy the job environment to node-local storage on every node "
-        "before the launch (imports then stay off the shared filesystem)",
-    )
+
+
+def plan_option(parser: argparse.ArgumentParser, name: str, sweep: bool = False) -> None:
+    """The command-line flag of plan option `name`."""
+    option = next(f for f in option_fields() if f.name == name)
+    said = option.metadata
+    settings: dict[str, Any] = {"help": said["help"], "default": option.default}
+    settings |= _KINDS[said["kind"]]
+    if said["metavar"]:
+        settings["metavar"] = said["metavar"]
+    if sweep and name in _SWEPT:
+        settings = _SWEPT[name]
+    parser.add_argument(*said["flags"], dest=name, **settings)
 
 
 def request(args: argparse.Namespace, **overrides: Any):
+    """The Request the command line's plan options ask for (`overrides`: what a command decides
+    itself), its KEY=VALUE words split here, as the Python API is given them."""
     from mmm_orch.usecases import Request
 
     program = tuple(getattr(args, "program", ()))
@@ -202,30 +155,21 @@ def request(args: argparse.Namespace, **overrides: Any):
             "workload is missing: name one (`mmm-orch workloads`), or give your own "
             "command after --, e.g. `-- python3 -m mypkg.train`"
         )
-    fields = dict(
-        machine=args.machine,
-        workload=args.workload or "command",
-        command=program,
-        nodes=args.nodes,
-        queue=args.queue,
-        walltime=args.walltime,
-        account=args.account,
-        name=args.name,
-        sets=tuple(args.sets),
-        envs=tuple(args.envs),
-        presets=tuple(args.presets),
-        no_presets=tuple(args.no_presets),
-        workdir=getattr(args, "workdir", None),
-        stage_env=args.stage_env,
-        spare_nodes=args.spare_nodes,
-        max_node_hours=args.max_node_hours,
-        jobs=max(getattr(args, "chain", None) or 1, 1),
-        init_from=args.init_from,
-        profile=args.profile,
-        stack=args.stack,
-    )  # a chain puts its links in the queue
-    fields.update(overrides)
-    return Request(**fields)
+    given: dict[str, Any] = {
+        "machine": args.machine,
+        "workload": args.workload or "command",
+        "command": program,
+        "jobs": max(getattr(args, "chain", None) or 1, 1),  # a chain puts its links in the queue
+    }
+    for option in option_fields():
+        kind, flags = option.metadata["kind"], option.metadata["flags"]
+        if not flags or option.name in overrides:
+            continue
+        value: Any = getattr(args, option.name, option.default)  # (--workdir: submit's own)
+        if kind in ("settings", "variables"):
+            value = pairs(value, flags[-1])
+        given[option.name] = tuple(value) if kind == "names" else value
+    return Request(**given, **overrides)
 
 
 def tell(notes: tuple[str, ...]) -> None:

@@ -84,13 +84,12 @@ def cmd_machines(args: argparse.Namespace) -> int:
         return cmd_list(args)
     if args.name is None:
         raise MmmError("machines check: name the MACHINE whose profile to check")
-    from mmm_orch import usecases
-    from mmm_orch.usecases.machines import check_software, has_scheduler
+    from mmm_orch.usecases.machines import check_machine, check_software, has_scheduler
 
     if args.timeout is not None and args.timeout > 3600:
         raise MmmError(f"--timeout {args.timeout:g}: seconds a stack may take, at most 3600")
     queues = has_scheduler(args.name)
-    differences = usecases.check_machine(args.name, args.host) if queues else []
+    differences = check_machine(args.name, args.host) if queues else []
     stacks = check_software(args.name, args.host, args.timeout)
     if args.json:
         print(

@@ -14,12 +14,7 @@ from mmm_orch.errors import MmmError, one_line
 def register(sub) -> None:
     p = sub.add_parser("submit", help="submit a job (with --dry-run: print its script only)")
     common.plan_options(p)
-    p.add_argument(
-        "--workdir",
-        metavar="DIR",
-        help="the directory the job runs in (default: here; for a job submitted over "
-        "SSH, its job directory on the login node)",
-    )
+    common.plan_option(p, "workdir")
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
     p.add_argument(
         "--no-env-check",

@@ -113,9 +113,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _within(args)
 
     swept, planned = usecases.sweep_points(
-        common.request(args, nodes=None, sets=()),
+        common.request(args, nodes=None, options=()),
         args.nodes,
-        args.sets,
+        args.options,
         args.db,
         args.template,
         args.host,
@@ -177,9 +177,9 @@ def _pack(args: argparse.Namespace) -> int:
             "points, --within runs them in the allocation this runs in",
         )
     pack = packs.pack_points(
-        common.request(args, nodes=None, sets=()),
+        common.request(args, nodes=None, options=()),
         args.nodes,
-        args.sets,
+        args.options,
         args.pack_nodes,
         args.pack_walltime,
         args.db,
@@ -253,9 +253,9 @@ def _within(args: argparse.Namespace) -> int:
 
     try:
         sweep, records = inside.sweep_within(
-            common.request(args, nodes=None, sets=()),
+            common.request(args, nodes=None, options=()),
             args.nodes,
-            args.sets,
+            args.options,
             args.db,
             args.template,
             env_check=not args.no_env_check,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mmm_orch.paths import MAX_CONFIG_BYTES, NotReadable, cache_home, read_regular
+from mmm_orch.schedulers import kind_names
 from mmm_orch.version import __version__
 
 # What decides a validated object: the models and the validation (a change to any of them
@@ -33,6 +34,7 @@ _MODEL_SOURCES = (
     "workload.py",
     "yamlio.py",
     "cache.py",
+    "../options/run.py",  # the run options a spec takes (workload.with_run_options)
 )
 
 
@@ -48,6 +50,7 @@ def _digest(data: bytes) -> str:
 def _models_digest() -> str:
     here = Path(__file__).parent
     parts = [__version__.encode()] + [(here / name).read_bytes() for name in _MODEL_SOURCES]
+    parts.append(" ".join(kind_names()).encode())  # the kinds a profile's scheduler may be
     return _digest(b"\0".join(parts))
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import string
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
+from mmm_orch.limits import ENV_NAME
 from mmm_orch.walltime import format_walltime, parse_walltime
 
 if TYPE_CHECKING:
@@ -26,11 +26,6 @@ else:
 
 
 T = TypeVar("T")
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# A node's name: host names, and PBS vnode names (`host[3]`).
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
-
 
 # Field metadata of the texts that are shell code by design (setup lines, the node-list command,
 # the rendezvous expressions): the profile's author wrote them to run, and they reach the job

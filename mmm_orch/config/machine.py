@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import field
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 if sys.version_info >= (3, 11):  # the regex parser: re._parser from Python 3.11, sre_parse before
     from re import _parser as sre_parse
@@ -38,6 +38,12 @@ from mmm_orch.config.common import (
 from mmm_orch.config.queues import JobLimit, NodeCount, Queue
 from mmm_orch.errors import MmmError
 from mmm_orch.injob import protocol
+from mmm_orch.schedulers import kind_names
+
+if TYPE_CHECKING:
+    SchedulerKindName = str
+else:  # the registry's kinds, as pydantic checks and the schema lists them
+    SchedulerKindName = Literal[kind_names()]
 
 
 @config
@@ -53,8 +59,8 @@ class SchedulerCommands:
 
 @config
 class Scheduler:
-    # Which scheduler module speaks to it.
-    kind: Literal["pbs", "slurm", "local"]
+    # Which scheduler speaks to it: a folder of mmm_orch/schedulers/ each.
+    kind: SchedulerKindName
     # Its commands, where they differ from the usual names.
     commands: SchedulerCommands = field(default_factory=SchedulerCommands)
     # Directive for the chosen queue unless the queue lists its own, e.g. "-q {queue}".

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mmm_orch.config import cache
 from mmm_orch.config.machine import Machine
-from mmm_orch.config.workload import Workload
+from mmm_orch.config.workload import Workload, with_run_options
 from mmm_orch.errors import ConfigError, UnknownName
 from mmm_orch.paths import search_dirs
 
@@ -91,7 +92,9 @@ def _resolve_extends(
     return doc, merged, [path, *deps]
 
 
-def load(kind: str, name: str, cls: type) -> Any:
+def load(kind: str, name: str, cls: type, prepare: Callable[[Any], Any] | None = None) -> Any:
+    """The validated profile or spec `name`; `prepare`: what the data read (its `extends`
+    merged) becomes before it is validated."""
     files = _files(kind)
     if name not in files:
         raise unknown_name(kind[:-1], name, sorted(files))
@@ -103,7 +106,7 @@ def load(kind: str, name: str, cls: type) -> Any:
     from mmm_orch.config.yamlio import validate  # a cache miss only, as in _resolve_extends
 
     doc, data, deps = _resolve_extends(kind, path, files)
-    obj = validate(cls, doc, data)
+    obj = validate(cls, doc, prepare(data) if prepare else data)
     if obj.name != name:
         raise ConfigError(
             f"{doc.where(('name',))}: name {obj.name!r} differs from the file name {name!r}"
@@ -117,4 +120,4 @@ def load_machine(name: str) -> Machine:
 
 
 def load_workload(name: str) -> Workload:
-    return load("workloads", name, Workload)
+    return load("workloads", name, Workload, with_run_options)

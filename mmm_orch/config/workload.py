@@ -5,9 +5,19 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from mmm_orch.config.common import EnvName, Flag, NonEmptyStr, Number, PositiveInt, Walltime, config
+from mmm_orch.config.common import (
+    Check,
+    EnvName,
+    Flag,
+    NonEmptyStr,
+    Number,
+    PositiveInt,
+    Walltime,
+    config,
+)
+from mmm_orch.options.run import RunOptions, described
 
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -120,6 +130,23 @@ class Option:
         return True
 
 
+def with_run_options(data: Any) -> Any:
+    """A spec's data as read, its `options` joined by the run options where it says
+    `run_options: true`: the spec's own first, then each run option as RunOptions defines it,
+    with what the spec (or one it extends) gives that option merged over it."""
+    if not isinstance(data, dict) or data.get("run_options") is not True:
+        return data
+    own = data.get("options") or {}
+    if not isinstance(own, dict):
+        return data  # validation names what it should be
+    common = described(RunOptions)
+    options = {name: spec for name, spec in own.items() if name not in common}
+    for name, spec in common.items():
+        given = own.get(name, {})
+        options[name] = {**spec, **given} if isinstance(given, dict) else given
+    return {**data, "options": options}
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -132,15 +159,39 @@ class Defaults:
     walltime: Walltime = 3600
 
 
+def _registered_model(name: str) -> str:
+    from mmm_orch import models  # validation only: the registry finds its folders when asked
+
+    if name and name not in models.names():
+        raise ValueError(f"not a registered model: one of {', '.join(models.names())} (or '')")
+    return name
+
+
+class _RegisteredModel(Check):
+    """A model's name: '' or one of the registry's, which the JSON Schema lists."""
+
+    def __init__(self) -> None:
+        super().__init__(after=_registered_model)
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
+        from mmm_orch import models
+
+        return {"enum": ["", *models.names()], "type": "string"}
+
+
+ModelName = Annotated[str, _RegisteredModel()]
+
+
 @config
 class Resources:
     # Refuse machines whose nodes have no accelerator (e.g. an 8B model on a laptop CPU).
     accelerator: Flag = False
     # Refuse machines whose devices have less memory.
     min_gpu_memory_gib: Number | None = None
-    # The trainer's peak memory is estimated per device (planning/memory.py) and a plan that
-    # cannot fit the profile's gpu_memory_gib is refused: "llama3" for the Llama 3 trainer.
-    memory_model: Literal["", "llama3"] = ""
+    # The trainer's model, a name in the registry (mmm_orch/models/): its peak memory is
+    # estimated per device (planning/memory.py) and a plan that cannot fit the profile's
+    # gpu_memory_gib is refused; "" for none.
+    memory_model: ModelName = ""
 
 
 @config
@@ -200,6 +251,10 @@ class Workload:
     # save and exit 75 on the stop signal, resume when told), so chains, failover resumes and the
     # stop before the walltime apply to it. A trainer's own --resume option says that for it.
     resumable: Flag = False
+    # The trainer takes mmm-orch's run options (mmm_orch/options/run.py: dtype, seed, the run
+    # directory, checkpoints, trackers, resume, profiling): they join `options` after the spec's
+    # own, as RunOptions defines them; `options` may give one a default of its own.
+    run_options: Flag = False
     # The trainer options --set may give, with their types and bounds.
     options: dict[str, Option] = field(default_factory=dict)
     args: dict[str, Any] = field(
@@ -219,6 +274,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.trainer and not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
+        if self.run_options and not self.trainer:
+            raise ValueError("run_options: true needs a trainer to pass them to")
         if self.trainer and self.resumable:
             raise ValueError(
                 "resumable: true is for a workload without a trainer (a trainer "

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import paramiko
 
-from mmm_orch.config.common import ENV_NAME
 from mmm_orch.errors import MmmError, SchedulerUnavailable
 from mmm_orch.hosts.transport import CommandResult
+from mmm_orch.limits import ENV_NAME
 
 DEFAULT_IDENTITIES = ("id_ed25519", "id_ecdsa", "id_rsa")
 

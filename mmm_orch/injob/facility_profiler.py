@@ -52,7 +52,10 @@ def command(program: list[str], env: Mapping[str, str]) -> list[str]:
 def main(argv: list[str]) -> int:
     program = argv[1:] if argv[:1] == ["--"] else argv
     if not program:
-        print("usage: python -m mmm_orch.injob.facility_profiler -- PROGRAM [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m mmm_orch.injob.facility_profiler -- PROGRAM [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     try:
         words = command(program, os.environ)

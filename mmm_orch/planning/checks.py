@@ -7,10 +7,11 @@ import os
 import re
 from typing import Any
 
-from mmm_orch.config.common import ENV_NAME, check_placeholders
+from mmm_orch.config.common import check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.workload import Workload
 from mmm_orch.errors import InvalidValue, MmmError
+from mmm_orch.limits import ENV_NAME
 
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
 SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
@@ -61,16 +62,6 @@ def bounded(
 
 def fail(field: str, value: Any, allowed: str) -> InvalidValue:
     return InvalidValue(field, value, allowed)
-
-
-def pairs(items: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fail(flag, item, "expected KEY=VALUE")
-        out.append((key, value))
-    return out
 
 
 def check_script_text(machine: Machine, workload: Workload) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from mmm_orch.config.common import ENV_NAME, check_placeholders
+from mmm_orch.config.common import check_placeholders
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import unknown_name
 from mmm_orch.config.workload import MachineOverride, Workload
@@ -14,7 +14,8 @@ from mmm_orch.errors import MmmError, one_line
 from mmm_orch.hosts import job_envs as envs
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import MODULES
-from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret, pairs
+from mmm_orch.limits import ENV_NAME
+from mmm_orch.planning.checks import SAFE_WORD, check_text, fail, looks_secret
 from mmm_orch.planning.model import (
     SHARE_GROUP,
     Devices,
@@ -90,7 +91,7 @@ def env_groups(
             )
         )
     user = []
-    for key, value in pairs(request.envs, "--env"):
+    for key, value in request.env:
         check_text(f"--env {key}", value)
         if not ENV_NAME.fullmatch(key):  # match() would pass a name ending in a newline
             raise fail("--env", key, "names are letters, digits and _, not starting with a digit")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmm_orch.config.common import NODE_NAME
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.workload import MachineOverride, Workload
 from mmm_orch.errors import MmmError
+from mmm_orch.limits import NODE_NAME
 from mmm_orch.planning import checks
 from mmm_orch.planning.checks import fail
 from mmm_orch.planning.model import (

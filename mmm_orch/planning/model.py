@@ -14,9 +14,11 @@ import shlex
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.injob import protocol
 from mmm_orch.injob.protocol import LOG_FILE, NODES_TOKEN
+from mmm_orch.options.plan import PlanOptions
+from mmm_orch.schedulers import job_id_variables
 from mmm_orch.walltime import format_walltime
 
 if TYPE_CHECKING:
@@ -24,34 +26,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Request:
-    """What the user asked for, as typed."""
+class Request(PlanOptions):
+    """What the user asked for, as typed (PlanOptions: the command line's options and the
+    Python API's keywords), and what the use cases add to it."""
 
-    machine: str
-    workload: str
-    nodes: int | None = None
-    queue: str | None = None
-    walltime: str | None = None
-    account: str | None = None
-    name: str | None = None
-    sets: tuple[str, ...] = ()
-    envs: tuple[str, ...] = ()
-    presets: tuple[str, ...] = ()
-    no_presets: tuple[str, ...] = ()
-    workdir: str | None = None
-    stage_env: bool = False  # copy the job environment to node-local storage before the launch
-    spare_nodes: int = 0  # nodes asked for beyond --nodes, swapped in when one fails
     avoid_nodes: tuple[str, ...] = ()  # nodes known to be bad on this machine (mmm-orch nodes)
-    command: tuple[str, ...] = ()  # the user's own program (after --), in place of a trainer
-    max_node_hours: float | str | None = None  # the budget (node-hours): a costlier plan is refused
     # The jobs the user and their project already have on the machine (planning/occupancy.py):
     # queue selection keeps to the facility's job-count limits with them; None: not counted.
     queue_load: QueueLoad | None = field(default=None, hash=False, compare=False)
     jobs: int = 1  # the jobs this request puts in its queue at once (a chain: its links)
     devices: int | None = None  # a run on this many devices of one node, beside other runs
-    init_from: str | None = None  # pretrained weights to start from (--init-from)
-    profile: str | None = None  # torch, or a profiler of the machine's (--profile)
-    stack: str | None = None  # the machine's software stack (--stack; None: its default)
 
 
 @dataclass(frozen=True)
@@ -432,6 +416,15 @@ class Plan:
                 *(shlex.quote(a) for a in launch.program),
             ]
         )
+
+    def job_id(self, otherwise: str) -> str:
+        """The job's id in the job script's shell: the first scheduler's job id variable that is
+        set (every kind's: `launch` runs the local kind's script inside another's allocation),
+        else `otherwise`, e.g. `${PBS_JOBID:-${SLURM_JOB_ID:-local}}`."""
+        expression = otherwise
+        for variable in reversed(job_id_variables()):
+            expression = f"${{{variable}:-{expression}}}"
+        return expression
 
     @property
     def stops_before_walltime(self) -> bool:

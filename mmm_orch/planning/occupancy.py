@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from mmm_orch.config.dataclass_code import dataclass
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.queues import JobLimit, Queue
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import one_line
 from mmm_orch.schedulers.states import OpenJob
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from mmm_orch.config.workload import Workload
 from mmm_orch.errors import MmmError
+from mmm_orch.models.pretrained_config import PretrainedError
 from mmm_orch.planning import memory
 from mmm_orch.pretrained import formats
 
@@ -19,17 +20,20 @@ def check_before_queue(
 ) -> None:
     """MmmError when --init-from names a checkpoint that cannot start this run. A path not
     found here is refused only where the job surely runs here (a machine without login
-    hosts); elsewhere it may be on the login node the job is submitted through."""
+    hosts); elsewhere it may be on the login node the job is submitted through. A workload
+    without a memory model, or whose model reads no checkpoint, leaves it to its trainer."""
     path = args.get("init_from")
-    if not path or workload.resources.memory_model != "llama3":
+    if not path or not workload.resources.memory_model:
         return
     where = os.path.join(workdir or os.getcwd(), path)  # an absolute path stays itself
     if not os.path.exists(where):
         if login_hosts:
             return
         raise MmmError(f"--init-from {path}: no such file or directory (looked in {where})")
-    _, model = memory.model_of(workload, args)
+    model, (_, model_args) = memory.model_of(workload, args)
+    if model.checkpoint is None:
+        return
     try:
-        formats.check_model(formats.open_source(where), model)
-    except formats.PretrainedError as exc:
+        formats.check_model(formats.open_source(where, model), model_args)
+    except PretrainedError as exc:
         raise MmmError(str(exc)) from None

@@ -64,9 +64,7 @@ def resolve(request: Request) -> Plan:
             "--name", name, "start with a letter; letters, digits, '_', '.', '-'; at most 63"
         )
 
-    args = _trainer_args(
-        workload, override.args if override else {}, checks.pairs(request.sets, "--set")
-    )
+    args = _trainer_args(workload, override.args if override else {}, request.options)
     if request.init_from is not None:
         args["init_from"] = _init_from(workload, request.init_from)
     _check_required(workload, args)
@@ -169,7 +167,11 @@ def _check_command(workload: Workload, command: tuple[str, ...]) -> None:
         raise fail("command after --", command[0], "it starts with the program to run")
 
 
-def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dict[str, Any]:
+def _trainer_args(
+    workload: Workload, machine_args: dict[str, Any], given: tuple[tuple[str, Any], ...]
+) -> dict[str, Any]:
+    """The trainer's options: the layout's defaults, the spec's args, the machine's, then those
+    given (--set, the API's options), each read as its option's type."""
     args: dict[str, Any] = {
         key: workload.options[key].coerce(key, workload.options[key].default)
         for key in LAYOUT_OPTIONS
@@ -178,7 +180,7 @@ def _trainer_args(workload: Workload, machine_args: dict[str, Any], sets) -> dic
     for source in (workload.args, machine_args):
         for key, value in source.items():
             args[key] = workload.options[key].coerce(key, value)
-    for key, value in sets:
+    for key, value in given:
         option = workload.options.get(key)
         if option is None:
             raise unknown_name(
@@ -230,7 +232,7 @@ def _profile(
     if option is not None:
         tool, steps, chosen = given("profile"), given("profile_steps"), given("profile_ranks")
     else:
-        env = dict(checks.pairs(request.envs, "--env"))
+        env = dict(request.env)
         tool = request.profile or env.get(protocol.PROFILE_VAR, "off")
         steps, chosen = (
             env.get(protocol.PROFILE_STEPS_VAR, ""),

@@ -24,7 +24,7 @@ import stat
 import struct
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
 from types import TracebackType
@@ -35,23 +35,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from mmm_orch import paths
-from mmm_orch.errors import shown
+from mmm_orch import models, paths
+from mmm_orch.errors import UnknownName, shown
 from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.runfiles import RunFileError
-from mmm_orch.model_shapes import LlamaArgs, RopeScaling
+from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.models.spec import CheckpointMap
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.dcp_reader import CheckedReader
-from mmm_orch.pretrained.formats import (
-    HF_CONFIG,
-    HF_INDEX,
-    PretrainedError,
-    hf_name,
-    positive_number,
-    rotated_heads,
-    shapes,
-    whole_number,
-)
+from mmm_orch.pretrained.formats import HF_CONFIG, HF_INDEX
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -109,9 +101,9 @@ def export(
     _check_target(target)
     try:
         checkpoint, step = _checkpoint(run, step)
-        args = model_args(checkpoint, run)
+        mapped, args = saved_model(checkpoint, run)
         reader = CheckedReader(checkpoint)  # its .metadata unpickled only as checkpoint data
-        tensors = _tensors(args, reader.read_metadata(), checkpoint)
+        tensors = _tensors(mapped, args, reader.read_metadata(), checkpoint)
     except RunFileError as exc:
         raise ExportError(str(exc)) from None
     wanted = DTYPES[dtype] if dtype else tensors[0].saved.properties.dtype
@@ -123,7 +115,7 @@ def export(
         weight_map: dict[str, str] = {}
         for name, shard in zip(names, shards, strict=True):
             write_safetensors(
-                staging.path / name, shard, wanted, _converted(shard, reader, args, wanted)
+                staging.path / name, shard, wanted, _converted(shard, reader, mapped, args, wanted)
             )
             weight_map.update({tensor.hf_name: name for tensor in shard})
         total = sum(tensor.nbytes(wanted) for tensor in tensors)
@@ -132,7 +124,12 @@ def export(
         )
         run_config = _run_config(run)
         copied = _copy_tokenizer(staging.path, tokenizer, run_config)
-        _write_json(staging.path / HF_CONFIG, hf_config(args, wanted, _token_ids(run_config)))
+        config = {
+            **mapped.hf_config(args),
+            "torch_dtype": HF_DTYPE_NAMES[wanted],
+            **_token_ids(run_config),
+        }
+        _write_json(staging.path / HF_CONFIG, config)
         staging.publish()
     return Exported(target, step, tuple(names), total, tuple(copied))
 
@@ -156,59 +153,40 @@ def _checkpoint(run: Path, step: int | None) -> tuple[Path, int]:
         raise ExportError(str(exc)) from None
 
 
-def model_args(checkpoint: Path, run: Path) -> LlamaArgs:
-    """The model's shape: beside the checkpoint (train.json), or in the run's metrics header
-    for checkpoints saved before it was kept there."""
+# The model of a checkpoint saved before the trainer kept its model's name beside it: the
+# llama3 trainer's, then the only one that saved a model's shape.
+UNNAMED_MODEL = "llama3"
+
+
+def saved_model(checkpoint: Path, run: Path) -> tuple[CheckpointMap, Any]:
+    """The model's checkpoint map (the model named beside the checkpoint, train.json's
+    model_name) and its shape: beside the checkpoint (train.json's model), or in the run's
+    metrics header for checkpoints saved before it was kept there."""
     train_file = checkpoint / "train.json"
     train = runfiles.read_small(train_file, 1 << 20)
     try:
         saved = json.loads(train) if train else None
     except (ValueError, RecursionError):
         raise ExportError(f"{train_file}: not the JSON the trainer writes there") from None
-    shape = saved.get("model") if isinstance(saved, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
+    shape = saved.get("model")
     if shape is None:
         shape = _run_config(run).get("model")
     if not isinstance(shape, dict):
         raise ExportError(
             f"{checkpoint}: no model shape beside it or in {run / protocol.METRICS_FILE}: "
-            "not a checkpoint of the llama3 trainer"
+            "not a checkpoint of a trainer of the registry's models"
         )
-    return _shape(shape, train_file)
-
-
-def _shape(saved: dict[str, Any], file: Path) -> LlamaArgs:
-    """LlamaArgs of the shape the trainer saved, every field checked: a number of its kind,
-    or a model this version cannot read (one line naming the field)."""
-    unknown = set(saved) - {f.name for f in fields(LlamaArgs)}
-    if unknown:
-        raise ExportError(
-            f"{file}: a model shape this version cannot read (fields {sorted(unknown)!r:.200})"
-        )
-    checked: dict[str, Any] = {}
     try:
-        for name, value in saved.items():
-            if name == "rope_scaling":
-                checked[name] = None if value is None else _scaling(value, file)
-            elif name in ("ffn_dim_multiplier", "norm_eps", "rope_theta"):
-                checked[name] = None if value is None else positive_number(saved, name, file)
-            else:
-                checked[name] = whole_number(saved, name, file)
-        return LlamaArgs(**checked)
+        model = models.get(saved.get("model_name", UNNAMED_MODEL), f"{train_file}: model_name")
+    except UnknownName as exc:
+        raise ExportError(str(exc)) from None
+    if model.checkpoint is None:
+        raise ExportError(f"{checkpoint}: the {model.name} model has no Hugging Face format")
+    try:
+        return model.checkpoint, model.checkpoint.saved_args(shape, train_file)
     except PretrainedError as exc:
         raise ExportError(str(exc)) from None
-    except TypeError as exc:  # a field missing
-        raise ExportError(f"{file}: a model shape this version cannot read ({exc})") from None
-
-
-def _scaling(saved: Any, file: Path) -> RopeScaling:
-    if not isinstance(saved, dict) or set(saved) != {f.name for f in fields(RopeScaling)}:
-        raise ExportError(f"{file}: rope_scaling is not the trainer's (factor, ... of Llama 3.1)")
-    return RopeScaling(
-        factor=positive_number(saved, "factor", file),
-        low_freq_factor=positive_number(saved, "low_freq_factor", file),
-        high_freq_factor=positive_number(saved, "high_freq_factor", file),
-        original_context=whole_number(saved, "original_context", file),
-    )
 
 
 def _run_config(run: Path) -> dict[str, Any]:
@@ -232,9 +210,11 @@ def _run_config(run: Path) -> dict[str, Any]:
     return config
 
 
-def _tensors(args: LlamaArgs, metadata: Metadata, checkpoint: Path) -> list[_Tensor]:
+def _tensors(
+    mapped: CheckpointMap, args: Any, metadata: Metadata, checkpoint: Path
+) -> list[_Tensor]:
     found = []
-    for name, shape in shapes(args).items():
+    for name, shape in mapped.shapes(args).items():
         saved = metadata.state_dict_metadata.get(MODEL_PREFIX + name)
         if not isinstance(saved, TensorStorageMetadata):
             raise ExportError(f"{checkpoint}: no tensor {name} in the checkpoint")
@@ -242,7 +222,7 @@ def _tensors(args: LlamaArgs, metadata: Metadata, checkpoint: Path) -> list[_Ten
             raise ExportError(
                 f"{checkpoint}: {name} has shape {list(saved.size)}, the model {list(shape)}"
             )
-        found.append(_Tensor(name, hf_name(name), shape, saved))
+        found.append(_Tensor(name, mapped.hf_name(name), shape, saved))
     return found
 
 
@@ -260,7 +240,11 @@ def _shards(tensors: list[_Tensor], dtype: torch.dtype, limit: int) -> list[list
 
 
 def _converted(
-    shard: list[_Tensor], reader: CheckedReader, args: LlamaArgs, dtype: torch.dtype
+    shard: list[_Tensor],
+    reader: CheckedReader,
+    mapped: CheckpointMap,
+    args: Any,
+    dtype: torch.dtype,
 ) -> Iterator[torch.Tensor]:
     """The shard's tensors one at a time, read whole from the checkpoint (wherever its pieces
     were saved) and put in Hugging Face's layout and `dtype`."""
@@ -276,7 +260,7 @@ def _converted(
                 f"{reader.checked_dir}: {tensor.name} cannot be read from its shard, damaged "
                 f"({_cause(exc)})"
             ) from None
-        heads = rotated_heads(tensor.name, args)
+        heads = mapped.rotated_heads(tensor.name, args)
         if heads:  # each head's rows from pair order into rotate-half order
             rows, cols = whole.shape
             whole = (
@@ -319,42 +303,6 @@ def write_safetensors(
             handle.write(value.view(torch.uint8).numpy().data)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def hf_config(args: LlamaArgs, dtype: torch.dtype, token_ids: dict[str, Any]) -> dict[str, Any]:
-    """config.json for transformers' LlamaForCausalLM. RoPE's settings in rope_theta and
-    rope_scaling, which every transformers release reads (5 also reads its rope_parameters)."""
-    scaling = args.rope_scaling
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": args.dim,
-        "intermediate_size": args.ffn_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "vocab_size": args.vocab_size,
-        "max_position_embeddings": args.max_seq_len,
-        "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta,
-        "rope_scaling": None
-        if scaling is None
-        else {
-            "rope_type": "llama3",
-            "factor": scaling.factor,
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_max_position_embeddings": scaling.original_context,
-        },
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": HF_DTYPE_NAMES[dtype],
-        **token_ids,
-    }
 
 
 def _token_ids(run_config: dict[str, Any]) -> dict[str, Any]:

@@ -13,25 +13,15 @@ from __future__ import annotations
 import math
 import pickle
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from mmm_orch.model_shapes import LlamaArgs
-from mmm_orch.pretrained.formats import (
-    DTYPE_BYTES,
-    PretrainedError,
-    Source,
-    TensorInfo,
-    check_regular,
-    hf_name,
-    meta_split,
-    rotated_heads,
-    shapes,
-)
+from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.pretrained.formats import DTYPE_BYTES, Source, TensorInfo, check_regular
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
                 "BF16": torch.bfloat16}  # fmt: skip
@@ -47,7 +37,7 @@ class Reader(Protocol):
         ...
 
 
-def open_reader(source: Source, args: LlamaArgs) -> Reader:
+def open_reader(source: Source, args: Any) -> Reader:
     """A reader of `source` for a model of `args` (formats.check_model passed); PretrainedError
     for a .pth that is not a dictionary of tensors of the model's names and shapes."""
     if source.kind == "hf":
@@ -80,18 +70,19 @@ def canonical(name: str) -> str:
 
 
 class HFReader:
-    def __init__(self, source: Source, args: LlamaArgs):
+    def __init__(self, source: Source, args: Any):
         self.source, self.args = source, args
         self.maps: dict[Path, np.memmap] = {}
 
     def read(self, name: str, box: Box) -> torch.Tensor:
-        heads = rotated_heads(name, self.args)
-        info = self.source.tensors[hf_name(name)]
+        mapped = self.source.checkpoint
+        heads = mapped.rotated_heads(name, self.args)
+        info = self.source.tensors[mapped.hf_name(name)]
         if not heads:
             return self._slice(info, box)
         # Whole heads covering the rows asked for, put back in pair order, then the rows.
         (row, *rest), (rows, *sizes) = box
-        head = self.args.head_dim
+        head = info.shape[0] // heads
         first, last = row // head, math.ceil((row + rows) / head)
         whole = self._slice(info, ((first * head, *rest), ((last - first) * head, *sizes)))
         paired = whole.view(last - first, 2, head // 2, -1).transpose(1, 2).reshape(whole.shape)
@@ -121,11 +112,12 @@ def _typed(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor
 
 class MetaReader:
     """Meta's consolidated.NN.pth: one file per model-parallel rank, each holding its slice of
-    the split tensors (formats.META_SPLIT) and a copy of the rest."""
+    the split tensors (the model's meta_split) and a copy of the rest."""
 
-    def __init__(self, source: Source, args: LlamaArgs):
+    def __init__(self, source: Source, args: Any):
+        self.meta_split = source.checkpoint.meta_split
         self.parts = [_load_pth(file) for file in source.shards]
-        for name, shape in shapes(args).items():
+        for name, shape in source.checkpoint.shapes(args).items():
             found = self._shape(name, source)
             if found != shape:
                 raise PretrainedError(
@@ -138,7 +130,7 @@ class MetaReader:
             if name not in part:
                 raise PretrainedError(f"{file}: no tensor {name}")
         first = tuple(self.parts[0][name].shape)
-        split = meta_split(name)
+        split = self.meta_split(name)
         if split is None or len(self.parts) == 1:
             return first
         total = sum(part[name].shape[split] for part in self.parts)
@@ -146,7 +138,7 @@ class MetaReader:
 
     def read(self, name: str, box: Box) -> torch.Tensor:
         offsets, sizes = box
-        split = meta_split(name)
+        split = self.meta_split(name)
         if split is None or len(self.parts) == 1:
             return self.parts[0][name][_index(offsets, sizes)].clone()
         pieces, base = [], 0  # the files' slices along `split` that the box covers

@@ -8,8 +8,8 @@ import os
 import time
 from typing import Any
 
-from mmm_orch.config.common import NODE_NAME
 from mmm_orch.errors import MmmError
+from mmm_orch.limits import NODE_NAME
 from mmm_orch.records.access import Access
 
 MAX_BAD_NODE_DAYS = 3650

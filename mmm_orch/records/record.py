@@ -9,7 +9,7 @@ import time
 from dataclasses import field, fields
 from typing import Any
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.records.dbfile import DatabaseError
 from mmm_orch.schedulers.states import JobState
 

@@ -34,13 +34,7 @@ def markdown() -> str:
         "",
     ]
     parts += [_entry(getattr(api, name), f"mmm_orch.{name}") for name in api.__all__]
-    parts.append(
-        _entry(
-            api.PlanOptions,
-            "mmm_orch.api.PlanOptions",
-            "The keyword options of `plan`, `render`, `submit` and `sweep`.",
-        )
-    )
+    parts.append(_keywords(api.KEYWORD_KINDS))
     parts += ["## `mmm_orch.runtime`", "", _text(runtime.contract.__doc__), ""]
     parts += [
         _entry(
@@ -108,6 +102,32 @@ def _code(name: str, function: Callable) -> str:
 def _signature(function: Callable) -> str:
     text = str(inspect.signature(function)).replace("'", "")
     return re.sub(r"\(self,? ?", "(", text)
+
+
+def _keywords(kinds: dict[str, tuple[str, Any]]) -> str:
+    """The keyword options of plan, render, submit and sweep: the plan options
+    (mmm_orch/options/plan.py), each in the Python types it takes."""
+    from mmm_orch.options.plan import option_fields
+
+    lines = [
+        "### Keyword options",
+        "",
+        "Those of `plan`, `render`, `submit` and `sweep`: the plan options "
+        "(`mmm_orch.options.plan.PlanOptions`), as the command line's flags say them.",
+        "",
+        "| keyword | type | default | |",
+        "|---|---|---|---|",
+    ]
+    for option in option_fields():
+        takes = kinds[option.metadata["kind"]][0].replace("|", "\\|")
+        said = " ".join(option.metadata["help"].split()).replace("|", "\\|")
+        flags = ", ".join(f"`{flag}`" for flag in option.metadata["flags"] if flag.startswith("--"))
+        lines.append(
+            f"| `{option.name}` | `{takes}` | `{option.default!r}` | {said}"
+            + (f" ({flags})" if flags else "")
+            + " |"
+        )
+    return "\n".join([*lines, ""])
 
 
 def _type(annotation: Any) -> str:

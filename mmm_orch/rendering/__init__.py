@@ -12,6 +12,7 @@ from mmm_orch.errors import ConfigError
 from mmm_orch.injob import protocol
 from mmm_orch.paths import NotReadable, cache_home, read_regular, search_dirs
 from mmm_orch.planning import Plan, cost
+from mmm_orch.schedulers import template_dirs
 
 MAX_BYTECODE = 16 << 20  # a compiled job script template is tens of kilobytes
 
@@ -46,8 +47,10 @@ def _bytecode_cache():
 
 
 def _environment(extra_dir: Path | None):
+    """Templates from `extra_dir`, the template directories (the user's first), then each
+    scheduler kind's folder, which holds its own script (<kind>.sh.j2)."""
     dirs = [str(extra_dir)] if extra_dir else []
-    dirs += [str(d) for d in search_dirs("templates")]
+    dirs += [str(d) for d in [*search_dirs("templates"), *template_dirs()]]
     return _environment_for(tuple(dirs))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mmm_orch.model_shapes import micro_batches
+from mmm_orch.models.layout import micro_batches
 
 
 def batch_indices(step: int, dp_rank: int, batch_size: int, dp_size: int) -> torch.Tensor:

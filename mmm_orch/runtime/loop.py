@@ -171,7 +171,9 @@ def run_dir(output_dir: str, run_name: str, trainer: str, rt: Runtime) -> Path:
     directory in use, or one whose files are not what a run keeps there: exit 2 on every rank."""
     name = run_name
     if not name:
-        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID", "").split(".")[0]
+        from mmm_orch.schedulers import job_in
+
+        job = job_in()[1].split(".")[0]  # (a PBS id ends in its server's name)
         picked = [job or time.strftime("%Y%m%d-%H%M%S")]
         dist.broadcast_object_list(picked, src=0)
         name = f"{trainer}-{picked[0]}"

@@ -3,10 +3,10 @@ booleans as `--flag/--no-flag`, choices from Literal types. Unknown options are 
 `--tiny` swaps in a trainer's small defaults (each option's `tiny=`); options given on the command
 line still win.
 
-A value given is held to its field's rules (`option(...)`): every number finite, within its
-bounds; names one path component; directories what they say. A value that breaks them stops
-every rank with one line naming the option, the value and what it may be, and exit 2, before
-the process group starts and before anything is written."""
+A value given is held to its field's rules (`option(...)`, mmm_orch/options/run.py): every number
+finite, within its bounds; text matching its pattern; names one path component; directories what
+they say. A value that breaks them stops every rank with one line naming the option, the value and
+what it may be, and exit 2, before the process group starts and before anything is written."""
 
 from __future__ import annotations
 
@@ -15,67 +15,16 @@ import dataclasses
 import math
 import operator
 import os
-import types
+import re
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from mmm_orch.injob import runfiles
+from mmm_orch.options.run import plain_type
 
 _BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
-
-
-def option(default: Any, help: str = "", *, tiny: Any = dataclasses.MISSING, **rules: Any) -> Any:
-    """A Config field: its default, its --help, its default under --tiny (where it has one), and
-    the rules a given value must keep: `ge`, `gt`, `le` (bounds; a float is finite besides),
-    `name=True` (one path component, or ""), `directory="may-create"` (a directory, or a path one
-    can be made at) or `"existing"`."""
-    small = {} if tiny is dataclasses.MISSING else {"tiny": tiny}
-    return field(default=default, metadata={"help": help, **small, **rules})
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Options every trainer takes; a trainer's Config adds its own after these."""
-
-    dtype: Literal["bf16", "fp32"] = "bf16"
-    seed: int = option(1, ge=0, le=2**32 - 1)
-    output_dir: str = option("outputs", directory="may-create")
-    run_name: str = option(
-        "", "the run's directory in --output-dir (one path component)", name=True
-    )
-    checkpoint_every: int = option(0, ge=0)
-    keep_checkpoints: int = option(
-        0, "keep the newest K checkpoints, removing older ones (0 = keep all)", ge=0
-    )
-    tensorboard: bool = option(
-        False, "TensorBoard event files in the run directory (the tensorboard extra)"
-    )
-    wandb: Literal["off", "offline", "online"] = option(
-        "off",
-        "a W&B run (the wandb extra): offline files to `wandb sync` later, or online "
-        "where the compute nodes reach W&B (with the machine's proxy preset)",
-    )
-    wandb_project: str = option("mmm-orch", "the W&B project", name=True)
-    resume: bool = option(
-        False, "continue from the run's latest checkpoint; an error when there is none"
-    )
-    allow_fresh: bool = option(
-        False, "with --resume: start from step 0 when the run has no checkpoint yet"
-    )
-    profile: str = option(
-        "off",
-        "torch: torch.profiler traces of a window of steps on chosen ranks, in the run "
-        "directory's profile/ (Chrome/Perfetto JSON, TensorBoard's profiler plugin reads them); "
-        "a machine's profiler (nsys, unitrace, rocprof) in a job mmm-orch rendered for it",
-        name=True,
-    )
-    profile_steps: str = option("", "A:B, the steps profiled (default: 3 after the first 2)")
-    profile_ranks: str = option(
-        "", "the ranks profiled, comma-separated (default: local rank 0 of each node)"
-    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,9 +40,7 @@ def parse(cls: type, argv: list[str] | None = None, tiny: dict[str, Any] | None 
     hints = typing.get_type_hints(cls)
     tiny = {**tiny_defaults(cls), **(tiny or {})}
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `int | None`: optional
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        kind = plain_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         if kind is bool:
@@ -170,6 +117,8 @@ def _broken(value: Any, rules: typing.Mapping[str, Any]) -> str | None:
         return (
             "one path component: no '/', not '.' or '..', printable characters, at most 255 bytes"
         )
+    if (pattern := rules.get("pattern")) and re.fullmatch(pattern, value) is None:
+        return f"text matching {pattern}"
     if (directory := rules.get("directory")) and value:
         return _not_a_directory(Path(value), directory == "existing")
     return None

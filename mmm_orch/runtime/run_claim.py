@@ -67,18 +67,12 @@ STARTING = Holder("", 0, 0.0)
 
 def this_process(environ: Mapping[str, str] | None = None) -> Holder:
     """This process as a holder: its host as the kernel names it (whose processes its pid is
-    one of: a test cluster's nodes may share one), and its job's id from the scheduler's
-    variables, in the order schedulers/allocation.current reads them."""
+    one of: a test cluster's nodes may share one), and its job's kind and id (schedulers.job_in)."""
     import psutil
 
-    env = os.environ if environ is None else environ
-    scheduler, job = (
-        ("slurm", env["SLURM_JOB_ID"])
-        if env.get("SLURM_JOB_ID")
-        else ("pbs", env["PBS_JOBID"])
-        if env.get("PBS_JOBID")
-        else ("", "")
-    )
+    from mmm_orch.schedulers import job_in
+
+    scheduler, job = job_in(environ)
     return Holder(socket.gethostname(), os.getpid(), psutil.Process().create_time(), scheduler, job)
 
 

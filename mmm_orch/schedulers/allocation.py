@@ -1,29 +1,28 @@
-"""The allocation this process runs in (an interactive `salloc` or `qsub -I`, or a batch script
-someone else wrote), found from the variables the scheduler sets for it: its id and its nodes.
-Pure functions of the environment and the node file, so that they are tested without one."""
+"""An allocation a process runs in (an interactive `salloc` or `qsub -I`, or a batch script
+someone else wrote), as found from the variables its scheduler sets for it: its id and its
+nodes. Each kind reads its own (schedulers/<kind>/allocation.py; schedulers.current_allocation
+asks the one whose job this is) with the helpers here, host lists among them. Pure functions of
+the environment (and a node file), tested without a job."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 
-from mmm_orch.config.common import NODE_NAME
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import MmmError
 from mmm_orch.injob.protocol import JOB_END_VAR
-from mmm_orch.paths import NotReadable, read_regular
+from mmm_orch.limits import NODE_NAME
 
 # Bounds on what the scheduler's variables may name: more nodes than any machine has, a node
-# file far above the largest (one line a rank of 10,000 nodes), a node number of 18 digits.
+# number of 18 digits.
 MAX_NODES = 100_000
-MAX_NODEFILE_BYTES = 64 << 20
 _NUMBER_DIGITS = 18
 
 
 @dataclass(frozen=True)
 class Allocation:
-    scheduler: str  # slurm, pbs
+    scheduler: str  # its kind: slurm, pbs
     job_id: str
     nodes: tuple[str, ...]  # in the scheduler's order, each once
     # The fewest CPUs the allocation grants on one of its nodes, and the variable that says so
@@ -31,36 +30,15 @@ class Allocation:
     cpus_per_node: int | None = None
     cpus_said_by: str = ""
     # When its walltime runs out (epoch seconds): a job script of mmm-orch's says so
-    # (protocol.JOB_END_VAR), Slurm since 23.02 too; None where nothing does.
+    # (protocol.JOB_END_VAR), a scheduler's own variable too (Slurm since 23.02); None where
+    # nothing does.
     ends_at: float | None = None
 
 
-def current(environ: Mapping[str, str] | None = None) -> Allocation | None:
-    """The allocation of this process, or None outside any (SLURM_JOB_ID, else PBS_JOBID)."""
-    env = os.environ if environ is None else environ
-    if env.get("SLURM_JOB_ID"):
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-        cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "")
-        return Allocation(
-            "slurm",
-            env["SLURM_JOB_ID"],
-            tuple(expand_hostlist(nodelist)),
-            *_cpus("SLURM_JOB_CPUS_PER_NODE", cpus),
-            _epoch(env, JOB_END_VAR) or _epoch(env, "SLURM_JOB_END_TIME"),
-        )
-    if env.get("PBS_JOBID"):
-        nodefile = env.get("PBS_NODEFILE", "")
-        ncpus = env.get("NCPUS", "")  # the ncpus of the job's chunks (one a node here)
-        return Allocation(
-            "pbs",
-            env["PBS_JOBID"],
-            tuple(
-                node_names(_node_file(nodefile) if nodefile else "", f"PBS_NODEFILE {nodefile!r}")
-            ),
-            *_cpus("NCPUS", ncpus),
-            _epoch(env, JOB_END_VAR),
-        )
-    return None
+def ends_at(env: Mapping[str, str], own_variable: str = "") -> float | None:
+    """When the walltime runs out, as mmm-orch's job script says, else as the scheduler's
+    `own_variable` says; None where neither does."""
+    return _epoch(env, JOB_END_VAR) or (_epoch(env, own_variable) if own_variable else None)
 
 
 def _epoch(env: Mapping[str, str], variable: str) -> float | None:
@@ -69,7 +47,9 @@ def _epoch(env: Mapping[str, str], variable: str) -> float | None:
     return float(text) if re.fullmatch(r"[0-9]{1,12}", text) and int(text) > 0 else None
 
 
-def _cpus(variable: str, value: str) -> tuple[int | None, str]:
+def cpus_said(variable: str, value: str) -> tuple[int | None, str]:
+    """(the fewest CPUs of a node, `variable=value`) from a scheduler's per-node CPU counts;
+    (None, "") where it says none."""
     return (fewest_cpus(value), f"{variable}={value}") if value else (None, "")
 
 
@@ -86,24 +66,6 @@ def fewest_cpus(text: str) -> int:
             raise MmmError(f"CPUs per node {text[:80]!r} are invalid: counts such as 2(x3),1")
         counts.append(int(match[1]))
     return min(counts)
-
-
-def _node_file(path: str) -> str:
-    """The node file's text: a regular file of bounded size in UTF-8 (a FIFO or a device put
-    there is refused unread, not waited on)."""
-    try:
-        data = read_regular(path, MAX_NODEFILE_BYTES)
-    except NotReadable as exc:
-        raise MmmError(f"PBS_NODEFILE: {exc}") from None
-    except OSError as exc:
-        raise MmmError(f"PBS_NODEFILE {path!r}: cannot read: {exc.strerror}") from None
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise MmmError(
-            f"PBS_NODEFILE {path!r}: not UTF-8 text (byte {exc.start}); a node file "
-            "names one host a line"
-        ) from None
 
 
 def unique_lines(text: str) -> list[str]:

@@ -1,7 +1,7 @@
 """What every scheduler module shares: the submission protocol that never loses or duplicates a
-job, and the job handles its verbs take. Commands run through mmm_orch.hosts.transport (argument lists,
-never a shell string, with bounded retries); scheduler_for (schedulers/__init__.py) picks the
-module."""
+job, the job handles its verbs take, and what some of them can do besides (grant an allocation,
+list their queues). Commands run through mmm_orch.hosts.transport (argument lists, never a shell
+string, with bounded retries); scheduler_for (schedulers/__init__.py) picks the kind."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import (
     MmmError,
     SchedulerError,
@@ -23,7 +23,7 @@ from mmm_orch.errors import (
     Unreachable,
 )
 from mmm_orch.hosts.transport import CommandResult, Retry, Runner, run_command
-from mmm_orch.schedulers.states import JobStatus, OpenJob
+from mmm_orch.schedulers.states import JobStatus, LiveQueue, OpenJob
 
 # A job's submit time is the scheduler's clock, its record's the submitter's: a tag lookup that
 # starts at the record's time allows for this much skew.
@@ -234,6 +234,30 @@ class Scheduler(Protocol):
     def cancel(self, job: JobRef) -> None: ...
     def open_jobs(self, account: str | None) -> list[OpenJob]: ...
     def directive_path(self, path: str) -> str: ...
+
+
+@runtime_checkable
+class Allocating(Protocol):
+    """A scheduler that grants an allocation to work in (`launch --allocate`)."""
+
+    allocate_needs_terminal: bool  # its allocating command wants a terminal, even for a command
+
+    def allocate_argv(
+        self,
+        account: str | None,
+        walltime_hms: str,
+        directives: list[str],
+        command: list[str] | None = None,
+        name: str = "",
+        tag: str = "",
+    ) -> list[str]: ...
+
+
+@runtime_checkable
+class ListsQueues(Protocol):
+    """A scheduler that lists its queues' configuration (what `machines check` compares)."""
+
+    def queue_config(self) -> list[LiveQueue]: ...
 
 
 def check_directive_path(path: str, scheduler: str) -> None:

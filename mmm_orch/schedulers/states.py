@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from mmm_orch.config.dataclass_code import dataclass
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import shown
 from mmm_orch.walltime import duration
 

@@ -20,7 +20,7 @@ from mmm_orch.planning.model import ChainLink, Plan
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.records.dbfile import jobs_root_for
 from mmm_orch.records.record import JobRecord
-from mmm_orch.schedulers import scheduler_for
+from mmm_orch.schedulers import scheduler_for, scheduler_kind
 from mmm_orch.schedulers.base import CommandScheduler
 from mmm_orch.schedulers.states import JobState
 from mmm_orch.submission.submit import cancel, new_tag, submit
@@ -28,7 +28,7 @@ from mmm_orch.submission.submit import cancel, new_tag, submit
 
 def check(plan: Plan, links: int) -> None:
     """Refuse a chain that cannot work, before anything is written."""
-    if plan.scheduler == "local":
+    if not scheduler_kind(plan.scheduler).batch:
         raise MmmError(
             f"--chain {links}: machine {plan.machine} runs jobs at once, without a "
             "scheduler to hold the next link until the one before ends"

@@ -27,8 +27,7 @@ from mmm_orch.planning import Plan
 from mmm_orch.records.db import open_db
 from mmm_orch.schedulers import scheduler_for
 from mmm_orch.schedulers.allocation import Allocation
-from mmm_orch.schedulers.pbs import PbsScheduler
-from mmm_orch.schedulers.slurm import SlurmScheduler
+from mmm_orch.schedulers.base import Allocating
 from mmm_orch.submission.settle import forget
 from mmm_orch.submission.submit import (
     cancel,
@@ -80,10 +79,10 @@ def allocate_argv(
     )
 
 
-def _allocating(plan: Plan) -> SlurmScheduler | PbsScheduler:
+def _allocating(plan: Plan) -> Allocating:
     """The plan's scheduler, one of those that give interactive allocations."""
     scheduler = scheduler_for(plan.scheduler, plan.scheduler_commands)
-    if not isinstance(scheduler, (SlurmScheduler, PbsScheduler)):
+    if not isinstance(scheduler, Allocating):
         raise MmmError(
             f"machine {plan.machine} schedules with {plan.scheduler}, which gives no "
             "allocations to launch in"

@@ -10,7 +10,7 @@ from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.hosts import job_envs as envs
 from mmm_orch.planning import Plan
-from mmm_orch.schedulers import scheduler_for
+from mmm_orch.schedulers import scheduler_for, scheduler_kind
 
 
 def target_for(plan: Plan, host: str | None) -> str:
@@ -25,7 +25,7 @@ def login_target(
     machine: str, kind: str, commands: dict[str, str], login_hosts, host: str | None
 ) -> str:
     if host is not None:
-        if kind == "local":
+        if not scheduler_kind(kind).batch:
             raise MmmError(
                 f"--host {host!r}: machine {machine} runs jobs on this computer; "
                 "--host is for machines with a batch scheduler"

@@ -151,10 +151,9 @@ def points(request: Request, swept: dict[str, list[str]], new_jobs: bool = True)
         itertools.product(sizes, itertools.product(*(swept[k] for k in keys))), start=1
     ):
         values = {**size, **dict(zip(keys, combo, strict=True))}
-        sets = tuple(f"{k}={v}" for k, v in values.items() if k not in SIZES)
         point_request = dataclasses.replace(
             request,
-            sets=request.sets + sets,
+            options=request.options + tuple((k, v) for k, v in values.items() if k not in SIZES),
             queue_load=load,
             nodes=int(values["nodes"]) if "nodes" in values else request.nodes,
             devices=int(values["devices"]) if "devices" in values else request.devices,

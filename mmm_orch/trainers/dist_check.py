@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from mmm_orch.injob.protocol import DIST_CHECK_JSON
+from mmm_orch.options.run import option
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.metrics import say
 from mmm_orch.runtime.options import parse
@@ -26,12 +27,13 @@ from mmm_orch.runtime.options import parse
 class Config:
     """torch.distributed preflight: all-reduce correctness, latency and bandwidth."""
 
-    sizes: str = field(
-        default="4,65536,1048576,16777216",
-        metadata={"help": "all-reduce message sizes in bytes, comma-separated"},
+    sizes: str = option(
+        "4,65536,1048576,16777216",
+        "all-reduce message sizes in bytes, comma-separated",
+        pattern=r"[1-9][0-9]{0,10}(,[1-9][0-9]{0,10}){0,31}",
     )
-    iters: int = field(default=10, metadata={"help": "timed all-reduces per size"})
-    warmup: int = field(default=2, metadata={"help": "untimed all-reduces per size"})
+    iters: int = option(10, "timed all-reduces per size", ge=1, le=100000)
+    warmup: int = option(2, "untimed all-reduces per size", ge=0, le=100000)
 
 
 def check_allreduce(rt: runtime_dist.Runtime) -> bool:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mmm_orch.options.run import RunOptions, option
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices, mnist
 from mmm_orch.runtime.loop import (
@@ -33,7 +34,7 @@ from mmm_orch.runtime.loop import (
     param_dtype,
     run_dir,
 )
-from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.options import parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.cnn import MnistCNN

@@ -18,18 +18,17 @@ if (
 
     stop.catch()
 
-from mmm_orch import model_shapes
+from mmm_orch.models.llama3.args import TINY, LlamaArgs  # --tiny: llama3's tiny shape
+from mmm_orch.models.llama3.model import Transformer
+from mmm_orch.options.run import RunOptions, option
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticTokens, batch_indices
 from mmm_orch.runtime.loop import adamw, draw_per_rank, mean_across, mesh, param_dtype, run_dir
-from mmm_orch.runtime.options import RunOptions, model_args, option, parse
+from mmm_orch.runtime.options import model_args, parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.loss import loss_context, token_losses
-from mmm_orch.trainers.models.llama import LlamaArgs, Transformer
 from mmm_orch.trainers.training import Training
-
-SMALL = model_shapes.TINY  # --tiny: llama3's tiny preset, the same model, batch and length
 
 
 @dataclass(frozen=True)
@@ -37,13 +36,13 @@ class Config(RunOptions):
     """Llama-style transformer with TP x FSDP2 on synthetic tokens."""
 
     tp: int = option(2, ge=1)
-    dim: int = option(256, ge=1, tiny=SMALL.model.dim)
-    n_layers: int = option(32, ge=1, tiny=SMALL.model.n_layers)
-    n_heads: int = option(32, ge=1, tiny=SMALL.model.n_heads)
-    n_kv_heads: int = option(4, ge=1, tiny=SMALL.model.n_kv_heads)
-    vocab_size: int = option(32000, ge=2, tiny=SMALL.model.vocab_size)
-    seq_len: int = option(2048, ge=1, tiny=SMALL.seq_len)
-    batch_size: int = option(24, "per data-parallel rank", ge=1, tiny=SMALL.batch_size)
+    dim: int = option(256, ge=1, tiny=TINY.model.dim)
+    n_layers: int = option(32, ge=1, tiny=TINY.model.n_layers)
+    n_heads: int = option(32, ge=1, tiny=TINY.model.n_heads)
+    n_kv_heads: int = option(4, ge=1, tiny=TINY.model.n_kv_heads)
+    vocab_size: int = option(32000, ge=2, tiny=TINY.model.vocab_size)
+    seq_len: int = option(2048, ge=1, tiny=TINY.seq_len)
+    batch_size: int = option(24, "per data-parallel rank", ge=1, tiny=TINY.batch_size)
     steps: int = option(50, ge=1)
     lr: float = option(3e-3, gt=0)
     tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")

@@ -28,14 +28,12 @@ if (
 import torch
 import torch.distributed as dist
 
+from mmm_orch import models
 from mmm_orch.limits import MAX_GLOBAL_BATCH
-from mmm_orch.model_shapes import (
-    DEFAULT_LOSS_CHUNK,
-    LlamaArgs,
-    context_fault,
-    pipeline_fault,
-    run_model,
-)
+from mmm_orch.models.layout import DEFAULT_LOSS_CHUNK, context_fault, pipeline_fault
+from mmm_orch.models.llama3.args import LlamaArgs
+from mmm_orch.models.llama3.model import Transformer
+from mmm_orch.options.run import RunOptions, option
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.read import Reader, load_weights, open_reader
 from mmm_orch.runtime import dist as runtime_dist
@@ -54,12 +52,11 @@ from mmm_orch.runtime.loop import (
     run_dir,
     warmup_cosine,
 )
-from mmm_orch.runtime.options import RunOptions, option, parse
+from mmm_orch.runtime.options import parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize, pipeline
 from mmm_orch.trainers.context import ContextShard, sequence_part
 from mmm_orch.trainers.loss import loss_context, token_losses
-from mmm_orch.trainers.models.llama import Transformer
 from mmm_orch.trainers.training import Training
 from mmm_orch.trainers.validation import (
     SYNTHETIC_HELD_OUT,
@@ -67,6 +64,8 @@ from mmm_orch.trainers.validation import (
     pipeline_validation_loss,
     validation_loss,
 )
+
+MODEL = models.get("llama3")
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ class Config(RunOptions):
 
 def resolve(cfg: Config) -> tuple[LlamaArgs, int, int, float, str]:
     """(model args, batch size, seq len, lr, ac) from the preset and the overrides."""
-    preset, model = run_model(cfg.config, cfg.tiny, cfg.n_layers, cfg.vocab_size, cfg.seq_len)
+    preset, model = MODEL.build(cfg.config, cfg.tiny, cfg.n_layers, cfg.vocab_size, cfg.seq_len)
     seq_len = cfg.seq_len or preset.seq_len
     ac = "every_other" if cfg.ac == "selective" else cfg.ac or preset.ac
     return model, cfg.batch_size or preset.batch_size, seq_len, cfg.lr or preset.lr, ac
@@ -284,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             **validated,
         }
 
-    # The model's shape beside each checkpoint: `mmm-orch export` reads it there.
-    model_args = dataclasses.asdict(args)
-    return training.run(step_of_training, lambda: {"samples": consumed, "model": model_args})
+    # The model and its shape beside each checkpoint: `mmm-orch export` reads them there.
+    saved = {"model_name": MODEL.name, "model": dataclasses.asdict(args)}
+    return training.run(step_of_training, lambda: {"samples": consumed, **saved})
 
 
 def start_from_weights(
@@ -316,7 +315,7 @@ def pretrained(cfg: Config, args: LlamaArgs) -> Reader | None:
     run's model (PretrainedError, a ValueError, when they differ); None without --init-from."""
     if not cfg.init_from:
         return None
-    source = formats.open_source(cfg.init_from)
+    source = formats.open_source(cfg.init_from, MODEL)
     formats.check_model(source, args)
     return open_reader(source, args)
 
@@ -330,7 +329,7 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, pp_mesh) -> torch.Te
 
 
 def check_layout(cfg: Config, args: LlamaArgs, batches: GlobalBatch, seq_len: int) -> None:
-    """ValueError for a pipeline or a context split the run cannot make (model_shapes'
+    """ValueError for a pipeline or a context split the run cannot make (models/layout.py's
     pipeline_fault and context_fault)."""
     fault = pipeline_fault(
         args.n_layers, cfg.pp, cfg.pp_schedule, batches.accumulation, batches.batch_size, batches.dp

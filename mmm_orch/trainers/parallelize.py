@@ -25,8 +25,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from mmm_orch.models.llama3.model import Block, Transformer
 from mmm_orch.trainers.context import ContextShard
-from mmm_orch.trainers.models.llama import Block, Transformer
 
 
 def tensor_parallel_llama(model: Transformer, tp_mesh: DeviceMesh) -> None:

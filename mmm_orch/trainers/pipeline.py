@@ -3,9 +3,10 @@ into stages (the embedding on the first, the final norm and output on the last),
 the pipeline dimension holding one stage (1F1B, GPipe) or V of them looped round the pipeline
 (interleaved 1F1B); a step's micro-batches go through torch.distributed.pipelining's schedule.
 
-A rank's stages are parts of one model (models/llama.py, Transformer.part): its `part` holds
-all of them, its parameters named as in the whole model, so the optimizer, gradient clipping and
-the DCP checkpoint see one module, and a run saved at one `pp` resumes at another."""
+A rank's stages are parts of one model (mmm_orch/models/llama3/model.py, Transformer.part): its
+`part` holds all of them, its parameters named as in the whole model, so the optimizer, gradient
+clipping and the DCP checkpoint see one module, and a run saved at one `pp` resumes at
+another."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.tensor import DTensor
 
-from mmm_orch.model_shapes import PIPELINE_SCHEDULES, stage_layers
-from mmm_orch.trainers.models.llama import Transformer
+from mmm_orch.models.layout import PIPELINE_SCHEDULES, stage_layers
+from mmm_orch.models.llama3.model import Transformer
 
 _SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 _LOOPED = {"interleaved_1f1b": ScheduleInterleaved1F1B}

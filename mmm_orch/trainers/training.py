@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
+from mmm_orch.options.run import RunOptions
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime import profiling
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.dist import Runtime, refuse
 from mmm_orch.runtime.loop import StepTimer
 from mmm_orch.runtime.metrics import MetricLogger
-from mmm_orch.runtime.options import RunOptions
 
 
 class Training:

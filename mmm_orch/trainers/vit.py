@@ -17,10 +17,11 @@ if (
 
 import torch
 
+from mmm_orch.options.run import RunOptions, option
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
 from mmm_orch.runtime.loop import adamw, classifier_step, draw_per_rank, mesh, param_dtype, run_dir
-from mmm_orch.runtime.options import RunOptions, model_args, option, parse
+from mmm_orch.runtime.options import model_args, parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
 from mmm_orch.trainers.models.vit import VisionTransformer, VitArgs

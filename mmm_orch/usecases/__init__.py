@@ -31,7 +31,6 @@ from mmm_orch.records.record import PACK_INDEX as PACK_INDEX
 from mmm_orch.records.record import JobRecord as JobRecord
 from mmm_orch.rendering import render as render
 from mmm_orch.schedulers.states import JobState as JobState
-from mmm_orch.usecases.machines import check_machine as check_machine
 from mmm_orch.usecases.plans import bad_nodes as bad_nodes
 from mmm_orch.usecases.plans import check_settings as check_settings
 from mmm_orch.usecases.plans import options_of as options_of

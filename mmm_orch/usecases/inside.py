@@ -17,7 +17,7 @@ from mmm_orch.progress import refresh as progress
 from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.dbfile import jobs_root_for
 from mmm_orch.records.record import JobRecord
-from mmm_orch.schedulers.allocation import current
+from mmm_orch.schedulers import current_allocation, scheduler_kind
 from mmm_orch.submission import launch as launching
 from mmm_orch.submission import pack, preflight, submit, sweeps
 from mmm_orch.submission.launch import write_exit_report as write_exit_report
@@ -39,11 +39,11 @@ def launch(
     machine, the one whose hostnames match (planning/placement.which_machine). Outside an allocation,
     the error names the command that gets one for this plan."""
 
-    allocation = current()
+    allocation = current_allocation()
     machine = placement.which_machine(request.machine, allocation, socket.gethostname())
     request = dataclasses.replace(request, machine=machine)
     planned = plan(request, db)
-    if planned.scheduler == "local":  # no scheduler: it runs here, as a submission does
+    if not scheduler_kind(planned.scheduler).batch:  # it runs here, as a submission does
         if request.command:
             launching.check_program(planned, request.command[0])
         return ready(planned, template, "", env_check)
@@ -87,7 +87,7 @@ def allocation_for_launch(
     scheduler (salloc, qsub -I) and runs `mmm-orch` `launch_words` (the launch as asked, less
     --allocate) in it, reporting the launched job's exit code to the file `report`."""
 
-    allocation = current()
+    allocation = current_allocation()
     if allocation is not None:
         raise MmmError(
             f"--allocate: this already runs inside {allocation.scheduler} job "
@@ -95,7 +95,7 @@ def allocation_for_launch(
         )
     machine = placement.which_machine(request.machine, None, socket.gethostname())
     planned = plan(dataclasses.replace(request, machine=machine), db, "")  # salloc/qsub -I: here
-    if planned.scheduler == "local":
+    if not scheduler_kind(planned.scheduler).batch:
         raise MmmError(
             f"--allocate: machine {machine} has no scheduler to get an allocation "
             "from; launch without --allocate"
@@ -163,7 +163,7 @@ def sweep_within(
     held by this process; in the foreground until all have ended. Everything is planned and
     checked before the first point is recorded. `said` hears each point start and end."""
 
-    allocation = current()
+    allocation = current_allocation()
     machine = placement.which_machine(request.machine, allocation, socket.gethostname())
     if allocation is None:
         raise MmmError(
@@ -199,7 +199,7 @@ def _room_for(points: list, db: str | None, template: str | None):
     renders on them, or nothing is recorded."""
 
     first = points[0].plan
-    allocation = current()
+    allocation = current_allocation()
     if allocation is None:
         raise MmmError(f"not inside an allocation on {first.machine}")
     if first.scheduler != allocation.scheduler:

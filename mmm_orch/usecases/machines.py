@@ -87,10 +87,12 @@ def check_software(name: str, host: str | None = None, timeout: float | None = N
     from mmm_orch.config.registry import load_machine
     from mmm_orch.hosts import host_for
     from mmm_orch.planning import software
+    from mmm_orch.schedulers import scheduler_kind
     from mmm_orch.usecases.submissions import target
 
     machine = load_machine(name)
-    remote = "" if machine.scheduler.kind == "local" and host is None else target(name, host)
+    here = not scheduler_kind(machine.scheduler.kind).batch and host is None
+    remote = "" if here else target(name, host)
     runner = host_for(remote)
     checks = [
         software.check_stack(machine, stack, runner.run, timeout or software.STACK_TIMEOUT)
@@ -104,8 +106,9 @@ def check_software(name: str, host: str | None = None, timeout: float | None = N
 def has_scheduler(name: str) -> bool:
     """Whether machine `name` has a batch scheduler whose queues `machines check` compares."""
     from mmm_orch.config.registry import load_machine
+    from mmm_orch.schedulers import scheduler_kind
 
-    return load_machine(name).scheduler.kind != "local"
+    return scheduler_kind(load_machine(name).scheduler.kind).drift is not None
 
 
 def check_machine(name: str, host: str | None = None) -> list[str]:
@@ -114,13 +117,12 @@ def check_machine(name: str, host: str | None = None) -> list[str]:
     from mmm_orch.config.registry import load_machine
     from mmm_orch.hosts import host_for
     from mmm_orch.planning.drift import differences
-    from mmm_orch.schedulers import scheduler_for
-    from mmm_orch.schedulers.pbs import PbsScheduler
-    from mmm_orch.schedulers.slurm import SlurmScheduler
+    from mmm_orch.schedulers import scheduler_for, scheduler_kind
+    from mmm_orch.schedulers.base import ListsQueues
     from mmm_orch.usecases.submissions import target
 
     machine = load_machine(name)
-    if machine.scheduler.kind == "local":
+    if not scheduler_kind(machine.scheduler.kind).batch:
         raise MmmError(
             f"machines check: {name} runs jobs on this computer; it has no scheduler "
             "to compare with"
@@ -131,7 +133,7 @@ def check_machine(name: str, host: str | None = None) -> list[str]:
         dataclasses.asdict(machine.scheduler.commands),
         host_for(remote) if remote else None,
     )
-    if not isinstance(scheduler, (SlurmScheduler, PbsScheduler)):  # those that list their queues
+    if not isinstance(scheduler, ListsQueues):
         raise MmmError(
             f"machines check: {name}'s scheduler ({machine.scheduler.kind}) shows no "
             "queue configuration to compare with"

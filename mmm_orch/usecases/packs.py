@@ -20,6 +20,7 @@ from mmm_orch.planning.store import stored_plan
 from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.record import PACK_INDEX, JobRecord
 from mmm_orch.rendering import render
+from mmm_orch.schedulers import scheduler_kind
 from mmm_orch.schedulers.states import JobState
 from mmm_orch.submission import submit, sweeps
 from mmm_orch.submission.pack import walltime_for
@@ -108,7 +109,7 @@ def pack_points(
 def check_packable(machine: str, scheduler: str, asked: str = "--pack") -> None:
     """A pack's points share the allocation its job is granted: a machine whose scheduler grants
     none (the local executor runs each job here at once) has nothing for them to run in."""
-    if scheduler == "local":
+    if not scheduler_kind(scheduler).batch:
         raise MmmError(
             f"{asked}: machine {machine} runs its jobs on this computer without a batch "
             "scheduler, so a pack job has no allocation for its points to share; run the "
@@ -124,7 +125,7 @@ def _pack_request(shared: Request, points: list, nodes: int, walltime: str | Non
         shared,
         workload="command",
         command=("true",),
-        sets=(),
+        options=(),
         nodes=nodes,
         spare_nodes=0,
         walltime=walltime,

@@ -10,6 +10,7 @@ from mmm_orch.planning.model import ChainLink, JobPlace
 from mmm_orch.planning.store import stored_plan
 from mmm_orch.records.db import db_path, open_db
 from mmm_orch.records.record import JobRecord
+from mmm_orch.schedulers import scheduler_kind
 from mmm_orch.submission import submit
 from mmm_orch.submission.sweeps import pack_job
 from mmm_orch.usecases.packs import rerun_pack, rerun_point
@@ -31,7 +32,7 @@ def rerun(old: JobRecord, resume: bool, db: str | None = None) -> JobRecord:
         return (rerun_pack if pack.id == old.id else rerun_point)(old, resume, db)[1]
 
     recorded = stored_plan(old.plan, f"job {old.id}'s recorded plan")
-    if old.scheduler == "local" and recorded.scheduler != "local":
+    if not scheduler_kind(old.scheduler).batch and scheduler_kind(recorded.scheduler).batch:
         raise MmmError(
             f"rerun: job {old.id} ran inside a {recorded.scheduler} allocation, on "
             "nodes it no longer has (`launch`, `sweep --within`): launch it again "

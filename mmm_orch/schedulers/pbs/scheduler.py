@@ -6,7 +6,6 @@ import subprocess
 from collections.abc import Sequence
 
 from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
-from mmm_orch.schedulers import pbs_parse as parse
 from mmm_orch.schedulers.base import (
     FIND_SLACK_S,
     CommandScheduler,
@@ -14,6 +13,7 @@ from mmm_orch.schedulers.base import (
     Submission,
     check_directive_path,
 )
+from mmm_orch.schedulers.pbs import parse
 from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 
 

@@ -1,4 +1,6 @@
-"""Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+"""Llama 3's torch module, a decoder: RMSNorm, rotary embeddings, grouped-query attention,
+SwiGLU. The trainer's alone (trainers/llama3.py): the registry and MODEL never import it, so
+planning stays free of torch.
 
 Attention reshapes with -1 heads, so the same code runs on a full model and on a tensor-parallel
 shard (which holds n_heads / tp heads). Weights are initialised by init_weights(), so a model
@@ -8,16 +10,15 @@ built on the meta device can be materialised after it has been parallelised.
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mmm_orch.model_shapes import LlamaArgs, RopeScaling
-from mmm_orch.trainers.context import ContextShard
-from mmm_orch.trainers.models.init import draw_whole
+from mmm_orch.models.init import draw_whole
+from mmm_orch.models.llama3.args import LlamaArgs, RopeScaling
 
 # Fused kernels first, cuDNN's before FlashAttention-2's, as torchtitan orders them: on Hopper
 # cuDNN's is the faster (benchmarks/README.md). Grouped-query heads are shared inside the kernel
@@ -65,8 +66,19 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
 
+class SequenceShard(Protocol):
+    """This rank's part of each sequence under context parallel (trainers/context.py's
+    ContextShard, which trainers/parallelize.py puts on each attention)."""
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor: ...
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels, enable_gqa: bool
+    ) -> torch.Tensor: ...
+
+
 class Attention(nn.Module):
-    context: ContextShard | None = None  # context parallel: this rank's part of each sequence
+    context: SequenceShard | None = None  # context parallel: this rank's part of each sequence
 
     def __init__(self, args: LlamaArgs):
         super().__init__()
@@ -165,8 +177,8 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """Every parameter drawn whole from its own generator (models/init.py): the same weights
-        on any mesh."""
+        """Every parameter drawn whole from its own generator (mmm_orch/models/init.py): the
+        same weights on any mesh."""
         self.freqs = self.rope_table(next(self.parameters()).device)
 
         def normal(std: float, bound: float | None = None):

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from mmm_orch.errors import MmmError, SchedulerError, SchedulerUnavailable
 from mmm_orch.hosts.transport import CommandResult
-from mmm_orch.schedulers import slurm_parse as parse
 from mmm_orch.schedulers.base import (
     FIND_SLACK_S,
     CommandScheduler,
@@ -18,6 +17,7 @@ from mmm_orch.schedulers.base import (
     Submission,
     check_directive_path,
 )
+from mmm_orch.schedulers.slurm import parse
 from mmm_orch.schedulers.states import JobState, JobStatus, LiveQueue, OpenJob
 
 

@@ -1,5 +1,5 @@
 """No scheduler: run the job script on this computer, detached, under a supervisor process
-(local_run) that survives the CLI, enforces the walltime and records the exit code."""
+(supervisor.py) that survives the CLI, enforces the walltime and records the exit code."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import psutil
 from mmm_orch.errors import SchedulerError, SubmissionRefused
 from mmm_orch.injob.protocol import CANCEL_SENT_FILE, RESULT_FILE, SUPERVISOR_FILE
 from mmm_orch.schedulers.base import JobRef, Submission
-from mmm_orch.schedulers.local_run import CANCEL_SIGNALS, GRACE_S
+from mmm_orch.schedulers.local.supervisor import CANCEL_SIGNALS, GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus, OpenJob
 
 
@@ -38,7 +38,7 @@ class LocalScheduler:
         so the job is found even if this process is killed the instant after starting it, and
         a pack starts its points without waiting for each supervisor's start-up."""
         # The supervisor starts with the cancel signals blocked (a child inherits this thread's
-        # mask); it unblocks them once it can handle them (local_run.CANCEL_SIGNALS).
+        # mask); it unblocks them once it can handle them (supervisor.CANCEL_SIGNALS).
         unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, CANCEL_SIGNALS)
         try:
             with open(submission.log_path, "ab") as log:
@@ -46,7 +46,7 @@ class LocalScheduler:
                     [
                         sys.executable,
                         "-m",
-                        "mmm_orch.schedulers.local_run",
+                        "mmm_orch.schedulers.local.supervisor",
                         str(submission.job_dir),
                         str(submission.script),
                         str(submission.walltime),
@@ -96,7 +96,7 @@ class LocalScheduler:
 
     def _status(self, job: JobRef) -> JobStatus:
         supervisor = _supervisor_info(job)
-        # No queue: it starts at once (by its own clock once it runs; local_run.supervise).
+        # No queue: it starts at once (by its own clock once it runs; supervisor.supervise).
         started = supervisor.get("started_at", supervisor["create_time"]) if supervisor else None
         # Whether it lives, asked before the result is read: the supervisor writes the result and
         # then exits, so one found gone has left its result. In the other order, a job ending

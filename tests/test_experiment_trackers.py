@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_trainers import launch, steps
+from helpers.training import launch, steps
 
 
 def wandb_history(run_file: Path) -> dict[int, dict]:

@@ -1,5 +1,5 @@
 """The supervisor of one local job:
-`python -m mmm_orch.schedulers.local_run JOB_DIR SCRIPT WALLTIME [STOP_SIGNAL [HOLDER]]`.
+`python -m mmm_orch.schedulers.local.supervisor JOB_DIR SCRIPT WALLTIME [STOP_SIGNAL [HOLDER]]`.
 
 Started detached (own session) by LocalScheduler.submit, so it outlives the CLI. It records its
 own pid first (supervisor.json: how the job is found again), runs the job script in a process

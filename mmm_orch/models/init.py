@@ -1,4 +1,6 @@
-"""Initial weights that do not depend on how the model is sharded."""
+"""Initial weights that do not depend on how the model is sharded, for the models' torch modules
+(each folder's model.py). It imports torch: a trainer imports it through them, the registry and
+its MODELs never."""
 
 from __future__ import annotations
 

@@ -1,11 +1,16 @@
-"""The Llama 3 shapes the trainer builds and the planner sizes (planning/memory.py): plain data,
-no torch, so `mmm-orch render` can say whether a plan fits the device before it is queued."""
+"""Llama 3's shapes, its parameter count and its presets: what the trainer builds
+(trainers/llama3.py, the torch module in model.py) and the planner sizes (memory.py beside).
+Plain data, no torch, so `mmm-orch render` can say whether a plan fits the device before it is
+queued."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
+
+from mmm_orch.errors import UnknownName
+from mmm_orch.models.spec import Preset
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,9 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LlamaArgs:
+    """A Llama 3 model's shape (Meta's ModelArgs): the torch module (model.py) is built from it,
+    the memory rule (memory.py) sizes it, and the trainer saves it beside each checkpoint."""
+
     dim: int
     n_layers: int
     n_heads: int
@@ -60,89 +68,6 @@ class LlamaArgs:
     def params(self) -> int:
         """Every parameter: embedding, blocks, final norm, output."""
         return self.n_layers * self.block_params + 2 * self.vocab_size * self.dim + self.dim
-
-
-def micro_batches(global_batch: int, batch_size: int, dp: int) -> int | None:
-    """The micro-batches a step accumulates on each data-parallel rank to make `global_batch`
-    samples (0: one a rank), or None where batch_size x dp does not divide it: the trainer's
-    rule (runtime/data.py), which the plan checks before the queue (planning/memory.py)."""
-    per_forward = batch_size * dp
-    return None if global_batch % per_forward else global_batch // per_forward or 1
-
-
-# Pipeline schedules (trainers/pipeline.py), and the stages each pipeline rank holds under them:
-# a looped schedule puts two on each, stage r and r + pp.
-PIPELINE_SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved_1f1b": 2}
-
-
-def stage_layers(n_layers: int, stages: int) -> list[list[int]]:
-    """The layers of each of `stages` pipeline stages, in order, as many on each; ValueError
-    when they do not divide."""
-    if n_layers % stages:
-        raise ValueError(
-            f"{n_layers} layers do not split into {stages} pipeline stages of as many each"
-        )
-    per = n_layers // stages
-    return [list(range(s * per, (s + 1) * per)) for s in range(stages)]
-
-
-def pipeline_fault(
-    n_layers: int, pp: int, schedule: str, microbatches: int, batch: int, dp: int
-) -> tuple[str, int, str] | None:
-    """What makes a pipeline impossible, as (option, value, what it may be), or None: layers
-    that do not split into its stages, fewer micro-batches a step (of `batch` samples on each of
-    `dp` ranks) than stages, or for a looped schedule micro-batches not a multiple of pp. The
-    trainer's rule (trainers/llama3.py), which the plan checks before the queue."""
-    if pp == 1:
-        return None
-    virtual = PIPELINE_SCHEDULES[schedule]
-    if n_layers % (pp * virtual):
-        return (
-            "pp",
-            pp,
-            f"a divisor of the model's {n_layers} layers into {pp * virtual} stages of as many "
-            f"each ({schedule}: {virtual} a rank)",
-        )
-    per_forward = batch * dp
-    if microbatches < pp:
-        return (
-            "global_batch",
-            microbatches * per_forward,
-            f"at least pp {pp} micro-batches of batch_size {batch} on each of {dp} "
-            f"data-parallel ranks: {pp * per_forward} or more",
-        )
-    if virtual > 1 and microbatches % pp:
-        return (
-            "global_batch",
-            microbatches * per_forward,
-            f"micro-batches a multiple of pp {pp} ({schedule}): a multiple of {pp * per_forward}",
-        )
-    return None
-
-
-def context_fault(seq_len: int, cp: int) -> tuple[str, int, str] | None:
-    """What makes a context-parallel split impossible, as pipeline_fault says it: a sequence
-    that does not cut into 2 x cp equal chunks (trainers/context.py)."""
-    if cp > 1 and seq_len % (2 * cp):
-        return (
-            "cp",
-            cp,
-            f"a divisor of half the sequence length {seq_len} (each sequence is cut into 2 x cp "
-            "equal chunks)",
-        )
-    return None
-
-
-DEFAULT_LOSS_CHUNK = 1024  # tokens of a sequence whose logits exist at once (trainers/loss.py)
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: LlamaArgs
-    batch_size: int
-    seq_len: int
-    lr: float
-    ac: str
 
 
 # The torchtitan Llama 3 configurations (saforem2/mmm train_configs; Meta's model cards).
@@ -229,12 +154,22 @@ TINY = Preset(
 )
 
 
+DEFAULT_PRESET = "debug"
+
+
 def run_model(
-    config: str, tiny: bool, n_layers: int | None, vocab_size: int | None, seq_len: int | None
+    config: str | None,
+    tiny: bool,
+    n_layers: int | None,
+    vocab_size: int | None,
+    seq_len: int | None,
 ) -> tuple[Preset, LlamaArgs]:
-    """The preset a run starts from and the model it builds: `tiny` is the tiny shape with the
-    config's RoPE (`--config 3.1-8b --tiny`: a tiny Llama 3.1), and the context grows to the
-    run's sequence length where that is longer."""
+    """The preset a run starts from (`config`, the debug one if None) and the model it builds:
+    `tiny` is the tiny shape with the config's RoPE (`--config 3.1-8b --tiny`: a tiny Llama
+    3.1), and the context grows to the run's sequence length where that is longer."""
+    config = config or DEFAULT_PRESET
+    if config not in PRESETS:
+        raise UnknownName("config", config, "one of " + ", ".join(PRESETS))
     preset = PRESETS[config]
     if tiny:
         preset = dataclasses.replace(
