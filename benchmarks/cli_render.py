@@ -2,9 +2,11 @@
 
 Each tool lives in its own virtualenv (benchmarks/.venvs/, made on first use): mmm-orch installed
 non-editable from this checkout, TorchX from PyPI with torch==2.13.0. Every sample is a new
-process; the three commands alternate so that machine noise hits them alike.
+process; the commands alternate so that machine noise hits them alike. `--baseline DIR` measures
+another checkout of mmm-orch (an earlier commit: `git worktree add DIR REV`) in the same run, for
+"no slower than before".
 
-    python benchmarks/cli_render.py [--runs 25]
+    python benchmarks/cli_render.py [--runs 25] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ def venv(name: str, packages: list[str]) -> Path:
     return path / "bin"
 
 
-def this_checkout() -> Path:
-    """The benchmarks' virtualenv of mmm-orch, reinstalled so that it measures this checkout."""
-    mmm = venv("mmm-orch", [str(ROOT)])
-    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(ROOT)],
+def installed(checkout: Path, name: str) -> Path:
+    """A virtualenv of mmm-orch from `checkout`, reinstalled so that it measures that tree."""
+    mmm = venv(name, [str(checkout)])
+    subprocess.run([str(mmm / "pip"), "install", "-q", "--force-reinstall", "--no-deps", str(checkout)],
                    check=True)
     return mmm
 
@@ -64,9 +66,10 @@ def sample(cmd: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--baseline", type=Path, help="another mmm-orch checkout to measure beside")
     args = parser.parse_args()
 
-    mmm = this_checkout()
+    mmm = installed(ROOT, "mmm-orch")
     torchx = venv("torchx", ["torch==2.13.0", "torchx"])
     version = subprocess.run([str(torchx / "python"), "-c", "import torchx; print(torchx.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -80,6 +83,9 @@ def main() -> None:
         "mmm-orch render (first run: validate + fill cache)": ([str(mmm / "mmm-orch"), *RENDER], None),
         f"torchx {version} run --dryrun": ([str(torchx / "torchx"), *TORCHX], base_env),
     }
+    if args.baseline:
+        before = installed(args.baseline.resolve(), "mmm-orch-baseline")
+        commands["baseline render (config cache warm)"] = ([str(before / "mmm-orch"), *RENDER], base_env)
     for cmd, env in commands.values():  # warm the OS file cache and mmm-orch's config cache
         sample(cmd, env or base_env)
 
@@ -103,7 +109,9 @@ def main() -> None:
     for r in rows:
         print(f"| {r['command']} | {r['median_ms']} | {r['min_ms']} | {r['p90_ms']} | {r['ratio_to_torchx']} |")
     out = ROOT / "benchmarks" / "results" / "cli_render.json"
-    out.write_text(json.dumps({"runs": args.runs, "off_path": dropped, "rows": rows}, indent=2) + "\n")
+    baseline = str(args.baseline) if args.baseline else None
+    out.write_text(json.dumps({"runs": args.runs, "off_path": dropped, "baseline": baseline,
+                               "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,15 @@ class SubmissionUnconfirmed(SchedulerUnavailable):
     retry budget ran out: the record stays `submitting` until `status` finds out."""
 
 
+class PretrainedError(ValueError):
+    """A checkpoint that cannot start this run: one line naming the file, the field or the
+    tensor, what it holds and what was expected."""
+
+    def __str__(self) -> str:
+        # One line whatever the file says: its names and values are shown escaped.
+        return one_line(super().__str__())
+
+
 def shown(value: object) -> str:
     """A value as an error message shows it: its repr on one line, cut short past 200
     characters; a huge integer by its size (Python refuses to print one of over 4300 digits);

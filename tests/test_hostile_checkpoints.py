@@ -25,7 +25,7 @@ from mmm_orch.injob.runfiles import RunFileError
 from mmm_orch import models
 from mmm_orch.models.llama3.args import LlamaArgs
 from mmm_orch.models.llama3.model import Transformer
-from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.errors import PretrainedError
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.export import STAGING_MARK
 from mmm_orch.pretrained import checkpoint_metadata

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from mmm_orch import models
 from mmm_orch.models.llama3 import checkpoint
 from mmm_orch.models.llama3.args import run_model
-from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.errors import PretrainedError
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.export import saved_model
 from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens

@@ -254,3 +254,15 @@ def test_sacct_recorded_on_the_test_cluster_failed_and_cancelled():
     assert states["2280"].state is JobState.CANCELLED
     assert re.match(r"step 2280\.batch", states["2280"].reason)
     assert (states["2280"].started_at, states["2280"].ended_at) == (1795345934.0, 1795345940.0)
+
+
+def test_every_kind_names_parts_that_exist():
+    """A kind's parts are names ("module:attribute") imported only when used: each packaged kind's
+    resolve, to a Scheduler class and functions."""
+    from mmm_orch.schedulers import kinds
+
+    for kind in kinds().values():
+        assert isinstance(kind.part(kind.scheduler), type), kind.name
+        for where in (kind.allocation, kind.drift):
+            assert not where or callable(kind.part(where)), (kind.name, where)
+    assert {name for name, kind in kinds().items() if kind.drift} == {"pbs", "slurm"}

@@ -9,17 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mmm_orch.errors import one_line, shown
-
-
-class PretrainedError(ValueError):
-    """A checkpoint that cannot start this run: one line naming the file, the field or the
-    tensor, what it holds and what was expected."""
-
-    def __str__(self) -> str:
-        # One line whatever the file says: its names and values are shown escaped.
-        return one_line(super().__str__())
-
+from mmm_orch.errors import PretrainedError, shown
 
 # A model's sizes (layers, heads, widths, a vocabulary, a context) are far below this; a larger
 # one is not a model's, and would overflow the arithmetic of its shapes.

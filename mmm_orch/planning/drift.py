@@ -17,7 +17,8 @@ def differences(machine: Machine, live: list[LiveQueue]) -> list[str]:
     """Every difference between `machine`'s queues and `live`, one line each (a queue, partition
     or QOS two of the profile's queues share is said once)."""
     kind = scheduler_kind(machine.scheduler.kind)
-    if kind.drift is None:
-        raise MmmError(f"scheduler kind {kind.name} has no queue configuration to compare with")
     queues = [ProfileQueue(queue, queue_directives(machine, queue)) for queue in machine.queues]
-    return list(dict.fromkeys(kind.drift(queues, live)))
+    found = kind.differences(queues, live)
+    if found is None:
+        raise MmmError(f"scheduler kind {kind.name} has no queue configuration to compare with")
+    return list(dict.fromkeys(found))

@@ -9,8 +9,7 @@ import os
 from typing import Any
 
 from mmm_orch.config.workload import Workload
-from mmm_orch.errors import MmmError
-from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.errors import MmmError, PretrainedError
 from mmm_orch.planning import memory
 from mmm_orch.pretrained import formats
 

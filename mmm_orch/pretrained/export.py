@@ -36,10 +36,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from mmm_orch import models, paths
-from mmm_orch.errors import UnknownName, shown
+from mmm_orch.errors import PretrainedError, UnknownName, shown
 from mmm_orch.injob import protocol, runfiles
 from mmm_orch.injob.runfiles import RunFileError
-from mmm_orch.models.pretrained_config import PretrainedError
 from mmm_orch.models.spec import CheckpointMap
 from mmm_orch.pretrained import formats
 from mmm_orch.pretrained.dcp_reader import CheckedReader

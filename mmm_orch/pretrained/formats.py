@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from mmm_orch.errors import shown
-from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.errors import PretrainedError, shown
 from mmm_orch.models.spec import CheckpointMap, Model
 from mmm_orch.paths import NotReadable, open_regular
 

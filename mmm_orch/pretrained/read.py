@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from mmm_orch.models.pretrained_config import PretrainedError
+from mmm_orch.errors import PretrainedError
 from mmm_orch.pretrained.formats import DTYPE_BYTES, Source, TensorInfo, check_regular
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import MmmError
@@ -35,26 +35,43 @@ HERE = Path(__file__).parent
 
 @dataclass(frozen=True)
 class SchedulerKind:
-    """One kind of scheduler, as the KIND of its folder's __init__.py says. Each callable imports
-    the rest of the folder when it is called, not before (the local kind's brings psutil, ~12 ms
-    of a start-up, 2-core host, 2026-11-26)."""
+    """One kind of scheduler, as the KIND of its folder's __init__.py says: its name and what it
+    has, each part named as "module:attribute" of its folder and imported only when it is used
+    (the local kind's scheduler brings psutil, ~12 ms of a start-up, 2-core host, 2026-11-26)."""
 
     # What a profile's `scheduler.kind` says, and the folder's name.
     name: str
-    # Its Scheduler, with the profile's command names, run through the runner (here or on a
-    # login node).
-    scheduler: Callable[[dict[str, str], Runner], Scheduler]
+    # Its Scheduler class, made with the profile's command names and the runner its commands go
+    # through (here or on a login node).
+    scheduler: str
     # Where a job finds its own id ("": nowhere, the job runs here without a scheduler).
     job_id_variable: str = ""
     # Jobs wait in its queues for the nodes it grants. False: a job runs at once on this
     # computer, with no queue, allocation, hold or chain.
     batch: bool = True
-    # The allocation a process runs in, from the environment of one of its jobs (which sets
-    # job_id_variable); None: it grants none to launch in.
-    allocation: Callable[[Mapping[str, str]], Allocation] | None = None
-    # Where a profile's queues differ from the live ones its Scheduler's queue_config() reads;
-    # None: it shows no queue configuration.
-    drift: Callable[[Sequence[ProfileQueue], list[LiveQueue]], list[str]] | None = None
+    # A function from the environment of one of its jobs (which sets job_id_variable) to the
+    # Allocation the job runs in; "": it grants none to launch in.
+    allocation: str = ""
+    # A function from a profile's queues and the live ones its Scheduler's queue_config() reads
+    # to their differences, one line each; "": it shows no queue configuration.
+    drift: str = ""
+
+    def part(self, where: str) -> Any:
+        """The attribute `where` ("module:attribute") names in this kind's folder."""
+        module, attribute = where.split(":")
+        return getattr(importlib.import_module(f"{__name__}.{self.name}.{module}"), attribute)
+
+    def new_scheduler(self, commands: dict[str, str], runner: Runner) -> Scheduler:
+        return self.part(self.scheduler)(commands, runner)
+
+    def read_allocation(self, environ: Mapping[str, str]) -> Allocation | None:
+        return self.part(self.allocation)(environ) if self.allocation else None
+
+    def differences(
+        self, queues: Sequence[ProfileQueue], live: list[LiveQueue]
+    ) -> list[str] | None:
+        """Where the profile's queues differ from the live ones; None: the kind cannot say."""
+        return self.part(self.drift)(queues, live) if self.drift else None
 
 
 @functools.cache
@@ -87,7 +104,7 @@ def scheduler_for(kind: str, commands: dict[str, str], runner: Runner | None = N
         from mmm_orch.hosts.transport import LocalRunner
 
         runner = LocalRunner()
-    return scheduler_kind(kind).scheduler(commands, runner)
+    return scheduler_kind(kind).new_scheduler(commands, runner)
 
 
 def job_id_variables() -> tuple[str, ...]:
@@ -111,8 +128,7 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> Allocation |
     finds the kind); None outside any, or in a job of a kind that grants none to launch in."""
     env = os.environ if environ is None else environ
     name, _ = job_in(env)
-    read = scheduler_kind(name).allocation if name else None
-    return read(env) if read else None
+    return scheduler_kind(name).read_allocation(env) if name else None
 
 
 def template_dirs() -> list[Path]:

@@ -14,7 +14,7 @@ def export(db: JobDB | None, target: str, out: str, **options: Any) -> str:
     """Export the run `target` names to `out`; what was written, in a line. Options: those of
     pretrained.export.export (step, dtype, tokenizer, shard_bytes)."""
     where = run_dir(db, target)
-    from mmm_orch.models.pretrained_config import PretrainedError
+    from mmm_orch.errors import PretrainedError
     from mmm_orch.pretrained import export as exporting  # torch: only this command
 
     try:

@@ -108,7 +108,7 @@ def has_scheduler(name: str) -> bool:
     from mmm_orch.config.registry import load_machine
     from mmm_orch.schedulers import scheduler_kind
 
-    return scheduler_kind(load_machine(name).scheduler.kind).drift is not None
+    return bool(scheduler_kind(load_machine(name).scheduler.kind).drift)
 
 
 def check_machine(name: str, host: str | None = None) -> list[str]:

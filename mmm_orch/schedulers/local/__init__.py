@@ -4,19 +4,6 @@ supervisor of its own (scheduler.py, supervisor.py), from a script without direc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mmm_orch.schedulers import SchedulerKind
 
-if TYPE_CHECKING:
-    from mmm_orch.hosts.transport import Runner
-    from mmm_orch.schedulers.local.scheduler import LocalScheduler
-
-
-def _scheduler(commands: dict[str, str], runner: Runner) -> LocalScheduler:
-    from mmm_orch.schedulers.local.scheduler import LocalScheduler  # brings psutil: ~12 ms
-
-    return LocalScheduler()  # no commands: it runs the script itself, here
-
-
-KIND = SchedulerKind(name="local", scheduler=_scheduler, batch=False)
+KIND = SchedulerKind(name="local", scheduler="scheduler:LocalScheduler", batch=False)

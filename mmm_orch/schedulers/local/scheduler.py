@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 import psutil
 
@@ -21,6 +21,9 @@ from mmm_orch.injob.protocol import CANCEL_SENT_FILE, RESULT_FILE, SUPERVISOR_FI
 from mmm_orch.schedulers.base import JobRef, Submission
 from mmm_orch.schedulers.local.supervisor import CANCEL_SIGNALS, GRACE_S
 from mmm_orch.schedulers.states import JobState, JobStatus, OpenJob
+
+if TYPE_CHECKING:
+    from mmm_orch.hosts.transport import Runner
 
 
 def _holder(pid: int) -> str:
@@ -31,6 +34,10 @@ def _holder(pid: int) -> str:
 
 class LocalScheduler:
     submit_command = ""  # runs here, always
+
+    def __init__(self, commands: dict[str, str] | None = None, runner: Runner | None = None):
+        """Made as every kind's Scheduler is; it runs the script itself, here: it uses no command
+        names, and no runner to send them through."""
 
     def submit(self, submission: Submission) -> str:
         """Start the supervisor detached. Its pid and start time (supervisor.json: how the job is
