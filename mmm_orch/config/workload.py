@@ -17,7 +17,6 @@ from mmm_orch.config.common import (
     Walltime,
     config,
 )
-from mmm_orch.options.run import RunOptions, described
 
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -139,6 +138,8 @@ def with_run_options(data: Any) -> Any:
     own = data.get("options") or {}
     if not isinstance(own, dict):
         return data  # validation names what it should be
+    from mmm_orch.options.run import RunOptions, described  # a cache miss only (registry.load)
+
     common = described(RunOptions)
     options = {name: spec for name, spec in own.items() if name not in common}
     for name, spec in common.items():

@@ -4,10 +4,13 @@ data, no torch: the planner sizes a plan with it before the queue."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+from mmm_orch.dataclass_code import dataclass
 
 GIB = 1 << 30
 
@@ -140,4 +143,15 @@ class Model:
     # preset's where None); InvalidValue for a preset it does not have.
     build: Callable[[str | None, bool, int | None, int | None, int | None], tuple[Preset, Any]]
     memory: Callable[[Shape], Estimate]  # its peak memory per device in a step
-    checkpoint: CheckpointMap | None = None  # None: no pretrained weights in or out
+    # The module of its folder holding its CheckpointMap ("checkpoint" for checkpoint.py),
+    # imported when a checkpoint is read or written, not when a plan is made; "": no pretrained
+    # weights in or out.
+    checkpoint_map: str = ""
+
+    @property
+    def checkpoint(self) -> CheckpointMap | None:
+        """Its checkpoint map (the module checkpoint_map names), or None where it has none."""
+        if not self.checkpoint_map:
+            return None
+        module = importlib.import_module(f"mmm_orch.models.{self.name}.{self.checkpoint_map}")
+        return cast(CheckpointMap, module)

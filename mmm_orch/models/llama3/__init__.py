@@ -5,7 +5,7 @@ checkpoints (checkpoint.py); the torch module (model.py) is the trainer's alone
 
 from __future__ import annotations
 
-from mmm_orch.models.llama3 import checkpoint, memory
+from mmm_orch.models.llama3 import memory
 from mmm_orch.models.llama3.args import PRESETS, run_model
 from mmm_orch.models.spec import Model
 
@@ -14,5 +14,5 @@ MODEL = Model(
     presets=PRESETS,
     build=run_model,
     memory=memory.estimate,
-    checkpoint=checkpoint,
+    checkpoint_map="checkpoint",  # checkpoint.py
 )

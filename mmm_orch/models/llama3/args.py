@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
+from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import UnknownName
 from mmm_orch.models.spec import Preset
 
