@@ -109,7 +109,10 @@ def main() -> None:
     for r in rows:
         print(f"| {r['command']} | {r['median_ms']} | {r['min_ms']} | {r['p90_ms']} | {r['ratio_to_torchx']} |")
     out = ROOT / "benchmarks" / "results" / "cli_render.json"
-    baseline = str(args.baseline) if args.baseline else None
+    baseline = None  # the baseline's commit, not where it was checked out
+    if args.baseline:
+        baseline = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip() or None
     out.write_text(json.dumps({"runs": args.runs, "off_path": dropped, "baseline": baseline,
                                "rows": rows}, indent=2) + "\n")
 
