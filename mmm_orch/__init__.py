@@ -7,7 +7,7 @@ From Python (mmm_orch/api/__init__.py; docs/reference/commands.md, "From Python"
     job.wait()
 
 The names below load on first use, so that `import mmm_orch` (and the CLI) stays instant. No
-module or package of mmm_orch has an API name (rendering.py, not render.py), so an import of
+module or package of mmm_orch has an API name (rendering/, not render/), so an import of
 one never hides the API's function of that name.
 """
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" lets a trailing newline by
 # A node's name: host names, and PBS vnode names (`host[3]`).
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\[\]-]{0,62}\Z")
 
 # A chain's links are all queued at once: 200 links of a day's walltime is half a year of
 # training, past every facility's limit on queued jobs per user (a typo must not queue 10^20).

@@ -10,7 +10,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 CANARY = "/tmp/mmm-orch-canary-{}"
@@ -61,6 +61,7 @@ def test_an_account_never_runs_on_the_login_side(cli, tmp_path, monkeypatch, log
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(account="proj\n")  # once accepted: "$" in the account's pattern let a trailing newline by
 @given(st.lists(st.sampled_from(list("$`;&|(){}<>'\"\\\n *?!#~=") + ["{c}", "touch ", "proj"]),
                 min_size=1, max_size=12).map("".join))
 def test_generated_accounts_never_run_on_the_login_side(cli, tmp_path, monkeypatch, login_side,

@@ -145,13 +145,13 @@ def test_the_fence_names_the_chain_that_breaks_it():
              "mmm_orch.runtime.loop": {"mmm_orch.runtime.dist", "mmm_orch.walltime"},
              "mmm_orch.runtime.dist": set(), "mmm_orch.runtime": set(),
              "mmm_orch.schedulers.local": {"mmm_orch.errors"},
-             "mmm_orch.schedulers": {"mmm_orch.config.dataclass_code"},
+             "mmm_orch.schedulers": {"mmm_orch.config.machine"},
              "mmm_orch.trainers.fsdp": {"mmm_orch.runtime.claim"}}
     assert fence_breaches(graph, IN_JOB, ORCHESTRATOR) == [
         "mmm_orch.runtime.claim -> mmm_orch.schedulers.local -> mmm_orch.schedulers -> "
-        "mmm_orch.config.dataclass_code",
+        "mmm_orch.config.machine",
         "mmm_orch.trainers.fsdp -> mmm_orch.runtime.claim -> mmm_orch.schedulers.local -> "
-        "mmm_orch.schedulers -> mmm_orch.config.dataclass_code"]
+        "mmm_orch.schedulers -> mmm_orch.config.machine"]
     del graph["mmm_orch.runtime.claim"]  # nothing else reaches it
     graph["mmm_orch.trainers.fsdp"] = {"mmm_orch.runtime.loop"}
     assert fence_breaches(graph, IN_JOB, ORCHESTRATOR) == []

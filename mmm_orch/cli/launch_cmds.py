@@ -104,7 +104,7 @@ def _in_the_foreground(args: argparse.Namespace, record) -> int:
     """Stream the job's output until it ends and exit with its code. Ctrl-C, SIGTERM or SIGHUP
     (the terminal or the allocation gone; not under nohup) stops it as `mmm-orch cancel` would: every rank on
     every node, a trainer saving first; exit 130. Killed outright, this process leaves the job
-    to its supervisor, which stops it the same way (it holds the job: submission/submit.py)."""
+    to its supervisor, which stops it the same way (it holds the job: schedulers/local/supervisor.py)."""
     from mmm_orch import usecases
     from mmm_orch.usecases import following, inside
 

@@ -16,7 +16,7 @@ class Balance:
 
     # Its words ({account}: the project, checked as a plain name before it gets here).
     command: list[AccountTemplated]
-    parser: Literal["sbank", "showusage"]  # allocations.PARSERS
+    parser: Literal["sbank", "showusage"]  # records/balance.py PARSERS
     # Seconds to wait for the tool.
     timeout_s: Number = 20.0
     # Where the facility says so: its page (and date), or the live server's setting.

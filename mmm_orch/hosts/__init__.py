@@ -2,7 +2,9 @@
 
 Both kinds of host have the same verbs (run a command, make a private directory, write a file,
 read a file from an offset), so the schedulers, submit, status and logs never ask which one
-they have. One connection per remote host serves a whole mmm-orch command.
+they have. One connection per remote host serves a whole mmm-orch command. Beside it:
+transport.py (commands as argument lists, bounded in time, retried when transient), ssh.py (the
+login node over paramiko, host keys verified) and job_envs.py (the Python a facility's jobs run).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.limits import ENV_NAME
 
 # Account, queue and job names reach scheduler directives, which are not shell-quoted.
-SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
-JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+SAFE_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}\Z")  # \Z: "$" lets "proj\n" by
+JOB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}\Z")
 # Scripts, logs and the job database are readable: secrets never go into them. A name is
 # refused when it contains one of these, or when one of its _-separated words is a secret word.
 _SECRET = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)

@@ -1,7 +1,7 @@
 """What a user (and their project) already has in a machine's queues, and whether a job more
 passes one of the facility's job-count limits (the profiles' `job_limits`). Pure: the jobs are
 read from the scheduler, or from the job database when it does not answer (submission/queue_load.py),
-and handed to queue selection (planning/resolve.py), which skips a queue the call would
+and handed to queue selection (planning/queue_choice.py), which skips a queue the call would
 overfill and says why."""
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ class JobDB:
 
     def cancel_sent(self, job_id: int) -> None:
         """mmm-orch asked the scheduler to cancel the job (an end it then calls a success, as PBS
-        can after a server restart, is read as cancelled: see track)."""
+        can after a server restart, is read as cancelled: see progress/refresh.py)."""
         with self.write():
             self.conn.execute(
                 "INSERT INTO events SELECT id, ?, state, '', ? FROM jobs WHERE id = ?",

@@ -31,7 +31,6 @@ from mmm_orch.records.record import PACK_INDEX as PACK_INDEX
 from mmm_orch.records.record import JobRecord as JobRecord
 from mmm_orch.rendering import render as render
 from mmm_orch.schedulers.states import JobState as JobState
-from mmm_orch.usecases.plans import bad_nodes as bad_nodes
 from mmm_orch.usecases.plans import check_settings as check_settings
 from mmm_orch.usecases.plans import options_of as options_of
 from mmm_orch.usecases.plans import plan as plan
@@ -41,16 +40,12 @@ from mmm_orch.usecases.spending import balance as balance
 from mmm_orch.usecases.spending import usage as usage
 from mmm_orch.usecases.spending import usage_dicts as usage_dicts
 from mmm_orch.usecases.spending import usage_text as usage_text
-from mmm_orch.usecases.submissions import Prepared as Prepared
 from mmm_orch.usecases.submissions import cancel as cancel
 from mmm_orch.usecases.submissions import chain_links as chain_links
-from mmm_orch.usecases.submissions import check_room as check_room
 from mmm_orch.usecases.submissions import prepare as prepare
 from mmm_orch.usecases.submissions import prepare_plan as prepare_plan
-from mmm_orch.usecases.submissions import resuming as resuming
 from mmm_orch.usecases.submissions import submit as submit
 from mmm_orch.usecases.submissions import submit_chain as submit_chain
 from mmm_orch.usecases.submissions import submit_sweep as submit_sweep
 from mmm_orch.usecases.submissions import sweep_points as sweep_points
-from mmm_orch.usecases.submissions import target as target
 from mmm_orch.usecases.submissions import within_budgets as within_budgets

@@ -1,6 +1,7 @@
 """Plan a request for review (`mmm-orch plan`, `render`, `--dry-run`): the plan, with the nodes
 remembered as bad avoided and the user's jobs counted where its queue has job limits, and the
-script it would submit. Nothing is written or sent."""
+script it would submit: neither writes or sends anything. Also the workload's options, a
+script saved whole (`render --out`) and the retry settings checked before anything runs."""
 
 from __future__ import annotations
 
