@@ -101,6 +101,14 @@ class NodeShape:
     # What torch's scaled_dot_product_attention runs in training here: a fused kernel, or the
     # math one, which saves every head's s x s attention probabilities (planning/memory.py).
     attention_kernel: Literal["fused", "math"] = "fused"
+    # One device's peak dense bf16 TFLOPS, its memory's bandwidth (TB/s) and the node's network
+    # injection bandwidth (GB/s, all its NICs): --verify's step-time roofline (None: not timed).
+    peak_tflops: PositiveNumber | None = None
+    memory_tbs: PositiveNumber | None = None
+    network_gbs: PositiveNumber | None = None
+    # The share of a device's memory --verify keeps free of the trainer's peak (the allocator's
+    # fragmentation, the communication library's buffers).
+    memory_headroom: Annotated[float, Bound("Ge", 0), Bound("Le", 0.9)] = 0.1
 
     @property
     def usable_cores(self) -> int:
@@ -492,6 +500,8 @@ class Machine:
     # torch.distributed's backend on this machine's devices.
     backend: Literal["nccl", "xccl", "ccl", "gloo"]
     ranks_per_node: PositiveInt | None = None  # default: one per accelerator
+    # Check every plan's layout before the queue, as --verify does (planning/verification.py).
+    verify: bool = False
     # The shortest walltime the scheduler takes, if it has one.
     min_walltime: Walltime | None = None
     # Whether a job needs an account (-A), and its default.

@@ -130,6 +130,13 @@ class PlanOptions:
         "--stage-env",
         kind="flag",
     )
+    verify: bool = asked(
+        False,
+        "check the layout before the queue: the trainer's model built and stepped at the "
+        "job's world size under fake tensors, on this CPU (needs torch here)",
+        "--verify",
+        kind="flag",
+    )
     workdir: str | None = asked(
         None,
         "the directory the job runs in (default: here; for a job submitted over "

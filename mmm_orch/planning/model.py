@@ -212,7 +212,7 @@ class Launch:
             program = self.command
         else:
             prefix = [self.python] if self.python_prefix else []
-            program = (*prefix, "-m", self.trainer, *_argv(self.args))
+            program = (*prefix, "-m", self.trainer, *trainer_argv(self.args))
         if self.profile and self.profile.command:
             return (self.python, "-m", protocol.MODULES["profiled"], "--", *program)
         return program
@@ -321,6 +321,74 @@ class ChainLink:
 
 
 @dataclass(frozen=True)
+class CollectiveCount:
+    """A collective one step of a rank issues: its op, its group's size, how often, GiB in all."""
+
+    op: str
+    group: int
+    count: int
+    gib: float
+
+
+@dataclass(frozen=True)
+class ShardShape:
+    """A parameter's shard on a rank: its local and whole shapes and placements (dp=S(0) ...)."""
+
+    name: str
+    local: tuple[int, ...]
+    whole: tuple[int, ...]
+    placements: str
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """One rank kind's figures from --verify: its peak by part (GiB), its collectives a step,
+    its step's time on the job's device by the roofline (compute) and the network, its shards."""
+
+    kind: str
+    rank: int
+    peak: dict[str, float] = field(hash=False)
+    collectives: tuple[CollectiveCount, ...]
+    compute_s: float
+    network_s: float
+    shards: tuple[ShardShape, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(self.peak.values())
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The check's report: each rank kind's figures, the torch that made them, how long it took,
+    and where it and the analytic plan disagree by more than the plan's error."""
+
+    ranks: tuple[RankCheck, ...]
+    torch: str
+    seconds: float
+    disagreements: tuple[str, ...] = ()
+
+    @property
+    def busiest(self) -> RankCheck:
+        return max(self.ranks, key=lambda r: r.total)
+
+    @property
+    def summary(self) -> str:
+        top = self.busiest
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in top.peak.items())
+        step = max(r.compute_s + r.network_s for r in self.ranks)
+        timed = (
+            f"step ~{step:.2f} s on the device by the roofline, its network time not overlapped"
+            if step
+            else "step not timed (the profile gives no device figures)"
+        )
+        return (
+            f"{top.total:.1f} GiB on the {top.kind} (rank {top.rank}: {parts}); {timed} "
+            f"({len(self.ranks)} rank kind(s), torch {self.torch}, {self.seconds:.0f} s)"
+        )
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """The trainer's estimated peak memory per device (planning/memory.py), in GiB by part, and
     the device's own (None where the profile does not say: nothing is refused there)."""
@@ -328,6 +396,7 @@ class MemoryPlan:
     parts: dict[str, float] = field(hash=False)
     device_gib: float | None
     pipeline: str = ""  # how a pipeline splits the model (pp > 1), for the script's reader
+    verified: Verified | None = None  # --verify's figures (planning/verification.py)
 
     @property
     def total(self) -> float:
@@ -497,7 +566,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _argv(args: dict[str, Any]) -> list[str]:
+def trainer_argv(args: dict[str, Any]) -> list[str]:
     argv: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")

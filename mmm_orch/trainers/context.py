@@ -10,6 +10,7 @@ last to many)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,13 @@ class ContextShard:
     group: dist.ProcessGroup
     rank: int
     size: int
+
+    def masks(self, part_len: int) -> None:
+        """Make the causal masks of a sequence part of `part_len` tokens before the step (under
+        fake tensors, trainers/verify.py, a mask cannot be made: it is a tensor subclass)."""
+        length = part_len // 2
+        for chunk in self.chunk_indices():
+            causal_mask(length, (chunk + 1) * length)
 
     def chunk_indices(self) -> tuple[int, int]:
         """The two chunks (of 2 x size) this rank holds, in their order along the sequence."""
@@ -69,11 +77,18 @@ class ContextShard:
                         half,
                         keys[:, :, :end],
                         values[:, :, :end],
-                        attn_mask=causal_lower_right(length, end),
+                        attn_mask=causal_mask(length, end),
                         enable_gqa=enable_gqa,
                     )
                 )
         return torch.cat(out, dim=2)
+
+
+@functools.cache
+def causal_mask(length: int, end: int):
+    """The causal mask of `length` queries ending at key `end`, aligned to the lower right: made
+    once per shape, not once a layer."""
+    return causal_lower_right(length, end)
 
 
 def sequence_part(

@@ -175,11 +175,25 @@ class Forward:
 def build_model(
     cfg: Config, args, seq_len: int, ac, rt, world
 ) -> tuple[Transformer, list[Transformer], Forward, tuple[int, int]]:
-    """The model on the meta device, parallelized (TP, context parallel, then this rank's
-    pipeline stages, compile, activation checkpointing, FSDP), then materialized and initialized
-    on this rank's device; the stages (the model itself without a pipeline); how a batch goes
-    through it (its pipeline still to build); and the parameter counts (all, embedding), taken
-    before sharding."""
+    """The model parallelized (`parallelized`), then materialized and initialized on this rank's
+    device; its stages (the model itself without a pipeline); how a batch goes through it (its
+    pipeline still to build); and the parameter counts (all, embedding), taken before
+    sharding."""
+    model, stages, forward, counts = parallelized(
+        cfg, args, seq_len, ac, world, param_dtype(rt, cfg.dtype)
+    )
+    model.to_empty(device=rt.device.torch)
+    model.init_weights(cfg.seed)
+    compile_loss = cfg.compile and rt.device.torch.type == "cuda"
+    return model, stages, dataclasses.replace(forward, compile_loss=compile_loss), counts
+
+
+def parallelized(
+    cfg: Config, args, seq_len: int, ac, world, dtype: torch.dtype
+) -> tuple[Transformer, list[Transformer], Forward, tuple[int, int]]:
+    """The model on the meta device, parallelized as the job runs it: TP, context parallel, then
+    this rank's pipeline stages, compile, activation checkpointing, FSDP computing in `dtype`;
+    nothing allocated (trainers/verify.py checks a layout from here, under fake tensors)."""
     with torch.device("meta"):
         model = Transformer(args, seq_len)
     counts = model.count_params()
@@ -192,15 +206,8 @@ def build_model(
     parallelize.activation_checkpointing(model.layers, ac)
     stages = pipeline.stages(model, world["pp"], cfg.pp_schedule) if cfg.pp > 1 else [model]
     for stage in stages:
-        precision = parallelize.fsdp(
-            stage, stage.layers.values(), data_parallel(world), param_dtype(rt, cfg.dtype)
-        )
-    model.to_empty(device=rt.device.torch)
-    model.init_weights(cfg.seed)
-    compile_loss = cfg.compile and rt.device.torch.type == "cuda"
-    forward = Forward(
-        model, None, precision, context, world["tp"].size(), cfg.loss_chunk, compile_loss
-    )
+        precision = parallelize.fsdp(stage, stage.layers.values(), data_parallel(world), dtype)
+    forward = Forward(model, None, precision, context, world["tp"].size(), cfg.loss_chunk)
     return model, stages, forward, counts
 
 

@@ -43,9 +43,20 @@ def counted_plan(
     request = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     planned = resolve(request)
     if request.queue_load is not None or not queue_load.limits_apply(planned):
-        return planned, request.queue_load
+        return verified(planned, request.verify), request.queue_load
     load = queue_load.read(planned, remote, open_db(db))
-    return resolve(dataclasses.replace(request, queue_load=load)), load
+    return verified(resolve(dataclasses.replace(request, queue_load=load)), request.verify), load
+
+
+def verified(planned: Plan, asked: bool) -> Plan:
+    """`planned`, its layout checked under fake tensors where asked (--verify), set by the user
+    or by the machine's profile (planning/verification.py); MmmError for what cannot run."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.planning import verification
+
+    if not verification.wanted(load_machine(planned.machine), asked):
+        return planned
+    return verification.verify(planned)
 
 
 def script(request: Request, db: str | None = None, template: str | None = None) -> str:

@@ -15,4 +15,5 @@ MODEL = Model(
     build=run_model,
     memory=memory.estimate,
     checkpoint_map="checkpoint",  # checkpoint.py
+    verifier="mmm_orch.trainers.verify",
 )

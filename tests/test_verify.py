@@ -1,0 +1,89 @@
+"""--verify: the llama3 trainer's own model and step at the job's world size under fake tensors
+and a fake process group (trainers/verify.py), beside the analytic plan in the script's header,
+and what cannot run refused before anything is written. Run as a user runs it: the CLI, whose
+check runs in a Python of its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers.cli import run_cli
+
+TINY = [
+    "--config",
+    "debug",
+    "--n-layers",
+    "4",
+    "--seq-len",
+    "256",
+    "--batch-size",
+    "4",
+    "--dtype",
+    "fp32",
+]
+
+
+def verify(world: int, *argv: str) -> dict:
+    request = {
+        "argv": [*TINY, *argv],
+        "world_size": world,
+        "ranks_per_node": world,
+        "dtype": "fp32",
+        "attention": "fused",
+        "device": {"flops": None, "memory_bandwidth": None, "network_bandwidth": None},
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmm_orch.trainers.verify"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_dry_run_verify_puts_the_checked_peak_beside_the_estimate(tmp_path):
+    proc = run_cli(
+        "submit",
+        "local",
+        "llama3_debug",
+        "--set",
+        "tp=2",
+        "--set",
+        "n_layers=2",
+        "--dry-run",
+        "--verify",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("# Memory per device")]
+    assert header[0].startswith("# Memory per device (estimate, +-25%)")
+    assert header[1].startswith("# Memory per device (verified"), header
+    assert "reduce_scatter_tensor over 2" in proc.stdout  # FSDP's, over the two ranks
+
+
+@pytest.mark.slow
+def test_a_tp_degree_that_does_not_divide_the_heads_is_a_shape_fault():
+    """debug's 16 heads over tp 6: the first rank's q projection cannot be cut into heads."""
+    report = verify(6, "--tp", "6")
+    first = report["ranks"][0]
+    assert first["fault"] == "shape" and first["module"] == "layers.0.attention.wq", first
+
+
+@pytest.mark.slow
+def test_the_shards_are_the_layouts_and_a_pipeline_rank_holds_its_stage():
+    report = verify(4, "--tp", "2", "--pp", "2", "--global-batch", "16")
+    stage0, stage1 = report["ranks"]
+    assert stage0["kind"] == "pp rank 0, first rank" and stage1["kind"] == "pp rank 1, first rank"
+    wq = stage0["shards"]["layers.0.attention.wq.weight"]
+    assert wq["whole"] == [256, 256] and wq["local"] == [128, 256]  # tp 2 over the rows
+    assert "tok_embeddings.weight" in stage0["shards"] and "output.weight" in stage1["shards"]
+    assert "layers.2.attention.wq.weight" in stage1["shards"]
+    assert "layers.2.attention.wq.weight" not in stage0["shards"]
+    for rank in report["ranks"]:
+        assert rank["peak"]["optimizer"] > 0 and rank["peak"]["activations"] > 0
