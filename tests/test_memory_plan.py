@@ -34,17 +34,21 @@ def _microbatches(pp: int) -> int:
     return 2 * pp if pp > 1 else 1  # a pipeline's: twice its stages
 
 
+def _argv(ranks: int, tp: int, ac: str, chunk: int, cp: int, pp: int) -> list[str]:
+    dp = ranks // (tp * cp * pp)
+    return ["--config", "debug", "--n-layers", "4", "--seq-len", "256", "--batch-size", "4",
+            "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk),
+            "--cp", str(cp), "--pp", str(pp), "--global-batch", str(4 * dp * _microbatches(pp))]
+
+
 @functools.cache
-def _peaks(ranks: int) -> dict[tuple, int]:
-    """The measured peak of each case of `ranks` ranks, all in one torchrun (memory_peak.py)."""
+def _peaks(ranks: int) -> dict[tuple, dict]:
+    """The measured peak and rank 0's shards of each case of `ranks` ranks, all in one torchrun
+    (memory_peak.py)."""
     mine = [case for case in CASES if case[0] == ranks]
     argv = []
-    for _, tp, ac, chunk, cp, pp in mine:
-        dp = ranks // (tp * cp * pp)
-        argv += ["--config", "debug", "--n-layers", "4", "--seq-len", "256", "--batch-size", "4",
-                 "--dtype", "fp32", "--tp", str(tp), "--ac", ac, "--loss-chunk", str(chunk),
-                 "--cp", str(cp), "--pp", str(pp),
-                 "--global-batch", str(4 * dp * _microbatches(pp)), "--"]
+    for case in mine:
+        argv += [*_argv(*case), "--"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = run_training([sys.executable, "-m", "torch.distributed.run", "--standalone",
                          f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv[:-1]],
@@ -52,7 +56,23 @@ def _peaks(ranks: int) -> dict[tuple, int]:
                         env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()[-len(mine):]
-    return {case: json.loads(line)["peak_bytes"] for case, line in zip(mine, lines, strict=True)}
+    return {case: json.loads(line) for case, line in zip(mine, lines, strict=True)}
+
+
+@functools.cache
+def _verified() -> dict[tuple, dict]:
+    """Each case checked under fake tensors at its world size (trainers/verify.py), all in one
+    Python: rank 0's report."""
+    requests = [{"argv": _argv(*case), "world_size": case[0], "ranks_per_node": case[0],
+                 "dtype": "fp32", "attention": "fused",
+                 "device": {"flops": None, "memory_bandwidth": None, "network_bandwidth": None}}
+                for case in CASES]
+    proc = run_training([sys.executable, "-m", "mmm_orch.trainers.verify"],
+                        input=json.dumps(requests), capture_output=True, text=True, timeout=900,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {case: report["ranks"][0] for case, report in zip(CASES, json.loads(proc.stdout),
+                                                              strict=True)}
 
 
 @pytest.mark.slow
@@ -61,12 +81,26 @@ def _peaks(ranks: int) -> dict[tuple, int]:
 def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chunk, cp, pp):
     dp = ranks // (tp * cp * pp)
     microbatches = _microbatches(pp)
-    measured = _peaks(ranks)[(ranks, tp, ac, chunk, cp, pp)]
+    measured = _peaks(ranks)[(ranks, tp, ac, chunk, cp, pp)]["peak_bytes"]
     estimated = estimate(Shape(SMALL, batch=4, seq=256, dp=dp, tp=tp, ac=ac, value_bytes=4,
                                loss_chunk=chunk, cp=cp, pp=pp, microbatches=microbatches)).total
     print(f"ranks {ranks} tp {tp} cp {cp} pp {pp} ac {ac} chunk {chunk}: measured {measured / 2**20:.1f} MiB, "
           f"estimated {estimated / 2**20:.1f} MiB ({estimated / measured - 1:+.0%})")
     assert abs(estimated / measured - 1) <= 0.25, (measured, estimated)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("memory-peaks")
+@pytest.mark.parametrize("case", CASES)
+def test_the_check_under_fake_tensors_has_the_real_shards_and_peak(case):
+    """--verify's check of each layout against the trainer run for real on gloo: rank 0's
+    shards exactly, its peak within 10% (MemTracker against the CPU allocator)."""
+    real, fake = _peaks(case[0])[case], _verified()[case]
+    assert {name: s["local"] for name, s in fake["shards"].items()} == real["shards"]
+    verified = sum(fake["peak"].values())
+    print(f"{case}: measured {real['peak_bytes'] / 2**20:.1f} MiB, verified "
+          f"{verified / 2**20:.1f} MiB ({verified / real['peak_bytes'] - 1:+.1%})")
+    assert abs(verified / real["peak_bytes"] - 1) <= 0.10, (real["peak_bytes"], verified)
 
 
 @pytest.mark.slow

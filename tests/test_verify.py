@@ -79,7 +79,7 @@ def test_a_tp_degree_that_does_not_divide_the_heads_is_a_shape_fault():
 def test_the_shards_are_the_layouts_and_a_pipeline_rank_holds_its_stage():
     report = verify(4, "--tp", "2", "--pp", "2", "--global-batch", "16")
     stage0, stage1 = report["ranks"]
-    assert stage0["kind"] == "pp rank 0, first rank" and stage1["kind"] == "pp rank 1, first rank"
+    assert stage0["kind"] == "first rank of pp rank 0" and stage1["kind"] == "first rank of pp rank 1"
     wq = stage0["shards"]["layers.0.attention.wq.weight"]
     assert wq["whole"] == [256, 256] and wq["local"] == [128, 256]  # tp 2 over the rows
     assert "tok_embeddings.weight" in stage0["shards"] and "output.weight" in stage1["shards"]
@@ -87,3 +87,44 @@ def test_the_shards_are_the_layouts_and_a_pipeline_rank_holds_its_stage():
     assert "layers.2.attention.wq.weight" not in stage0["shards"]
     for rank in report["ranks"]:
         assert rank["peak"]["optimizer"] > 0 and rank["peak"]["activations"] > 0
+
+
+def test_a_tp_degree_that_does_not_divide_the_heads_is_refused_by_the_plan(cli, isolated):
+    """70B's 64 heads and 8 key-value heads over tp 12 (Aurora's 12 tiles a node)."""
+    result = cli("submit", "aurora", "llama3_70b", "--nodes", "64", "-A", "P", "--set", "tp=12",
+                 "--dry-run")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "tp 12 is invalid: a divisor of the model's 64 attention heads and 8 key-value heads" \
+        in result.err
+
+
+def test_a_sequence_context_parallel_cannot_split_is_refused_by_the_plan(cli, isolated):
+    result = cli("submit", "aurora", "llama3_8b", "-A", "P", "--set", "cp=3", "--dry-run")
+    assert result.code == 2 and "cp 3 is invalid: a divisor of half the sequence length" \
+        in result.err, result.err
+
+
+@pytest.mark.slow
+def test_a_pipeline_with_its_weight_in_one_stage_is_refused(tmp_path):
+    """A 65536-word vocabulary on four stages of one layer each: the last stage's output layer
+    and logits dwarf a middle stage's block."""
+    proc = run_cli("submit", "slurm-local", "llama3_debug", "-N", "2", "--set", "pp=4",
+                   "--set", "n_layers=4", "--set", "vocab_size=65536", "--set", "seq_len=256",
+                   "--set", "batch_size=2", "--set", "global_batch=8", "--dry-run", "--verify",
+                   cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--verify: the first rank of pp rank 3 needs " in proc.stderr
+    assert "the pipeline's stages are unbalanced" in proc.stderr and not proc.stdout
+
+
+@pytest.mark.slow
+def test_the_70b_on_64_aurora_nodes_with_a_pipeline_is_past_a_tile(tmp_path):
+    """tp 4 x pp 2: torch's schedule keeps every layer of a stage gathered, with its fp32
+    gradients, through the step (768 ranks, under fake tensors)."""
+    proc = run_cli("submit", "aurora", "llama3_70b", "--nodes", "64", "-A", "P", "--set", "tp=4",
+                   "--set", "pp=2", "--set", "global_batch=192", "--dry-run", "--verify",
+                   cwd=tmp_path, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--verify: the first rank of pp rank 0 (rank 0) peaks at " in proc.stderr
+    assert "GiB, above 57.6 GiB (64 GiB of one xpu device less the profile's 10% headroom" \
+        in proc.stderr

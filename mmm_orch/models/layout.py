@@ -75,3 +75,16 @@ def context_fault(seq_len: int, cp: int) -> tuple[str, int, str] | None:
             "equal chunks)",
         )
     return None
+
+
+def tensor_fault(tp: int, n_heads: int, n_kv_heads: int) -> tuple[str, int, str] | None:
+    """What makes a tensor-parallel split impossible, as pipeline_fault says it: heads or
+    key-value heads that do not divide over tp ranks (each rank computes whole heads)."""
+    if tp > 1 and (n_heads % tp or n_kv_heads % tp):
+        return (
+            "tp",
+            tp,
+            f"a divisor of the model's {n_heads} attention heads and {n_kv_heads} key-value "
+            "heads (each rank computes whole heads)",
+        )
+    return None

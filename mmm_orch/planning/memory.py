@@ -23,6 +23,7 @@ from mmm_orch.models.layout import (
     micro_batches,
     pipeline_fault,
     stage_layers,
+    tensor_fault,
 )
 from mmm_orch.models.spec import GIB, Model, Preset, Shape
 from mmm_orch.planning.checks import bounded
@@ -46,7 +47,11 @@ def fixes(model: Model, shape: Shape, limit: float, nodes: int, ranks_per_node: 
     if shape.batch > 1:
         tried.append(("--set batch_size=1", replace(shape, batch=1)))
     for tp in (2, 4, 8):
-        if tp > shape.tp and ranks_per_node % tp == 0 and shape.model.n_heads % tp == 0:
+        if (
+            tp > shape.tp
+            and ranks_per_node % tp == 0
+            and not tensor_fault(tp, shape.model.n_heads, shape.model.n_kv_heads)
+        ):
             tried.append((f"--set tp={tp}", replace(shape, tp=tp, dp=shape.dp * shape.tp // tp)))
     for pp in (2, 4, 8, 16):
         grown = pp * shape.pp
@@ -190,11 +195,16 @@ def split(shape: Shape) -> str:
 
 
 def check_layout(shape: Shape) -> None:
-    """The trainer's rules for a pipeline and a context split (models/layout.py's pipeline_fault
-    and context_fault), before the queue."""
-    fault = pipeline_fault(
-        shape.model.n_layers, shape.pp, shape.schedule, shape.microbatches, shape.batch, shape.dp
-    ) or context_fault(shape.seq, shape.cp)
+    """The trainer's rules for a pipeline, a context and a tensor-parallel split (models/layout.py's
+    pipeline_fault, context_fault and tensor_fault), before the queue."""
+    m = shape.model
+    fault = (
+        pipeline_fault(
+            m.n_layers, shape.pp, shape.schedule, shape.microbatches, shape.batch, shape.dp
+        )
+        or context_fault(shape.seq, shape.cp)
+        or tensor_fault(shape.tp, m.n_heads, m.n_kv_heads)
+    )
     if fault is not None:
         raise InvalidValue(*fault)
 

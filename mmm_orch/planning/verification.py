@@ -148,9 +148,9 @@ def _refuse_faults(report: dict[str, Any], plan: Plan, machine: Machine, checked
         lightest = min(checked.ranks, key=lambda r: r.total)
         if heaviest.total >= STAGE_IMBALANCE * lightest.total:
             raise MmmError(
-                f"--verify: the {heaviest.kind} needs {heaviest.total:.1f} GiB, "
+                f"--verify: the {heaviest.kind} needs {heaviest.total:.2f} GiB, "
                 f"{heaviest.total / lightest.total:.1f}x the {lightest.kind}'s "
-                f"{lightest.total:.1f} GiB: the pipeline's stages are unbalanced (fewer "
+                f"{lightest.total:.2f} GiB: the pipeline's stages are unbalanced (fewer "
                 "stages, or more layers a stage)"
             )
     device = machine.node.gpu_memory_gib

@@ -30,7 +30,12 @@ import torch.distributed as dist
 
 from mmm_orch import models
 from mmm_orch.limits import MAX_GLOBAL_BATCH
-from mmm_orch.models.layout import DEFAULT_LOSS_CHUNK, context_fault, pipeline_fault
+from mmm_orch.models.layout import (
+    DEFAULT_LOSS_CHUNK,
+    context_fault,
+    pipeline_fault,
+    tensor_fault,
+)
 from mmm_orch.models.llama3.args import LlamaArgs
 from mmm_orch.models.llama3.model import Transformer
 from mmm_orch.options.run import RunOptions, option
@@ -336,11 +341,20 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, pp_mesh) -> torch.Te
 
 
 def check_layout(cfg: Config, args: LlamaArgs, batches: GlobalBatch, seq_len: int) -> None:
-    """ValueError for a pipeline or a context split the run cannot make (models/layout.py's
-    pipeline_fault and context_fault)."""
-    fault = pipeline_fault(
-        args.n_layers, cfg.pp, cfg.pp_schedule, batches.accumulation, batches.batch_size, batches.dp
-    ) or context_fault(seq_len, cfg.cp)
+    """ValueError for a pipeline, a context or a tensor-parallel split the run cannot make
+    (models/layout.py's pipeline_fault, context_fault and tensor_fault)."""
+    fault = (
+        pipeline_fault(
+            args.n_layers,
+            cfg.pp,
+            cfg.pp_schedule,
+            batches.accumulation,
+            batches.batch_size,
+            batches.dp,
+        )
+        or context_fault(seq_len, cfg.cp)
+        or tensor_fault(cfg.tp, args.n_heads, args.n_kv_heads)
+    )
     if fault is not None:
         name, value, allowed = fault
         raise ValueError(f"--{name.replace('_', '-')} {value}: expected {allowed}")

@@ -20,11 +20,16 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
   after the loss's tensors are freed (the peak holds the larger of the two);
 - the loss: the final norm's input and output, and the logits of a chunk of the sequence
   (loss_chunk tokens without TP, the whole sequence under TP, where each rank has V / t of the
-  vocabulary) in w, with their log-softmax and its gradient in fp32 (and under TP two fp32
-  buffers more, loss_parallel's); in chunks, the gradients made in forward wait for backward:
+  vocabulary) in w, with their log-softmax and its gradient in fp32 (and under TP one fp32
+  buffer more at the peak, loss_parallel's; --verify and the CPU peaks at tp 2 hold no more);
+  in chunks, the gradients made in forward wait for backward:
   the output layer's (V h w) and the final norm output's (s b h w).
 With a pipeline of p stages (pp) the count is the busiest stage's: its L / p blocks' states and
-activations, the embedding's or the output's states (the larger, V h), and the activations of
+activations, the embedding's or the output's states (the larger, V h), the whole stage's
+parameters gathered and their gradients in fp32 ((L B / p + V h) (w + 4) / t: torch's pipeline
+schedule keeps FSDP from resharding or reducing until a step's last micro-batch; found by
+--verify, which put a 70B plan of 64 Aurora nodes at 67.6 GiB a tile where this count said 11.4),
+and the activations of
 the micro-batches in flight at once, which the schedule sets: GPipe all M of a step, 1F1B at
 most p on the first stage, interleaved 1F1B p (1 + (p - 1) / 2p) (two stages a rank, Narayanan
 et al. 2021); the loss's logits are whole per micro-batch there (no chunks).
@@ -66,17 +71,21 @@ def estimate(shape: Shape) -> Estimate:
     chunk = min(shape.loss_chunk, local) if chunks else local
     vocab_share = v / t if shape.loss_sharded else v
     # Per logit: its value, the fp32 log-softmax and its gradient; loss_parallel (TP) holds
-    # two fp32 buffers more (its max- and sum-reduced exponentials).
-    per_logit = w + (16 if t > 1 and shape.loss_sharded else 8)
+    # one fp32 buffer more at the peak (its exponentials).
+    per_logit = w + (12 if t > 1 and shape.loss_sharded else 8)
     loss = 2 * tokens * h * w + b * chunk * vocab_share * per_logit
     if chunk < local:  # trainers/loss.py's gradients made in forward
         loss += (v * h + tokens * h) * w
     copies: dict[str, float]
     if shape.dp * shape.cp * t * shape.pp == 1:
         copies = {"autocast copies": m.n_layers * m.block_params * w if w < 4 else 0}
+    elif shape.pp > 1:
+        # torch's schedule holds FSDP's resharding and gradient sync to a step's last
+        # micro-batch (PipelineStage.backward_maybe_with_nosync): from the first backward on,
+        # the whole stage stays gathered and its gradients whole, in fp32 (found by --verify)
+        copies = {"gathered": held * (w + 4) / t}
     else:
-        gathered = (2 if shape.pp == 1 else 1) * v * h * w + 2 * m.block_params * (w + 4)
-        copies = {"gathered": gathered / t}
+        copies = {"gathered": (2 * v * h * w + 2 * m.block_params * (w + 4)) / t}
     return Estimate(
         {
             "parameters": 4 * states,

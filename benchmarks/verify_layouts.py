@@ -1,0 +1,109 @@
+"""--verify beside the analytic plan: how long each takes, and what each says.
+
+    python benchmarks/verify_layouts.py plans   # facility plans: `render` with and without --verify
+    python benchmarks/verify_layouts.py h200    # one-rank layouts against the H200 peaks measured
+                                                # by memory_gpu.py (results/memory_gpu.json)
+
+`plans` renders each plan twice, each a new process (`mmm-orch render`): without --verify (the
+analytic plan alone) and with it, MMM_ORCH_MEMORY_CHECK=0 so that a plan past the device still
+shows its figures; wall time, the estimate, the verified peak of the busiest rank kind and the
+step time the roofline gives. `h200` checks the shapes of memory_gpu.py's table under fake
+tensors at one rank (autocast in bf16, no FSDP, as the trainer runs one rank) and sets the
+verified peak beside the estimate and the measured `torch.cuda.max_memory_allocated`.
+Results: results/verify_layouts.json and the tables in README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PYTHON = sys.executable
+
+PLANS = [  # (name, machine, workload, nodes, settings)
+    ("8B, Polaris, 2 nodes, the workload's layout", "polaris", "llama3_8b", 2, []),
+    ("70B, Aurora, 64 nodes, tp 4 x pp 2", "aurora", "llama3_70b", 64,
+     ["tp=4", "pp=2", "global_batch=192"]),
+    ("70B, Aurora, 64 nodes, tp 4 x pp 4", "aurora", "llama3_70b", 64,
+     ["tp=4", "pp=4", "global_batch=192"]),
+    ("405B, Aurora, 256 nodes (3072 ranks), tp 4 x pp 6", "aurora", "llama3_70b", 256,
+     ["config=405b", "tp=4", "pp=6", "global_batch=768"]),
+    ("405B, Frontier, 256 nodes (2048 ranks), tp 8 x pp 2", "frontier", "llama3_70b", 256,
+     ["config=405b", "tp=8", "pp=2", "global_batch=256"]),
+]
+
+
+def render(machine: str, workload: str, nodes: int, settings: list[str], verify: bool):
+    argv = [PYTHON, "-m", "mmm_orch", "render", machine, workload, "--nodes", str(nodes),
+            "-A", "P"]
+    for setting in settings:
+        argv += ["--set", setting]
+    if verify:
+        argv.append("--verify")
+    env = {**os.environ, "MMM_ORCH_MEMORY_CHECK": "0"}
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/tmp")
+    seconds = time.perf_counter() - started
+    if proc.returncode:
+        return {"seconds": seconds, "error": proc.stderr.strip()}
+    found = {"seconds": seconds}
+    for line in proc.stdout.splitlines():
+        if line.startswith("# Memory per device (estimate"):
+            found["estimate_gib"] = float(re.search(r": ([\d.]+) GiB", line)[1])
+        elif line.startswith("# Memory per device (verified"):
+            found["verified_gib"] = float(re.search(r": ([\d.]+) GiB on the", line)[1])
+            found["busiest"] = re.search(r"GiB on the (.+?) \(rank", line)[1]
+            step = re.search(r"step ~([\d.]+) s", line)
+            found["step_s"] = float(step[1]) if step else None
+            found["kinds"] = int(re.search(r"\((\d+) rank kind", line)[1])
+    return found
+
+
+def plans() -> list[dict]:
+    rows = []
+    for name, machine, workload, nodes, settings in PLANS:
+        analytic = render(machine, workload, nodes, settings, verify=False)
+        verified = render(machine, workload, nodes, settings, verify=True)
+        rows.append({"plan": name, "analytic": analytic, "verified": verified})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def h200() -> list[dict]:
+    """memory_gpu.py's one-rank cases under fake tensors, beside its measured H200 peaks."""
+    measured = json.loads((HERE / "results" / "memory_gpu.json").read_text())
+    requests, rows = [], []
+    for case in measured["cases"]:
+        argv = ["--config", case["preset"], "--n-layers", "4", "--seq-len", "8192",
+                "--batch-size", "1", "--ac", case["ac"], "--loss-chunk", str(case["loss_chunk"]),
+                "--dtype", "bf16"]
+        requests.append({"argv": argv, "world_size": 1, "ranks_per_node": 1, "dtype": "bf16",
+                         "attention": "fused",
+                         "device": {"flops": 989e12, "memory_bandwidth": 4.8e12,
+                                    "network_bandwidth": None}})
+        rows.append(case)
+    started = time.perf_counter()
+    proc = subprocess.run([PYTHON, "-m", "mmm_orch.trainers.verify"], input=json.dumps(requests),
+                          capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - started
+    for case, report in zip(rows, json.loads(proc.stdout), strict=True):
+        case["verified_gib"] = sum(report["ranks"][0]["peak"].values()) / 2**30
+        case["verified_step_s"] = report["ranks"][0]["compute_s"]
+    print(f"{len(rows)} layouts verified in {seconds:.1f} s")
+    for case in rows:
+        print(json.dumps(case))
+    return rows
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "plans"
+    out = HERE / "results" / "verify_layouts.json"
+    saved = json.loads(out.read_text()) if out.exists() else {}
+    saved[which] = plans() if which == "plans" else h200()
+    saved[f"{which}_date"] = time.strftime("%Y-%m-%d")
+    out.write_text(json.dumps(saved, indent=1) + "\n")
