@@ -47,11 +47,7 @@ def fixes(model: Model, shape: Shape, limit: float, nodes: int, ranks_per_node: 
     if shape.batch > 1:
         tried.append(("--set batch_size=1", replace(shape, batch=1)))
     for tp in (2, 4, 8):
-        if (
-            tp > shape.tp
-            and ranks_per_node % tp == 0
-            and not tensor_fault(tp, shape.model.n_heads, shape.model.n_kv_heads)
-        ):
+        if tp > shape.tp and ranks_per_node % tp == 0 and not tensor_fault(tp, *heads(shape.model)):
             tried.append((f"--set tp={tp}", replace(shape, tp=tp, dp=shape.dp * shape.tp // tp)))
     for pp in (2, 4, 8, 16):
         grown = pp * shape.pp
@@ -203,10 +199,17 @@ def check_layout(shape: Shape) -> None:
             m.n_layers, shape.pp, shape.schedule, shape.microbatches, shape.batch, shape.dp
         )
         or context_fault(shape.seq, shape.cp)
-        or tensor_fault(shape.tp, m.n_heads, m.n_kv_heads)
+        or tensor_fault(shape.tp, *heads(m))
     )
     if fault is not None:
         raise InvalidValue(*fault)
+
+
+def heads(model: Any) -> tuple[int, int]:
+    """A model's attention heads and key-value heads; (1, 1) for a model without them, which
+    tensor parallelism splits by no heads."""
+    found = getattr(model, "n_heads", 1)
+    return found, getattr(model, "n_kv_heads", found)
 
 
 def _or(value, default):
