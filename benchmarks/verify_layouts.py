@@ -26,21 +26,40 @@ HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 
 PLANS = [  # (name, machine, workload, nodes, settings)
-    ("8B, Polaris, 2 nodes, the workload's layout", "polaris", "llama3_8b", 2, []),
-    ("70B, Aurora, 64 nodes, tp 4 x pp 2", "aurora", "llama3_70b", 64,
-     ["tp=4", "pp=2", "global_batch=192"]),
-    ("70B, Aurora, 64 nodes, tp 4 x pp 4", "aurora", "llama3_70b", 64,
-     ["tp=4", "pp=4", "global_batch=192"]),
-    ("405B, Aurora, 256 nodes (3072 ranks), tp 4 x pp 6", "aurora", "llama3_70b", 256,
-     ["config=405b", "tp=4", "pp=6", "global_batch=768"]),
-    ("405B, Frontier, 256 nodes (2048 ranks), tp 8 x pp 2", "frontier", "llama3_70b", 256,
-     ["config=405b", "tp=8", "pp=2", "global_batch=256"]),
+    ("8B, Polaris, 8 nodes, the workload's layout", "polaris", "llama3_8b", 8, []),
+    (
+        "70B, Aurora, 64 nodes, tp 4 x pp 2",
+        "aurora",
+        "llama3_70b",
+        64,
+        ["tp=4", "pp=2", "global_batch=192"],
+    ),
+    (
+        "70B, Aurora, 64 nodes, tp 4 x pp 4",
+        "aurora",
+        "llama3_70b",
+        64,
+        ["tp=4", "pp=4", "global_batch=192"],
+    ),
+    (
+        "405B, Aurora, 256 nodes (3072 ranks), tp 4 x pp 6",
+        "aurora",
+        "llama3_70b",
+        256,
+        ["config=405b", "tp=4", "pp=6", "global_batch=1536"],
+    ),
+    (
+        "405B, Frontier, 256 nodes (2048 ranks), tp 8 x pp 2",
+        "frontier",
+        "llama3_70b",
+        256,
+        ["config=405b", "tp=8", "pp=2", "global_batch=512"],
+    ),
 ]
 
 
 def render(machine: str, workload: str, nodes: int, settings: list[str], verify: bool):
-    argv = [PYTHON, "-m", "mmm_orch", "render", machine, workload, "--nodes", str(nodes),
-            "-A", "P"]
+    argv = [PYTHON, "-m", "mmm_orch", "render", machine, workload, "--nodes", str(nodes), "-A", "P"]
     for setting in settings:
         argv += ["--set", setting]
     if verify:
@@ -58,8 +77,14 @@ def render(machine: str, workload: str, nodes: int, settings: list[str], verify:
         elif line.startswith("# Memory per device (verified"):
             found["verified_gib"] = float(re.search(r": ([\d.]+) GiB on the", line)[1])
             found["busiest"] = re.search(r"GiB on the (.+?) \(rank", line)[1]
-            step = re.search(r"step ~([\d.]+) s", line)
-            found["step_s"] = float(step[1]) if step else None
+            step = re.search(
+                r"step ~([\d.]+) s on the device \(roofline ([\d.]+) s, "
+                r"collectives across nodes ([\d.]+) s",
+                line,
+            )
+            found["step_s"], found["compute_s"], found["network_s"] = (
+                (float(step[1]), float(step[2]), float(step[3])) if step else (None, None, None)
+            )
             found["kinds"] = int(re.search(r"\((\d+) rank kind", line)[1])
     return found
 
@@ -79,17 +104,41 @@ def h200() -> list[dict]:
     measured = json.loads((HERE / "results" / "memory_gpu.json").read_text())
     requests, rows = [], []
     for case in measured["cases"]:
-        argv = ["--config", case["preset"], "--n-layers", "4", "--seq-len", "8192",
-                "--batch-size", "1", "--ac", case["ac"], "--loss-chunk", str(case["loss_chunk"]),
-                "--dtype", "bf16"]
-        requests.append({"argv": argv, "world_size": 1, "ranks_per_node": 1, "dtype": "bf16",
-                         "attention": "fused",
-                         "device": {"flops": 989e12, "memory_bandwidth": 4.8e12,
-                                    "network_bandwidth": None}})
+        argv = [
+            "--config",
+            case["preset"],
+            "--n-layers",
+            "4",
+            "--seq-len",
+            "8192",
+            "--batch-size",
+            "1",
+            "--ac",
+            case["ac"],
+            "--loss-chunk",
+            str(case["loss_chunk"]),
+            "--dtype",
+            "bf16",
+        ]
+        requests.append(
+            {
+                "argv": argv,
+                "world_size": 1,
+                "ranks_per_node": 1,
+                "dtype": "bf16",
+                "attention": "fused",
+                "device": {"flops": 989e12, "memory_bandwidth": 4.8e12, "network_bandwidth": None},
+            }
+        )
         rows.append(case)
     started = time.perf_counter()
-    proc = subprocess.run([PYTHON, "-m", "mmm_orch.trainers.verify"], input=json.dumps(requests),
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [PYTHON, "-m", "mmm_orch.trainers.verify"],
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     seconds = time.perf_counter() - started
     for case, report in zip(rows, json.loads(proc.stdout), strict=True):
         case["verified_gib"] = sum(report["ranks"][0]["peak"].values()) / 2**30

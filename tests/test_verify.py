@@ -6,6 +6,7 @@ check runs in a Python of its own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -128,3 +129,27 @@ def test_the_70b_on_64_aurora_nodes_with_a_pipeline_is_past_a_tile(tmp_path):
     assert "--verify: the first rank of pp rank 0 (rank 0) peaks at " in proc.stderr
     assert "GiB, above 57.6 GiB (64 GiB of one xpu device less the profile's 10% headroom" \
         in proc.stderr
+
+
+UNSHARDED = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from mmm_orch.trainers.verify import unsharded
+dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+with torch.device("meta"):
+    block = nn.ModuleDict({"wq": nn.Linear(8, 8), "wk": nn.Linear(8, 8)})
+parallelize_module(block, mesh, {"wq": ColwiseParallel()})  # wk forgotten
+print(unsharded(block, tp=4, dp=1))
+"""
+
+
+@pytest.mark.slow
+def test_a_linear_layer_the_tp_plan_forgot_is_named():
+    proc = subprocess.run([sys.executable, "-c", UNSHARDED], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['wk (whole over tp 4)']", proc.stdout

@@ -376,9 +376,11 @@ class Verified:
     def summary(self) -> str:
         top = self.busiest
         parts = ", ".join(f"{k} {v:.1f}" for k, v in top.peak.items())
-        step = max(r.compute_s + r.network_s for r in self.ranks)
+        slowest = max(self.ranks, key=lambda r: r.compute_s + r.network_s)
+        step = slowest.compute_s + slowest.network_s
         timed = (
-            f"step ~{step:.2f} s on the device by the roofline, its network time not overlapped"
+            f"step ~{step:.2f} s on the device (roofline {slowest.compute_s:.2f} s, collectives "
+            f"across nodes {slowest.network_s:.2f} s, not overlapped)"
             if step
             else "step not timed (the profile gives no device figures)"
         )
