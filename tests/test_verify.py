@@ -119,16 +119,15 @@ def test_a_pipeline_with_its_weight_in_one_stage_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_70b_on_64_aurora_nodes_with_a_pipeline_is_past_a_tile(tmp_path):
-    """tp 4 x pp 2: torch's schedule keeps every layer of a stage gathered, with its fp32
-    gradients, through the step (768 ranks, under fake tensors)."""
-    proc = run_cli("submit", "aurora", "llama3_70b", "--nodes", "64", "-A", "P", "--set", "tp=4",
-                   "--set", "pp=2", "--set", "global_batch=192", "--dry-run", "--verify",
-                   cwd=tmp_path, timeout=600)
+def test_a_plan_the_estimate_fits_but_the_check_finds_past_the_device_is_refused(tmp_path):
+    """8B on 4 Polaris nodes: estimated at 37 GiB of an A100's 40, checked at 38.4 GiB, past its
+    40 GiB less the profile's 10% headroom; nothing written."""
+    proc = run_cli("submit", "polaris", "llama3_8b", "-N", "4", "-A", "P", "--dry-run",
+                   "--verify", cwd=tmp_path, timeout=600)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "--verify: the first rank of pp rank 0 (rank 0) peaks at " in proc.stderr
-    assert "GiB, above 57.6 GiB (64 GiB of one xpu device less the profile's 10% headroom" \
-        in proc.stderr
+    assert "--verify: the first rank (rank 0) peaks at 38.4 GiB, above 36.0 GiB (40 GiB of one " \
+        "cuda device less the profile's 10% headroom" in proc.stderr
+    assert not proc.stdout and not list(tmp_path.iterdir())
 
 
 UNSHARDED = """

@@ -15,8 +15,9 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
   two gathered inputs, 2 s b h), attention's q, its output and wo's input (3 s b h / t) and k
   and v after RoPE (2 s b k / t, k the KV heads' width: the kernel shares them among the query
   heads), SwiGLU's four (4 s b f / t), and where the machine's attention
-  kernel is the math one, the probabilities of its heads (b a s s / t); with checkpointing a
-  block keeps only its input (s b h, / t under TP), and one block is recomputed at a time,
+  kernel is the math one, the probabilities of its heads (b a s s / t), with two such matrices
+  more while the block's backward runs (the probabilities' gradient and the scores'); with
+  checkpointing a block keeps only its input (s b h, / t under TP), and one block is recomputed at a time,
   after the loss's tensors are freed (the peak holds the larger of the two);
 - the loss: the final norm's input and output, and the logits of a chunk of the sequence
   (loss_chunk tokens without TP, the whole sequence under TP, where each rank has V / t of the
@@ -61,8 +62,11 @@ def estimate(shape: Shape) -> Estimate:
     kv = m.n_kv_heads * m.head_dim
     # k and v are kept whole: gathered from the sequence's cp ranks (trainers/context.py)
     block = (tokens * (norms + 3 * h / t + 4 * f / t) + s * b * 2 * kv / t) * w
-    if shape.attention_matrix:
-        block += b * m.n_heads / t * local * s * w
+    matrix = b * m.n_heads / t * local * s * w if shape.attention_matrix else 0
+    block += matrix
+    # A block's backward under the math kernel holds two matrices more than it saved: the
+    # probabilities' gradient and the scores' (found by --verify on Aurora's 70B plans).
+    backward = 2 * matrix
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
     # every_other checkpoints blocks 0, 2, 4, ... (trainers/parallelize.py)
     checkpointed = {"none": 0, "every_other": (layers + 1) // 2, "full": layers}[shape.ac]
@@ -94,6 +98,6 @@ def estimate(shape: Shape) -> Estimate:
             **copies,
             "activations": stored,
             # The loss's tensors are gone by the time a checkpointed block is recomputed.
-            "loss or recompute": max(loss, block if checkpointed else 0),
+            "loss or recompute": max(loss, (block if checkpointed else 0) + backward),
         }
     )
