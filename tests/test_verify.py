@@ -127,7 +127,7 @@ def test_a_plan_the_estimate_fits_but_the_check_finds_past_the_device_is_refused
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--verify: the first rank (rank 0) peaks at 38.4 GiB, above 36.0 GiB (40 GiB of one " \
         "cuda device less the profile's 10% headroom" in proc.stderr
-    assert not proc.stdout and not list(tmp_path.iterdir())
+    assert not proc.stdout and not list(tmp_path.rglob("jobs.db"))
 
 
 UNSHARDED = """
