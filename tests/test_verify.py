@@ -6,7 +6,6 @@ check runs in a Python of its own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -48,7 +47,8 @@ def verify(world: int, *argv: str) -> dict:
 
 
 @pytest.mark.slow
-def test_dry_run_verify_puts_the_checked_peak_beside_the_estimate(tmp_path):
+def test_a_user_who_always_verifies_gets_the_checked_peak_beside_the_estimate(tmp_path):
+    """MMM_ORCH_VERIFY=1 (the user's setting; a profile's is `verify: true`), no --verify."""
     proc = run_cli(
         "submit",
         "local",
@@ -58,14 +58,33 @@ def test_dry_run_verify_puts_the_checked_peak_beside_the_estimate(tmp_path):
         "--set",
         "n_layers=2",
         "--dry-run",
-        "--verify",
         cwd=tmp_path,
+        env={"MMM_ORCH_VERIFY": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     header = [line for line in proc.stdout.splitlines() if line.startswith("# Memory per device")]
     assert header[0].startswith("# Memory per device (estimate, +-25%)")
     assert header[1].startswith("# Memory per device (verified"), header
     assert "reduce_scatter_tensor over 2" in proc.stdout  # FSDP's, over the two ranks
+    shards = next(line for line in proc.stdout.splitlines() if "#     shards" in line)
+    assert "layers.0.attention.wq.weight 256x256 as 128x256 (dp=" in shards, shards
+    assert "layers.1." not in shards  # one block stands for the others
+
+
+API = """
+import mmm_orch.api as api
+plan = api.plan("local", "llama3_debug", options={"tp": 2, "n_layers": 2}, verify=True)
+first = plan.memory.verified.ranks[0]
+print(first.kind, sum(first.peak.values()) > 0, len(first.shards))
+"""
+
+
+@pytest.mark.slow
+def test_the_api_verifies_a_plan(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", API], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["first", "rank", "True", "21"], proc.stdout
 
 
 @pytest.mark.slow

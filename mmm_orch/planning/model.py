@@ -357,6 +357,15 @@ class RankCheck:
     def total(self) -> float:
         return sum(self.peak.values())
 
+    @property
+    def sample_shards(self) -> tuple[ShardShape, ...]:
+        """Its shards outside the blocks and those of its first block (the others repeat it)."""
+        blocks = [s.name.split(".")[1] for s in self.shards if s.name.startswith("layers.")]
+        first = f"layers.{blocks[0]}." if blocks else ""
+        return tuple(
+            s for s in self.shards if not s.name.startswith("layers.") or s.name.startswith(first)
+        )
+
 
 @dataclass(frozen=True)
 class Verified:
