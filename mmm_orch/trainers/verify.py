@@ -450,7 +450,9 @@ def verify(request: dict[str, Any]) -> dict[str, Any]:
     and its last where its shards differ (some dimension not split evenly), each checked in a
     process forked from this one (torch imported once), as many at once as there are CPUs; a
     last rank's shards only."""
-    cfg = parse(llama3.Config, request["argv"])
+    # eager: what compiling changes is kernels and time, not the layout (and under fake
+    # tensors it would compile every block for nothing)
+    cfg = dataclasses.replace(parse(llama3.Config, request["argv"]), compile=False)
     device = DeviceFigures(**request["device"])
     dtype = torch.bfloat16 if request["dtype"] == "bf16" else torch.float32
     world_size = request["world_size"]
