@@ -76,7 +76,7 @@ def verify(plan: Plan) -> Plan:
     started = time.perf_counter()
     report = _run(model.verifier, request)
     checked = _checked(report, time.perf_counter() - started)
-    _refuse_faults(report, plan, machine, checked)
+    _refuse_faults(report, machine, checked)
     checked = dataclasses.replace(checked, disagreements=_disagreements(plan, checked))
     return dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, verified=checked))
 
@@ -131,7 +131,7 @@ def _placed(placements: dict[str, str]) -> str:
     return " ".join(f"{dim}={p}" for dim, p in placements.items())
 
 
-def _refuse_faults(report: dict[str, Any], plan: Plan, machine: Machine, checked: Verified) -> None:
+def _refuse_faults(report: dict[str, Any], machine: Machine, checked: Verified) -> None:
     """MmmError, one line naming the rank kind, the module and the numbers, for what cannot
     run."""
     for found in report["ranks"]:
