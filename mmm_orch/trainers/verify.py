@@ -464,7 +464,9 @@ def verify(request: dict[str, Any]) -> dict[str, Any]:
         attention_kernel(request["attention"]),
         forks.Pool(min(len(firsts), os.cpu_count() or 1), maxtasksperchild=1) as pool,
     ):
-        ranks = pool.starmap(check.run, [(rank, True) for rank in firsts])
+        # chunksize given: with it unset, starmap divides by the pool's live workers, which
+        # are none for a moment while maxtasksperchild replaces them
+        ranks = pool.starmap(check.run, [(rank, True) for rank in firsts], chunksize=1)
         uneven = [
             first + per_stage - 1
             for first, found in zip(firsts, ranks, strict=True)
@@ -472,7 +474,7 @@ def verify(request: dict[str, Any]) -> dict[str, Any]:
         ]
         # FSDP pads every shard to the first's size: the last rank's memory is the first's,
         # its shapes are what may differ.
-        ranks += pool.starmap(check.run, [(rank, False) for rank in uneven])
+        ranks += pool.starmap(check.run, [(rank, False) for rank in uneven], chunksize=1)
     for found in ranks:
         stage = found["rank"] // per_stage
         place = "first" if found["rank"] % per_stage == 0 else "last"
