@@ -171,3 +171,18 @@ def test_a_linear_layer_the_tp_plan_forgot_is_named():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "['wk (whole over tp 4)']", proc.stdout
+
+
+@pytest.mark.slow
+def test_a_sweep_verifies_each_point_and_refuses_the_one_that_cannot_run(tmp_path):
+    """Every point is checked; a point that cannot run is refused, named, before anything runs."""
+    proc = run_cli("sweep", "slurm-local", "llama3_debug", "--nodes", "1", "--set", "n_layers=2",
+                   "--set", "tp=2,1", "--dry-run", "--verify", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    refused = run_cli("sweep", "slurm-local", "llama3_debug", "--nodes", "2", "--set",
+                      "n_layers=4", "--set", "pp=4", "--set", "vocab_size=65536", "--set",
+                      "seq_len=256", "--set", "batch_size=2", "--set", "global_batch=8",
+                      "--dry-run", "--verify", cwd=tmp_path)
+    assert refused.returncode == 2 and "global_batch=8): --verify: the first rank of pp rank 3" \
+        in refused.stderr, \
+        refused.stderr

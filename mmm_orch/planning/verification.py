@@ -46,6 +46,12 @@ def wanted(machine: Machine, asked: bool) -> bool:
     return asked or os.environ.get("MMM_ORCH_VERIFY") == "1" or machine.verify
 
 
+def where_wanted(plan: Plan, asked: bool) -> Plan:
+    """`plan`, its layout checked where asked (--verify), set by the user or by the machine's
+    profile; MmmError for what cannot run."""
+    return verify(plan) if wanted(load_machine(plan.machine), asked) else plan
+
+
 def verify(plan: Plan) -> Plan:
     """`plan`, its memory section carrying the check's figures; MmmError for what cannot run."""
     machine, workload = load_machine(plan.machine), load_workload(plan.workload)

@@ -12,7 +12,7 @@ from typing import Any
 
 from mmm_orch.config.registry import load_workload
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
-from mmm_orch.planning import Plan, Request, resolve
+from mmm_orch.planning import Plan, Request, resolve, verification
 from mmm_orch.planning.occupancy import NOTHING_YET
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.records.record import PACK_INDEX, JobRecord
@@ -159,7 +159,7 @@ def points(request: Request, swept: dict[str, list[str]], new_jobs: bool = True)
             devices=int(values["devices"]) if "devices" in values else request.devices,
         )
         try:
-            plan = resolve(point_request)
+            plan = verification.where_wanted(resolve(point_request), request.verify)
         except MmmError as exc:
             label = " ".join(f"{k}={v if v.isprintable() else repr(v)}" for k, v in values.items())
             said = f"sweep point {index} ({label}): {exc}"

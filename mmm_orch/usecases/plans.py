@@ -49,14 +49,10 @@ def counted_plan(
 
 
 def verified(planned: Plan, asked: bool) -> Plan:
-    """`planned`, its layout checked under fake tensors where asked (--verify), set by the user
-    or by the machine's profile (planning/verification.py); MmmError for what cannot run."""
-    from mmm_orch.config.registry import load_machine
+    """`planned`, its layout checked where asked or set (planning/verification.py)."""
     from mmm_orch.planning import verification
 
-    if not verification.wanted(load_machine(planned.machine), asked):
-        return planned
-    return verification.verify(planned)
+    return verification.where_wanted(planned, asked)
 
 
 def script(request: Request, db: str | None = None, template: str | None = None) -> str:
