@@ -1,16 +1,12 @@
 """--verify beside the analytic plan: how long each takes, and what each says.
 
-    python benchmarks/verify_layouts.py plans   # facility plans: `render` with and without --verify
-    python benchmarks/verify_layouts.py h200    # one-rank layouts against the H200 peaks measured
-                                                # by memory_gpu.py (results/memory_gpu.json)
+    python benchmarks/verify_layouts.py   # facility plans: `render` with and without --verify
 
-`plans` renders each plan twice, each a new process (`mmm-orch render`): without --verify (the
+Each plan is rendered twice, each a new process (`mmm-orch render`): without --verify (the
 analytic plan alone) and with it, MMM_ORCH_MEMORY_CHECK=0 so that a plan past the device still
 shows its figures; wall time, the estimate, the verified peak of the busiest rank kind and the
-step time the roofline gives. `h200` checks the shapes of memory_gpu.py's table under fake
-tensors at one rank (autocast in bf16, no FSDP, as the trainer runs one rank) and sets the
-verified peak beside the estimate and the measured `torch.cuda.max_memory_allocated`.
-Results: results/verify_layouts.json and the tables in README.md."""
+step time the roofline gives. Results: results/verify_layouts.json and the table in
+README.md."""
 
 from __future__ import annotations
 
@@ -99,60 +95,7 @@ def plans() -> list[dict]:
     return rows
 
 
-def h200() -> list[dict]:
-    """memory_gpu.py's one-rank cases under fake tensors, beside its measured H200 peaks."""
-    measured = json.loads((HERE / "results" / "memory_gpu.json").read_text())
-    requests, rows = [], []
-    for case in measured["cases"]:
-        argv = [
-            "--config",
-            case["preset"],
-            "--n-layers",
-            "4",
-            "--seq-len",
-            "8192",
-            "--batch-size",
-            "1",
-            "--ac",
-            case["ac"],
-            "--loss-chunk",
-            str(case["loss_chunk"]),
-            "--dtype",
-            "bf16",
-        ]
-        requests.append(
-            {
-                "argv": argv,
-                "world_size": 1,
-                "ranks_per_node": 1,
-                "dtype": "bf16",
-                "attention": "fused",
-                "device": {"flops": 989e12, "memory_bandwidth": 4.8e12, "network_bandwidth": None},
-            }
-        )
-        rows.append(case)
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [PYTHON, "-m", "mmm_orch.trainers.verify"],
-        input=json.dumps(requests),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seconds = time.perf_counter() - started
-    for case, report in zip(rows, json.loads(proc.stdout), strict=True):
-        case["verified_gib"] = sum(report["ranks"][0]["peak"].values()) / 2**30
-        case["verified_step_s"] = report["ranks"][0]["compute_s"]
-    print(f"{len(rows)} layouts verified in {seconds:.1f} s")
-    for case in rows:
-        print(json.dumps(case))
-    return rows
-
-
 if __name__ == "__main__":
-    which = sys.argv[1] if len(sys.argv) > 1 else "plans"
     out = HERE / "results" / "verify_layouts.json"
-    saved = json.loads(out.read_text()) if out.exists() else {}
-    saved[which] = plans() if which == "plans" else h200()
-    saved[f"{which}_date"] = time.strftime("%Y-%m-%d")
+    saved = {"plans": plans(), "plans_date": time.strftime("%Y-%m-%d")}
     out.write_text(json.dumps(saved, indent=1) + "\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import facility_profiles
-from helpers.training import free_port, launch, run_training, steps
+from helpers.training import checked_under_fake_tensors, free_port, launch, run_training, steps
 
 from mmm_orch.models.llama3.args import PRESETS
 from mmm_orch.models.llama3.memory import estimate
@@ -63,16 +63,8 @@ def _peaks(ranks: int) -> dict[tuple, dict]:
 def _verified() -> dict[tuple, dict]:
     """Each case checked under fake tensors at its world size (trainers/verify.py), all in one
     Python: rank 0's report."""
-    requests = [{"argv": _argv(*case), "world_size": case[0], "ranks_per_node": case[0],
-                 "dtype": "fp32", "attention": "fused",
-                 "device": {"flops": None, "memory_bandwidth": None, "network_bandwidth": None}}
-                for case in CASES]
-    proc = run_training([sys.executable, "-m", "mmm_orch.trainers.verify"],
-                        input=json.dumps(requests), capture_output=True, text=True, timeout=900,
-                        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {case: report["ranks"][0] for case, report in zip(CASES, json.loads(proc.stdout),
-                                                              strict=True)}
+    reports = checked_under_fake_tensors(*((_argv(*case), case[0]) for case in CASES))
+    return {case: report["ranks"][0] for case, report in zip(CASES, reports, strict=True)}
 
 
 @pytest.mark.slow

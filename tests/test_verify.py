@@ -5,12 +5,12 @@ check runs in a Python of its own."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 from helpers.cli import run_cli
+from helpers.training import checked_under_fake_tensors
 
 TINY = [
     "--config",
@@ -27,23 +27,7 @@ TINY = [
 
 
 def verify(world: int, *argv: str) -> dict:
-    request = {
-        "argv": [*TINY, *argv],
-        "world_size": world,
-        "ranks_per_node": world,
-        "dtype": "fp32",
-        "attention": "fused",
-        "device": {"flops": None, "memory_bandwidth": None, "network_bandwidth": None},
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "mmm_orch.trainers.verify"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return checked_under_fake_tensors(([*TINY, *argv], world))[0]
 
 
 @pytest.mark.slow

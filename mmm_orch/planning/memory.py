@@ -90,7 +90,7 @@ def sized(machine, workload, args: dict, layout):
         dp=dp,
         tp=tp,
         ac=arg("ac") or preset.ac,
-        value_bytes=2 if accelerator and arg("dtype") != "fp32" else 4,
+        value_bytes=2 if compute_dtype(machine, workload, args) == "bf16" else 4,
         loss_chunk=_or(size("loss_chunk", 0), DEFAULT_LOSS_CHUNK) if tp == 1 else 0,
         attention_matrix=machine.node.attention_kernel == "math",
         pp=pp,
@@ -116,6 +116,13 @@ def sized(machine, workload, args: dict, layout):
             + " (the estimate is within 25%; MMM_ORCH_MEMORY_CHECK=0 submits it anyway)"
         )
     return plan
+
+
+def compute_dtype(machine, workload, args: dict) -> str:
+    """What the trainer computes in on `machine`: bf16 on an accelerator unless the run asks
+    for fp32, fp32 on CPUs (the trainer's rule, runtime/loop.py's param_dtype)."""
+    asked = _readers(workload, args)[0]("dtype")
+    return "bf16" if machine.node.gpus > 0 and asked != "fp32" else "fp32"
 
 
 def _readers(workload, args: dict):

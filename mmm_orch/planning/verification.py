@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import load_machine, load_workload
 from mmm_orch.errors import MmmError
 from mmm_orch.models.spec import GIB
+from mmm_orch.planning.memory import compute_dtype
 from mmm_orch.planning.model import (
     CollectiveCount,
     Plan,
@@ -40,36 +40,35 @@ STAGE_IMBALANCE = 2.0
 TIMEOUT_S = 900
 
 
-def wanted(machine: Machine, asked: bool) -> bool:
-    """Whether to verify: asked (--verify), set by the user (MMM_ORCH_VERIFY=1), or by the
-    machine's profile (verify: true)."""
-    return asked or os.environ.get("MMM_ORCH_VERIFY") == "1" or machine.verify
-
-
 def where_wanted(plan: Plan, asked: bool) -> Plan:
-    """`plan`, its layout checked where asked (--verify), set by the user or by the machine's
-    profile; MmmError for what cannot run."""
-    return verify(plan) if wanted(load_machine(plan.machine), asked) else plan
-
-
-def verify(plan: Plan) -> Plan:
-    """`plan`, its memory section carrying the check's figures; MmmError for what cannot run."""
+    """`plan`, its layout checked where asked (--verify: MmmError where its workload has no
+    check), or set by the user (MMM_ORCH_VERIFY=1) or the machine's profile (verify: true:
+    a workload without a check is planned as it is); MmmError for what cannot run."""
     machine, workload = load_machine(plan.machine), load_workload(plan.workload)
+    always = os.environ.get("MMM_ORCH_VERIFY") == "1" or machine.verify
+    if not (asked or always):
+        return plan
     name = workload.resources.memory_model
     model = models.get(name, "memory_model") if name else None
     if model is None or not model.verifier or plan.memory is None:
+        if not asked:
+            return plan
         raise MmmError(
             f"--verify: workload {plan.workload} has no layout check (its model names none); "
             "the llama3 trainer's workloads have one"
         )
+    return _verify(plan, machine, workload, model.verifier)
+
+
+def _verify(plan: Plan, machine: Machine, workload, verifier: str) -> Plan:
+    """`plan`, its memory section carrying the check's figures; MmmError for what cannot run."""
+    assert plan.memory is not None
     node = machine.node
     request = {
         "argv": list(trainer_argv(plan.launch.args)),
         "world_size": plan.layout.ranks,
         "ranks_per_node": plan.layout.ranks_per_node,
-        "dtype": "bf16"
-        if node.gpus and plan.launch.args.get("dtype", "bf16") != "fp32"
-        else "fp32",
+        "dtype": compute_dtype(machine, workload, plan.launch.args),
         "attention": node.attention_kernel,
         "device": {
             "flops": node.peak_tflops * 1e12 if node.peak_tflops else None,
@@ -80,7 +79,7 @@ def verify(plan: Plan) -> Plan:
         },
     }
     started = time.perf_counter()
-    report = _run(model.verifier, request)
+    report = _run(verifier, request)
     checked = _checked(report, time.perf_counter() - started)
     _refuse_faults(report, machine, checked)
     checked = dataclasses.replace(checked, disagreements=_disagreements(plan, checked))
@@ -88,6 +87,8 @@ def verify(plan: Plan) -> Plan:
 
 
 def _run(module: str, request: dict[str, Any]) -> dict[str, Any]:
+    import subprocess  # a plan that is not checked never needs it
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # its ranks run side by side, one a CPU
     try:
         proc = subprocess.run(

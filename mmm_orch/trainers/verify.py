@@ -30,11 +30,10 @@ import math
 import multiprocessing
 import os
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -186,9 +185,8 @@ def with_states(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
 
 
 def join(rank: int, world_size: int) -> None:
-    """This process as `rank` of a fake process group of `world_size`."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """This process as `rank` of a fake process group of `world_size` (once: a process of its
+    own per rank, verify's)."""
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
 
 
@@ -205,14 +203,10 @@ def shards(model: nn.Module) -> dict[str, dict[str, Any]]:
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
         placements = shards_of(param)
-        pieces = (
-            math.prod(
-                param.device_mesh.size(i)
-                for i, placement in enumerate(placements.values())
-                if isinstance(placement, Shard | _StridedShard)
-            )
-            if isinstance(param, DTensor)
-            else 1
+        pieces = math.prod(  # none for a plain tensor: it has no placements
+            cast(DTensor, param).device_mesh.size(i)
+            for i, placement in enumerate(placements.values())
+            if splits(placement)
         )
         found[name] = {
             "local": list(local.shape),
@@ -232,22 +226,23 @@ def unsharded(model: nn.Module, tp: int, dp: int) -> list[str]:
         if weight is None:
             continue
         placements = shards_of(weight)
-        if tp > 1 and isinstance(module, nn.Linear) and not _split(placements, "tp"):
+        if tp > 1 and isinstance(module, nn.Linear) and not splits(placements.get("tp")):
             left.append(f"{name} (whole over tp {tp})")
-        elif dp > 1 and not any(_split(placements, dim) for dim in ("dp", "dp_cp")):
+        elif dp > 1 and not any(splits(placements.get(dim)) for dim in ("dp", "dp_cp")):
             left.append(f"{name} (whole over dp {dp})")
     return left
 
 
 def shards_of(param: torch.Tensor) -> dict[str, Any]:
+    """A parameter's placements by mesh dimension name ({} for a plain tensor)."""
     if not isinstance(param, DTensor):
         return {}
     return dict(zip(param.device_mesh.mesh_dim_names or (), param.placements, strict=True))
 
 
-def _split(placements: dict[str, Any], dim: str) -> bool:
-    """Whether `dim` splits the parameter: a Shard, or FSDP's strided shard under TP."""
-    return isinstance(placements.get(dim), Shard | _StridedShard)
+def splits(placement: Any) -> bool:
+    """Whether a placement splits its tensor: a Shard, or FSDP's strided shard under TP."""
+    return isinstance(placement, Shard | _StridedShard)
 
 
 @contextmanager
@@ -304,7 +299,6 @@ class Check:
         if forward.context is not None:
             forward.context.masks(seq_len // cfg.cp)
         where = Where(model)
-        started = time.perf_counter()
         try:
             with FakeTensorMode(allow_non_fake_inputs=True), where, tracker, cost:
                 model.to_empty(device="cpu")
@@ -338,7 +332,6 @@ class Check:
             ],
             "compute_s": cost.compute_s,
             "network_s": cost.network_s,
-            "seconds": time.perf_counter() - started,
         }
 
     def _pipeline_step(self, world, stages, forward, batches, seq_len: int, dim: int) -> None:

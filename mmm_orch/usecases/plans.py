@@ -38,21 +38,16 @@ def counted_plan(
     request: Request, db: str | None, remote: str | None
 ) -> tuple[Plan, QueueLoad | None]:
     """The plan, and the user's jobs counted for it (None: its queue has no job limits)."""
+    from mmm_orch.planning.verification import where_wanted
     from mmm_orch.submission import queue_load
 
     request = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     planned = resolve(request)
     if request.queue_load is not None or not queue_load.limits_apply(planned):
-        return verified(planned, request.verify), request.queue_load
+        return where_wanted(planned, request.verify), request.queue_load
     load = queue_load.read(planned, remote, open_db(db))
-    return verified(resolve(dataclasses.replace(request, queue_load=load)), request.verify), load
-
-
-def verified(planned: Plan, asked: bool) -> Plan:
-    """`planned`, its layout checked where asked or set (planning/verification.py)."""
-    from mmm_orch.planning import verification
-
-    return verification.where_wanted(planned, asked)
+    again = resolve(dataclasses.replace(request, queue_load=load))
+    return where_wanted(again, request.verify), load
 
 
 def script(request: Request, db: str | None = None, template: str | None = None) -> str:

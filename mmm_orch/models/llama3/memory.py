@@ -29,9 +29,8 @@ With a pipeline of p stages (pp) the count is the busiest stage's: its L / p blo
 activations, the embedding's or the output's states (the larger, V h), the whole stage's
 parameters gathered and their gradients in fp32 ((L B / p + V h) (w + 4) / t: torch's pipeline
 schedule keeps FSDP from resharding or reducing until a step's last micro-batch; found by
---verify, which put a 70B plan of 64 Aurora nodes at 67.6 GiB a tile where this count said 11.4),
-and the activations of
-the micro-batches in flight at once, which the schedule sets: GPipe all M of a step, 1F1B at
+--verify, which put a 70B plan of 768 ranks, tp 4 x pp 2, at 67.6 GiB a device where this count
+said 11.4), and the activations of the micro-batches in flight at once, which the schedule sets: GPipe all M of a step, 1F1B at
 most p on the first stage, interleaved 1F1B p (1 + (p - 1) / 2p) (two stages a rank, Narayanan
 et al. 2021); the loss's logits are whole per micro-batch there (no chunks).
 With context parallel over c ranks (cp) each rank holds s / c of a sequence's tokens, and every
@@ -65,7 +64,8 @@ def estimate(shape: Shape) -> Estimate:
     matrix = b * m.n_heads / t * local * s * w if shape.attention_matrix else 0
     block += matrix
     # A block's backward under the math kernel holds two matrices more than it saved: the
-    # probabilities' gradient and the scores' (found by --verify on Aurora's 70B plans).
+    # probabilities' gradient and the scores' (found by --verify on 70B plans of
+    # a math-kernel profile).
     backward = 2 * matrix
     kept = tokens * h / t * w if t > 1 else tokens * h * w  # a checkpointed block's input
     # every_other checkpoints blocks 0, 2, 4, ... (trainers/parallelize.py)
