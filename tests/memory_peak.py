@@ -1,16 +1,19 @@
-"""Run under torchrun: for each case (the trainer's options; cases separated by `--`), the llama3
-trainer's own model and steps for two steps on CPU, and print the peak of live tensor bytes on
-rank 0 (a pipeline's first stage, its busiest), from the profiler's allocation events (every
-allocation and free of torch's CPU allocator, matched by address: peak_of says why), with rank
-0's parameter shards (their local shapes): one JSON line per case, in order. The
-cases share one process group: a torchrun per case would start its ranks (and import torch) again.
-A case after the first leaves out what a process allocates once (2-3 MB here: 83.1 against 85.8
-MB alone for 2 ranks, full recompute, chunks of 64)."""
+"""Run under torchrun: for each case (a trainer's name, then its options; cases separated by
+`--`), the trainer's model and steps for two steps on CPU, and print the peak of live tensor
+bytes on rank 0 (a pipeline's first stage, its busiest), from the profiler's allocation events
+(every allocation and free of torch's CPU allocator, matched by address: peak_of says why),
+with rank 0's parameter shards (their local shapes): one JSON line per case, in order. The
+llama3 trainer runs its own steps (a pipeline's real schedule, its stages sending to each
+other); the others their `layout` (what --verify checks), materialized and stepped for real.
+The cases share one process group: a torchrun per case would start its ranks (and import torch)
+again. A case after the first leaves out what a process allocates once (2-3 MB here: 83.1
+against 85.8 MB alone for 2 ranks, full recompute, chunks of 64)."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import json
 import sys
 
@@ -28,6 +31,7 @@ from mmm_orch.trainers.llama3 import Config, build_model, resolve, train_step
 
 
 def peak_bytes(argv: list[str], rt: runtime_dist.Runtime) -> tuple[int, dict[str, list[int]]]:
+    """The llama3 trainer's peak and rank 0's shards."""
     cfg = parse(Config, argv)
     args, batch_size, seq_len, _, ac = resolve(cfg)
     world = mesh(rt, cfg.tp, cfg.pp, cfg.cp)
@@ -49,9 +53,27 @@ def peak_bytes(argv: list[str], rt: runtime_dist.Runtime) -> tuple[int, dict[str
                        step + 1, None)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    shards = {name: list((p.to_local() if isinstance(p, DTensor) else p).shape)
-              for name, p in model.named_parameters()}
-    return peak_of(allocations(prof)), shards
+    return peak_of(allocations(prof)), local_shapes(model)
+
+
+def layout_peak(trainer: str, argv: list[str], rt) -> tuple[int, dict[str, list[int]]]:
+    """The peak and rank 0's shards of a trainer's `layout`, run for real: its model
+    materialized (uninitialized: the values change no size) and two steps of it."""
+    module = importlib.import_module(f"mmm_orch.trainers.{trainer}")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        layout = module.layout(parse(module.Config, argv), rt)
+        layout.model.to_empty(device=rt.device.torch)
+        optimizer = torch.optim.AdamW(layout.model.parameters(), lr=1e-4)
+        for _ in range(2):
+            layout.step()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return peak_of(allocations(prof)), local_shapes(layout.model)
+
+
+def local_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    return {name: list((p.to_local() if isinstance(p, DTensor) else p).shape)
+            for name, p in model.named_parameters()}
 
 
 COLLECTIVES = ("c10d::", "_c10d_functional::", "gloo:")
@@ -117,8 +139,8 @@ def cases(argv: list[str]) -> list[list[str]]:
 
 
 rt = runtime_dist.setup()
-for case in cases(sys.argv[1:]):
-    peak, shards = peak_bytes(case, rt)
+for trainer, *case in cases(sys.argv[1:]):
+    peak, shards = peak_bytes(case, rt) if trainer == "llama3" else layout_peak(trainer, case, rt)
     gc.collect()  # nothing of this case is freed inside the next one's window
     if rt.is_main:
         print(json.dumps({"peak_bytes": peak, "shards": shards}), flush=True)

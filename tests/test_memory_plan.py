@@ -41,14 +41,32 @@ def _argv(ranks: int, tp: int, ac: str, chunk: int, cp: int, pp: int) -> list[st
             "--cp", str(cp), "--pp", str(pp), "--global-batch", str(4 * dp * _microbatches(pp))]
 
 
+# The other trainers' layouts (trainer, its options, ranks), checked against their `layout` run
+# for real: FSDP over a ViT with a parameter too small to split evenly (cls_token), over the MNIST
+# CNN, and TP x FSDP over fsdp_tp's Llama-style model.
+LAYOUTS = [("vit", ("--img-size", "64", "--patch-size", "8", "--depth", "2", "--heads", "4",
+                    "--head-dim", "32", "--num-classes", "10", "--batch-size", "16",
+                    "--dtype", "fp32"), 2),
+           ("fsdp", ("--batch-size", "64", "--dtype", "fp32"), 2),
+           ("fsdp_tp", ("--dim", "128", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2",
+                        "--vocab-size", "2048", "--seq-len", "128", "--batch-size", "4",
+                        "--tp", "2", "--dtype", "fp32"), 4)]
+
+
+def _runs() -> list[tuple[tuple, str, list[str], int]]:
+    """Every layout measured and checked: (its key, trainer, options, ranks)."""
+    return ([(case, "llama3", _argv(*case), case[0]) for case in CASES]
+            + [(layout, layout[0], list(layout[1]), layout[2]) for layout in LAYOUTS])
+
+
 @functools.cache
 def _peaks(ranks: int) -> dict[tuple, dict]:
-    """The measured peak and rank 0's shards of each case of `ranks` ranks, all in one torchrun
-    (memory_peak.py)."""
-    mine = [case for case in CASES if case[0] == ranks]
+    """The measured peak and rank 0's shards of each layout of `ranks` ranks, all in one
+    torchrun (memory_peak.py)."""
+    mine = [run for run in _runs() if run[3] == ranks]
     argv = []
-    for case in mine:
-        argv += [*_argv(*case), "--"]
+    for _, trainer, options, _ in mine:
+        argv += [trainer, *options, "--"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = run_training([sys.executable, "-m", "torch.distributed.run", "--standalone",
                          f"--nproc-per-node={ranks}", str(HERE / "memory_peak.py"), *argv[:-1]],
@@ -56,15 +74,17 @@ def _peaks(ranks: int) -> dict[tuple, dict]:
                         env={**env, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()[-len(mine):]
-    return {case: json.loads(line) for case, line in zip(mine, lines, strict=True)}
+    return {run[0]: json.loads(line) for run, line in zip(mine, lines, strict=True)}
 
 
 @functools.cache
 def _verified() -> dict[tuple, dict]:
-    """Each case checked under fake tensors at its world size (trainers/verify.py), all in one
+    """Each layout checked under fake tensors at its world size (trainers/verify.py), all in one
     Python: rank 0's report."""
-    reports = checked_under_fake_tensors(*((_argv(*case), case[0]) for case in CASES))
-    return {case: report["ranks"][0] for case, report in zip(CASES, reports, strict=True)}
+    runs = _runs()
+    reports = checked_under_fake_tensors(*((trainer, options, ranks)
+                                           for _, trainer, options, ranks in runs))
+    return {run[0]: report["ranks"][0] for run, report in zip(runs, reports, strict=True)}
 
 
 @pytest.mark.slow
@@ -83,11 +103,12 @@ def test_the_estimate_is_within_25_percent_of_the_peak_on_cpu(ranks, tp, ac, chu
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("memory-peaks")
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + LAYOUTS)
 def test_the_check_under_fake_tensors_has_the_real_shards_and_peak(case):
     """--verify's check of each layout against the trainer run for real on gloo: rank 0's
     shards exactly, its peak within 10% (MemTracker against the CPU allocator)."""
-    real, fake = _peaks(case[0])[case], _verified()[case]
+    ranks = next(run[3] for run in _runs() if run[0] == case)
+    real, fake = _peaks(ranks)[case], _verified()[case]
     assert {name: s["local"] for name, s in fake["shards"].items()} == real["shards"]
     verified = sum(fake["peak"].values())
     print(f"{case}: measured {real['peak_bytes'] / 2**20:.1f} MiB, verified "

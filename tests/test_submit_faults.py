@@ -211,7 +211,7 @@ def test_killed_after_the_scheduler_took_the_job(sched):
     assert [(r["native_id"], r["tag"]) for r in records()] == [(row["native_id"], row["tag"])]
 
 
-HISTORY = 40  # finished jobs of one name: the old lookup read every one of them
+HISTORY = 8  # finished jobs of one name: the old lookup read every one of them (8 + 5 words)
 
 
 # PBS only: squeue reads the controller's jobs, sacct the record's time window (the Slurm side

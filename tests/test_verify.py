@@ -1,6 +1,6 @@
-"""--verify: the llama3 trainer's own model and step at the job's world size under fake tensors
-and a fake process group (trainers/verify.py), beside the analytic plan in the script's header,
-and what cannot run refused before anything is written. Run as a user runs it: the CLI, whose
+"""--verify: a trainer's own model and step at the job's world size under fake tensors and a
+fake process group (trainers/verify.py), beside the analytic plan in the script's header where
+the model has one, and what cannot run refused before anything is written. Run as a user runs it: the CLI, whose
 check runs in a Python of its own."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TINY = [
 
 
 def verify(world: int, *argv: str) -> dict:
-    return checked_under_fake_tensors(([*TINY, *argv], world))[0]
+    return checked_under_fake_tensors(("llama3", [*TINY, *argv], world))[0]
 
 
 @pytest.mark.slow
@@ -55,10 +55,47 @@ def test_a_user_who_always_verifies_gets_the_checked_peak_beside_the_estimate(tm
     assert "layers.1." not in shards  # one block stands for the others
 
 
+@pytest.mark.slow
+def test_the_other_trainers_are_checked_and_their_faults_refused(tmp_path):
+    """The ViT (no analytic plan: the check alone in the header) and fsdp_tp, whose 3 heads
+    cannot be cut over tp 2: refused in the attention's q projection, nothing written."""
+    proc = run_cli("submit", "local", "vit", "--verify", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("# Memory per device")]
+    assert len(header) == 1 and header[0].startswith("# Memory per device (verified"), header
+    assert "blocks.0.qkv.weight" in proc.stdout and "blocks.1." not in proc.stdout
+    refused = run_cli("submit", "local", "fsdp_tp", "--set", "tp=2", "--set", "dim=96", "--set",
+                      "n_heads=3", "--set", "n_kv_heads=3", "--verify", "--dry-run", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--verify: first rank (rank 0): the layout fails in layers.0.attention.wq" \
+        in refused.stderr, refused.stderr
+    assert not refused.stdout and not list(tmp_path.rglob("jobs.db"))
+
+
+@pytest.mark.slow
+def test_the_workloads_that_say_they_have_a_check_are_those_whose_trainer_has_one():
+    """layout_check: true where the trainer has a `layout` (verify.py calls it), and only there."""
+    import importlib
+
+    from mmm_orch.config.registry import load_workload, names
+
+    for name in names("workloads"):
+        workload = load_workload(name)
+        if workload.trainer:
+            has = hasattr(importlib.import_module(workload.trainer), "layout")
+            assert workload.layout_check == has, name
+
+
+def test_a_workload_without_a_check_is_refused_when_asked(cli, isolated):
+    result = cli("submit", "local", "dist_check", "--verify", "--dry-run")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "--verify: workload dist_check has no layout check" in result.err
+
+
 API = """
 import mmm_orch.api as api
 plan = api.plan("local", "llama3_debug", options={"tp": 2, "n_layers": 2}, verify=True)
-first = plan.memory.verified.ranks[0]
+first = plan.verified.ranks[0]
 print(first.kind, sum(first.peak.values()) > 0, len(first.shards))
 """
 

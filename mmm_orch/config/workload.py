@@ -248,6 +248,9 @@ class Workload:
     description: str = ""
     # python -m <trainer>; "" for a workload that runs the user's command (`-- CMD ARGS...`)
     trainer: str = ""
+    # The trainer has a `layout(cfg, rt)`: --verify checks a plan's layout with it, the real
+    # model and parallelization at the job's world size under fake tensors (trainers/verify.py).
+    layout_check: Flag = False
     # Only without a trainer: the command keeps mmm-orch's runtime contract (docs/runtime.md:
     # save and exit 75 on the stop signal, resume when told), so chains, failover resumes and the
     # stop before the walltime apply to it. A trainer's own --resume option says that for it.
@@ -275,6 +278,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.trainer and not _MODULE.match(self.trainer):
             raise ValueError(f"trainer {self.trainer!r} is not a python module path")
+        if self.layout_check and not self.trainer:
+            raise ValueError("layout_check: true needs a trainer whose layout it checks")
         if self.run_options and not self.trainer:
             raise ValueError("run_options: true needs a trainer to pass them to")
         if self.trainer and self.resumable:

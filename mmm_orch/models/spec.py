@@ -147,9 +147,6 @@ class Model:
     # imported when a checkpoint is read or written, not when a plan is made; "": no pretrained
     # weights in or out.
     checkpoint_map: str = ""
-    # The module that checks a layout of it under fake tensors (`python -m` it; --verify,
-    # planning/verification.py), "": none.
-    verifier: str = ""
 
     @property
     def checkpoint(self) -> CheckpointMap | None:

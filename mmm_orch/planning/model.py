@@ -359,12 +359,17 @@ class RankCheck:
 
     @property
     def sample_shards(self) -> tuple[ShardShape, ...]:
-        """Its shards outside the blocks and those of its first block (the others repeat it)."""
-        blocks = [s.name.split(".")[1] for s in self.shards if s.name.startswith("layers.")]
-        first = f"layers.{blocks[0]}." if blocks else ""
-        return tuple(
-            s for s in self.shards if not s.name.startswith("layers.") or s.name.startswith(first)
-        )
+        """Its shards outside the blocks (a numbered list's: layers.N, blocks.N) and those of its
+        first block (the others repeat it)."""
+        first = next((block_of(s.name) for s in self.shards if block_of(s.name)), "")
+        return tuple(s for s in self.shards if block_of(s.name) in ("", first))
+
+
+def block_of(name: str) -> str:
+    """The block a parameter's name is in ("layers.3" of "layers.3.attention.wq.weight"), ""
+    outside the blocks."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 and parts[1].isdigit() else ""
 
 
 @dataclass(frozen=True)
@@ -407,7 +412,6 @@ class MemoryPlan:
     parts: dict[str, float] = field(hash=False)
     device_gib: float | None
     pipeline: str = ""  # how a pipeline splits the model (pp > 1), for the script's reader
-    verified: Verified | None = None  # --verify's figures (planning/verification.py)
 
     @property
     def total(self) -> float:
@@ -479,6 +483,7 @@ class Plan:
     submission: JobPlace = JobPlace()
     chain: ChainLink = ChainLink()
     memory: MemoryPlan | None = None
+    verified: Verified | None = None  # --verify's figures (planning/verification.py)
     cost: CostPlan | None = None
 
     @property

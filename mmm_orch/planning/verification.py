@@ -1,5 +1,5 @@
-"""--verify: a plan's layout checked on this CPU before the queue. The workload's model names its
-check (models/<name>/, `verifier`), which runs the trainer's own model and parallelization at the
+"""--verify: a plan's layout checked on this CPU before the queue. A workload whose trainer has a
+check (its spec's layout_check) runs the trainer's own model and parallelization at the
 job's world size under fake tensors and a fake process group (trainers/verify.py), for one rank
 of each kind, in a Python of its own (torch is imported there, never by the planner).
 
@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-from mmm_orch import models
 from mmm_orch.config.machine import Machine
 from mmm_orch.config.registry import load_machine, load_workload
 from mmm_orch.errors import MmmError
@@ -48,23 +47,21 @@ def where_wanted(plan: Plan, asked: bool) -> Plan:
     always = os.environ.get("MMM_ORCH_VERIFY") == "1" or machine.verify
     if not (asked or always):
         return plan
-    name = workload.resources.memory_model
-    model = models.get(name, "memory_model") if name else None
-    if model is None or not model.verifier or plan.memory is None:
+    if not workload.layout_check:
         if not asked:
             return plan
         raise MmmError(
-            f"--verify: workload {plan.workload} has no layout check (its model names none); "
-            "the llama3 trainer's workloads have one"
+            f"--verify: workload {plan.workload} has no layout check (its spec's layout_check "
+            "is off); the in-repo trainers' workloads have one (llama3_*, fsdp_tp, vit, fsdp)"
         )
-    return _verify(plan, machine, workload, model.verifier)
+    return _verify(plan, machine, workload)
 
 
-def _verify(plan: Plan, machine: Machine, workload, verifier: str) -> Plan:
-    """`plan`, its memory section carrying the check's figures; MmmError for what cannot run."""
-    assert plan.memory is not None
+def _verify(plan: Plan, machine: Machine, workload) -> Plan:
+    """`plan` carrying the check's figures; MmmError for what cannot run."""
     node = machine.node
     request = {
+        "trainer": workload.trainer,
         "argv": list(trainer_argv(plan.launch.args)),
         "world_size": plan.layout.ranks,
         "ranks_per_node": plan.layout.ranks_per_node,
@@ -79,20 +76,21 @@ def _verify(plan: Plan, machine: Machine, workload, verifier: str) -> Plan:
         },
     }
     started = time.perf_counter()
-    report = _run(verifier, request)
+    report = _run(request)
     checked = _checked(report, time.perf_counter() - started)
     _refuse_faults(report, machine, checked)
-    checked = dataclasses.replace(checked, disagreements=_disagreements(plan, checked))
-    return dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, verified=checked))
+    if plan.memory is not None:
+        checked = dataclasses.replace(checked, disagreements=_disagreements(plan, checked))
+    return dataclasses.replace(plan, verified=checked)
 
 
-def _run(module: str, request: dict[str, Any]) -> dict[str, Any]:
+def _run(request: dict[str, Any]) -> dict[str, Any]:
     import subprocess  # a plan that is not checked never needs it
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # its ranks run side by side, one a CPU
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", module],
+            [sys.executable, "-m", "mmm_orch.trainers.verify"],
             input=json.dumps(request),
             capture_output=True,
             text=True,

@@ -56,6 +56,16 @@ def warmup_cosine(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def classifier_loss(
+    model: torch.nn.Module, rt: Runtime, dtype: str, images: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """The cross-entropy of `model` on a batch of labelled images, its forward under autocast
+    where the run computes in bf16."""
+    with autocast(rt, dtype):
+        logits = model(images.to(rt.device.torch))
+    return torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
+
+
 def classifier_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -69,9 +79,7 @@ def classifier_step(
     the caller started `timer`; returns this rank's loss and what the step logs: the loss's mean
     over the ranks, the times, samples/s of this rank and its memory peak."""
     with region("forward"):
-        with autocast(rt, dtype):
-            logits = model(images.to(rt.device.torch))
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(rt.device.torch))
+        loss = classifier_loss(model, rt, dtype, images, labels)
     timer.forward_done()
     with region("backward"):
         loss.backward()

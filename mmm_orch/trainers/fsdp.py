@@ -113,6 +113,24 @@ def open_data(cfg: Config, rt):
     )
 
 
+def parallelized(model: MnistCNN, cfg: Config, dp_mesh, rt) -> None:
+    """FSDP2 over the data-parallel ranks, each layer its own unit."""
+    units = [model.conv1, model.conv2, model.fc1, model.fc2]
+    parallelize.fsdp(model, units, dp_mesh, param_dtype(rt, cfg.dtype))
+
+
+def layout(cfg: Config, rt):
+    """This rank as the job builds it, for the layout check (trainers/verify.py): the model on
+    the meta device, parallelized as `main` does, and one step's forward and backward."""
+    from mmm_orch.trainers.verify import classifier_layout  # the check's alone
+
+    dp_mesh = mesh(rt)["dp"]
+    with torch.device("meta"):
+        model = MnistCNN()
+    parallelized(model, cfg, dp_mesh, rt)
+    return classifier_layout(model, rt, dp_mesh.size(), cfg.batch_size, (1, 28, 28), 10, cfg.dtype)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     rt = runtime_dist.setup()
@@ -122,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(cfg.seed)
     model = MnistCNN().to(rt.device.torch)
-    parallelize.fsdp(
-        model, [model.conv1, model.conv2, model.fc1, model.fc2], dp_mesh, param_dtype(rt, cfg.dtype)
-    )
+    parallelized(model, cfg, dp_mesh, rt)
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=cfg.gamma)

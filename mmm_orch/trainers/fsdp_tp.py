@@ -18,6 +18,8 @@ if (
 
     stop.catch()
 
+import torch
+
 from mmm_orch.models.llama3.args import TINY, LlamaArgs  # --tiny: llama3's tiny shape
 from mmm_orch.models.llama3.model import Transformer
 from mmm_orch.options.run import RunOptions, option
@@ -48,6 +50,44 @@ class Config(RunOptions):
     tiny: bool = option(False, "a 2-layer, 64-dim model for smoke tests")
 
 
+def parallelized(model: Transformer, cfg: Config, world, rt):
+    """Tensor parallel inside the TP group, then FSDP2 over the data-parallel ranks; the context
+    a forward and its loss run in (parallelize.fsdp's)."""
+    parallelize.tensor_parallel_llama(model, world["tp"])
+    return parallelize.fsdp(model, model.layers.values(), world["dp"], param_dtype(rt, cfg.dtype))
+
+
+def placed(
+    inputs: torch.Tensor, labels: torch.Tensor, rt: runtime_dist.Runtime
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch on this rank's device."""
+    return inputs.to(rt.device.torch), labels.to(rt.device.torch)
+
+
+def layout(cfg: Config, rt):
+    """This rank as the job builds it, for the layout check (trainers/verify.py): the model on
+    the meta device, parallelized as `main` does, and one step's forward and backward."""
+    from mmm_orch.trainers.verify import Layout  # the check's alone
+
+    world = mesh(rt, cfg.tp)
+    dp, tp = world["dp"], world["tp"].size()
+    with torch.device("meta"):
+        model = Transformer(model_args(LlamaArgs, cfg, max_seq_len=cfg.seq_len, multiple_of=32))
+    precision = parallelized(model, cfg, world, rt)
+    data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.seed)
+
+    def step() -> None:
+        inputs, labels = data.batch(
+            batch_indices(0, dp.get_local_rank(), cfg.batch_size, dp.size())
+        )
+        with loss_context(tp):
+            with precision():
+                loss = token_losses(model, *placed(inputs, labels, rt), 0, tp)
+            loss.backward()
+
+    return Layout(model, step, tp=tp, dp=dp.size())
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     rt = runtime_dist.setup()
@@ -59,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Transformer(args)
     model.init_weights(cfg.seed)
     model.to(rt.device.torch)
-    parallelize.tensor_parallel_llama(model, tp_mesh)
-    precision = parallelize.fsdp(model, model.layers.values(), dp_mesh, param_dtype(rt, cfg.dtype))
+    precision = parallelized(model, cfg, world, rt)
     draw_per_rank(cfg.seed, rt.rank)
 
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr)
@@ -79,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         with loss_context(tp_mesh.size()):  # logits sharded over the vocabulary under TP
             with region("forward"), precision():
-                loss = token_losses(
-                    model, inputs.to(rt.device.torch), labels.to(rt.device.torch), 0, tp_mesh.size()
-                )
+                loss = token_losses(model, *placed(inputs, labels, rt), 0, tp_mesh.size())
             timer.forward_done()
             with region("backward"):
                 loss.backward()

@@ -216,6 +216,34 @@ def parallelized(
     return model, stages, forward, counts
 
 
+def layout(cfg: Config, rt: Runtime):
+    """This rank as the job builds it, for the layout check (trainers/verify.py, a fake process
+    group joined): the model from `parallelized`, and one step over the job's micro-batches,
+    through a pipeline its part of the schedule's (pipeline.rehearse)."""
+    from mmm_orch.trainers.verify import Layout  # the check's alone
+
+    args, batch_size, seq_len, _, ac = resolve(cfg)
+    world = mesh(rt, cfg.tp, cfg.pp, cfg.cp)
+    dp = world["dp"]
+    batches = GlobalBatch.of(cfg.global_batch, batch_size, dp.size(), dp.get_local_rank())
+    dtype = param_dtype(rt, cfg.dtype)
+    model, stages, forward, _ = parallelized(cfg, args, seq_len, ac, world, dtype)
+    if forward.context is not None:
+        forward.context.masks(seq_len // cfg.cp)  # made once a run, before any step
+    data = SyntheticTokens(args.vocab_size, seq_len, cfg.seed)
+
+    def step() -> None:
+        if cfg.pp == 1:
+            train_step(forward, data, batches, 0, StepTimer(rt), rt.device.torch, 1, None)
+            return
+        micro = batches.accumulation
+        built = pipeline.build(stages, world["pp"], cfg.pp_schedule, micro, rt.device.torch)
+        shape = (batches.batch_size, seq_len // cfg.cp, args.dim)
+        pipeline.rehearse(built, micro, cfg.tp, shape, dtype)
+
+    return Layout(model, step, tp=cfg.tp, dp=dp.size() * world["cp"].size())
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     args, batch_size, seq_len, lr, ac = resolve(cfg)

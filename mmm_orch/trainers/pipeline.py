@@ -10,6 +10,7 @@ another."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,13 @@ from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    _ComputationType,
 )
 from torch.distributed.tensor import DTensor
 
 from mmm_orch.models.layout import PIPELINE_SCHEDULES, stage_layers
 from mmm_orch.models.llama3.model import Transformer
+from mmm_orch.trainers.loss import loss_context
 
 _SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 _LOOPED = {"interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -122,6 +125,84 @@ def build(
     else:
         chosen = _SINGLE[schedule](built[0], n_microbatches=microbatches, loss_fn=token_loss)
     return Pipeline(built, chosen, pp_mesh)
+
+
+def rehearse(
+    built: Pipeline, microbatches: int, tp: int, shape: tuple[int, int, int], dtype: torch.dtype
+) -> None:
+    """This rank's part of one step of `built`'s schedule with no neighbour to send or receive
+    (trainers/verify.py, under fake tensors): its actions in order (`actions`), each stage's
+    forward or backward, FSDP's gradient sync held to the last as the schedule holds it. What
+    the neighbours would send arrives in receive buffers, one per micro-batch for activations
+    (a stage after the first) and for gradients (a stage before the last), held for the
+    pipeline's life as PipelineStage holds them; `shape` is a micro-batch's (batch, this rank's
+    part of the sequence, model width), the activations between stages split over the sequence
+    under TP; the first stage's tokens are zeros."""
+    batch, seq, dim = shape
+    by_index = {stage.stage_index: stage for stage in built.stages}
+    tokens = torch.zeros(batch, seq, dtype=torch.long)
+    hidden = (batch, seq // tp if tp > 1 else seq, dim)
+
+    def buffers(wanted: bool) -> list[torch.Tensor]:
+        return [torch.empty(hidden, dtype=dtype) for _ in range(microbatches if wanted else 0)]
+
+    received = {i: buffers(not s.is_first) for i, s in by_index.items()}
+    gradients = {i: buffers(not s.is_last) for i, s in by_index.items()}
+    kept: dict[tuple[int, int], tuple] = {}
+    backwards: dict[int, int] = defaultdict(int)
+    for index, kind, micro in actions(built, built.mesh.get_local_rank(), microbatches):
+        stage = by_index[index]
+        if kind == _ComputationType.FORWARD:
+            inputs = (
+                tokens if stage.is_first else received[index][micro].detach().requires_grad_(True)
+            )
+            with loss_context(tp):
+                out = stage.submod(inputs)
+                if stage.is_last:
+                    out = token_loss(out, tokens)
+            kept[(index, micro)] = (inputs, out)
+        elif kind == _ComputationType.FULL_BACKWARD:
+            inputs, out = kept.pop((index, micro))
+            backwards[index] += 1
+            with loss_context(tp):
+                stage.backward_maybe_with_nosync(
+                    "full",
+                    {
+                        "stage_output": out if stage.is_last else (out,),
+                        "output_grads": None if stage.is_last else (gradients[index][micro],),
+                        "input_values": () if stage.is_first else (inputs,),
+                    },
+                    last_backward=backwards[index] == microbatches,
+                )
+        elif kind == _ComputationType.REDUCE_GRAD:
+            stage.perform_reduce_grad(microbatches)
+
+
+def actions(built: Pipeline, pp_rank: int, microbatches: int) -> list[tuple]:
+    """(stage index, F/B/REDUCE_GRAD, micro-batch) in the order this pipeline rank runs them:
+    a looped schedule's own `pipeline_order`; for one stage a rank, the order its
+    `_step_microbatches` runs (whose `pipeline_order`, drawn for display, is not it: torch 2.13
+    numbers the last stage's micro-batches from 1 there): GPipe every forward then every
+    backward, 1F1B min(M, stages - stage) forwards, then a backward and a forward in turn."""
+    schedule = built.schedule
+    F_, B = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
+    if isinstance(schedule, PipelineScheduleMulti):
+        return [
+            (a.stage_index, a.computation_type, a.microbatch_index)
+            for a in schedule.pipeline_order[pp_rank]
+            if a is not None
+        ]
+    stage = built.stages[0].stage_index
+    if isinstance(schedule, ScheduleGPipe):
+        order = [(F_, m) for m in range(microbatches)] + [(B, m) for m in range(microbatches)]
+    else:
+        warmup = min(microbatches, built.stages[0].num_stages - stage)
+        order = [(F_, m) for m in range(warmup)]
+        for m in range(microbatches):
+            order.append((B, m))
+            if warmup + m < microbatches:
+                order.append((F_, warmup + m))
+    return [(stage, kind, m) for kind, m in order] + [(stage, _ComputationType.REDUCE_GRAD, None)]
 
 
 IGNORED = -100  # a label the loss leaves out (a validation slot past the held-out samples)

@@ -1,7 +1,8 @@
-"""A Llama 3 layout checked before the queue, on a CPU: the trainer's own model, parallelized as
-the job will (trainers/llama3.py's `parallelized`: TP, context parallel, pipeline stages and their
-schedule, activation checkpointing, FSDP2), for one rank of each kind, at the job's world size,
-under fake tensors (no parameter is allocated) and a fake process group (nothing is sent).
+"""A trainer's layout checked before the queue, on a CPU: the trainer's own model, parallelized
+as the job will (each trainer's `layout(cfg, rt)`: llama3's TP, context parallel, pipeline stages
+and their schedule, activation checkpointing and FSDP2; fsdp_tp's TP and FSDP2; the ViT's and the
+CNN's FSDP2), for one rank of each kind, at the job's world size, under fake tensors (no
+parameter is allocated) and a fake process group (nothing is sent).
 
 Each rank's step holds AdamW's states, as every step after the first does (made first by an
 optimizer step over zero gradients). PyTorch's MemTracker takes the peak by part; a dispatch
@@ -13,9 +14,7 @@ asks CUDA for them, and the point is to need no GPU.
 A rank kind is a pipeline stage's first rank, and its last where their shards differ (a
 dimension FSDP or TP does not split evenly). Each is checked in a process of its own: a fake
 process group's rank is its process's, and DTensor and the device mesh keep its groups for the
-process's life. A pipeline rank runs its part of torch's own schedule, its stages' forwards and
-backwards in that schedule's order (`actions`), what a neighbour would send arriving in
-receive buffers as PipelineStage's do.
+process's life. A pipeline rank runs its part of torch's own schedule (pipeline.rehearse).
 
     python -m mmm_orch.trainers.verify < request.json > report.json   (or lists of them)
 
@@ -25,13 +24,14 @@ the report, not an exit code: the planner says it, with the rank kind and the nu
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import multiprocessing
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -42,28 +42,21 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops, sync_ops
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.pipelining.schedules import (
-    PipelineScheduleMulti,
-    ScheduleGPipe,
-    _ComputationType,
-)
 from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.distributed.tensor.placement_types import _StridedShard
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._runtime_estimation import _IGNORE_OPS, _VIEW_OPS, get_num_bytes
 from torch.utils.flop_counter import flop_registry
 
 from mmm_orch.injob.launch_env import LaunchEnv
 from mmm_orch.models.llama3 import model as llama_model
-from mmm_orch.runtime.data import GlobalBatch, SyntheticTokens
 from mmm_orch.runtime.device import Device
 from mmm_orch.runtime.dist import Runtime
-from mmm_orch.runtime.loop import StepTimer, adamw, mesh
+from mmm_orch.runtime.loop import adamw, classifier_loss
 from mmm_orch.runtime.options import parse
-from mmm_orch.trainers import llama3, pipeline
-from mmm_orch.trainers.loss import loss_context
 
 # MemTracker's parts, named as the plan names its own (planning/memory.py)
 PARTS = {
@@ -190,11 +183,6 @@ def join(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
 
 
-def runtime(rank: int, world_size: int, ranks_per_node: int) -> Runtime:
-    launch = LaunchEnv(rank, rank % ranks_per_node, world_size, ranks_per_node, "fake", "", 0)
-    return Runtime(launch, Device("cpu", None, "fake"), "verify")
-
-
 def shards(model: nn.Module) -> dict[str, dict[str, Any]]:
     """Each parameter's shard on this rank: its local and whole shapes, its placements over the
     mesh's dimensions (dp, tp: Shard(dim) or Replicate), and whether every rank's is alike (the
@@ -246,72 +234,127 @@ def splits(placement: Any) -> bool:
 
 
 @contextmanager
+def propagation_unseen() -> Iterator[None]:
+    """DTensor's sharding propagation out of the check's sight. To find an operator's output
+    shape it runs the operator on fake tensors of the whole (unsharded) shapes; in a job those
+    are its own fake mode's and hold no memory, but under the check's fake mode it takes that
+    one, and MemTracker and the roofline counted them: loss_parallel's backward showed two
+    whole-vocabulary logits, 4 MiB too many at tp 2 on the debug model. Here it runs with the
+    check's modes off, as in a job."""
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def unseen(self, op_schema):
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = unseen  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+
+@contextmanager
 def attention_kernel(kernel: str) -> Iterator[None]:
-    """The model's attention as the job's device runs it: with "math", the math kernel alone
+    """The models' attention as the job's device runs it: with "math", the math kernel alone
     (which keeps every head's probabilities for backward, as on a device without a fused
-    training kernel); otherwise the CPU's own."""
+    training kernel); otherwise the CPU's own. The Llama model names its kernels itself
+    (model.py's ATTENTION_KERNELS, which an outer sdpa_kernel would not override)."""
     if kernel != "math":
         yield
         return
     kept = llama_model.ATTENTION_KERNELS
     llama_model.ATTENTION_KERNELS = [SDPBackend.MATH]
     try:
-        yield
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
     finally:
         llama_model.ATTENTION_KERNELS = kept
 
 
 @dataclasses.dataclass
-class Check:
-    """One rank's check: the trainer's options, the job's world and device."""
+class Layout:
+    """A trainer's rank as its job builds it (the trainer's `layout(cfg, rt)`): its model
+    parallelized on the meta device, the TP degree and the data-parallel ranks (FSDP's) it
+    splits over, and one training step's forwards and backwards over the job's micro-batches,
+    run once the model is materialized under fake tensors (the optimizer's step is the
+    check's)."""
 
-    cfg: llama3.Config
+    model: nn.Module
+    step: Callable[[], None]
+    tp: int = 1
+    dp: int = 1
+
+
+def classifier_layout(
+    model: nn.Module, rt: Runtime, dp: int, batch: int, image: tuple[int, ...], classes: int, dtype
+) -> Layout:
+    """An image classifier's layout (the ViT's, the CNN's): its step a forward and backward
+    on a batch of the job's shape, drawn at random (the synthetic images are drawn sample by
+    sample, which fake tensors cannot)."""
+
+    def step() -> None:
+        images = torch.randn(batch, *image)
+        labels = torch.randint(classes, (batch,))
+        classifier_loss(model, rt, dtype, images, labels).backward()
+
+    return Layout(model, step, dp=dp)
+
+
+class StandIn(Device):
+    """The job's device as a CPU under fake tensors stands in for it: it computes in bf16 where
+    the job's does (the plan's compute dtype decides, not this CPU's features)."""
+
+    @property
+    def supports_bf16(self) -> bool:
+        return True
+
+
+def runtime(rank: int, world_size: int, ranks_per_node: int) -> Runtime:
+    launch = LaunchEnv(rank, rank % ranks_per_node, world_size, ranks_per_node, "fake", "", 0)
+    return Runtime(launch, StandIn("cpu", None, "fake"), "verify")
+
+
+@dataclasses.dataclass
+class Check:
+    """One rank's check: the trainer (its module, with a `Config` and a `layout`), its options
+    as the job's, the job's world and device."""
+
+    trainer: str
+    cfg: Any
     world_size: int
     ranks_per_node: int
-    dtype: torch.dtype
     device: DeviceFigures
-
-    def build(self, rank: int):
-        """The rank's mesh, its batches and its parallelized (meta) model, stages and forward."""
-        join(rank, self.world_size)
-        cfg = self.cfg
-        args, batch_size, seq_len, _, ac = llama3.resolve(cfg)
-        world = mesh(runtime(rank, self.world_size, self.ranks_per_node), cfg.tp, cfg.pp, cfg.cp)
-        dp = world["dp"]
-        batches = GlobalBatch.of(cfg.global_batch, batch_size, dp.size(), dp.get_local_rank())
-        model, stages, forward, _ = llama3.parallelized(cfg, args, seq_len, ac, world, self.dtype)
-        return world, batches, args, seq_len, model, stages, forward
 
     def run(self, rank: int, step: bool = True) -> dict[str, Any]:
         """The rank's report: its shards, and with `step` its peak by part, collectives and step
         time."""
-        world, batches, args, seq_len, model, stages, forward = self.build(rank)
-        cfg = self.cfg
+        join(rank, self.world_size)
+        rt = runtime(rank, self.world_size, self.ranks_per_node)
+        layout = importlib.import_module(self.trainer).layout(self.cfg, rt)
+        model = layout.model
         found: dict[str, Any] = {"rank": rank, "shards": shards(model)}
-        left = unsharded(model, cfg.tp, world["dp"].size() * world["cp"].size())
+        left = unsharded(model, layout.tp, layout.dp)
         if left:
             return {**found, "fault": "unsharded", "modules": left}
         if not step:
             return found
-        rt = runtime(rank, self.world_size, self.ranks_per_node)
         cost = StepCost(self.device, self.ranks_per_node)
         tracker = StepMemory()
-        if forward.context is not None:
-            forward.context.masks(seq_len // cfg.cp)
         where = Where(model)
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), where, tracker, cost:
+            with (
+                propagation_unseen(),
+                FakeTensorMode(allow_non_fake_inputs=True),
+                where,
+                tracker,
+                cost,
+            ):
                 model.to_empty(device="cpu")
-                optimizer = adamw(model.parameters(), rt, lr=1e-4, betas=(0.9, 0.95))
+                optimizer = adamw(model.parameters(), rt, lr=1e-4)
                 with_states(optimizer, model)
-                data = SyntheticTokens(args.vocab_size, seq_len, cfg.seed)
                 cost.counting = True
-                if cfg.pp > 1:
-                    self._pipeline_step(world, stages, forward, batches, seq_len, args.dim)
-                else:
-                    llama3.train_step(
-                        forward, data, batches, 0, StepTimer(rt), rt.device.torch, 1, None
-                    )
+                layout.step()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         except (RuntimeError, ValueError, AssertionError) as exc:
@@ -333,87 +376,6 @@ class Check:
             "compute_s": cost.compute_s,
             "network_s": cost.network_s,
         }
-
-    def _pipeline_step(self, world, stages, forward, batches, seq_len: int, dim: int) -> None:
-        """This rank's part of one step of torch's own schedule: its actions in order, each
-        stage's forward or backward (FSDP's gradient sync held to the last, as the schedule
-        holds it). What its neighbours would send arrives in receive buffers, one per
-        micro-batch for activations (a stage after the first) and for gradients (a stage before
-        the last), held for the pipeline's life as PipelineStage holds them."""
-        cfg = self.cfg
-        pp = world["pp"]
-        microbatches = batches.accumulation
-        built = pipeline.build(stages, pp, cfg.pp_schedule, microbatches, "cpu")
-        by_index = {stage.stage_index: stage for stage in built.stages}
-        local = seq_len // cfg.cp
-        hidden = (batches.batch_size, local // cfg.tp if cfg.tp > 1 else local, dim)
-        tokens = torch.zeros(batches.batch_size, local, dtype=torch.long)
-
-        def buffers(wanted: bool) -> list[torch.Tensor]:
-            return [
-                torch.empty(hidden, dtype=self.dtype) for _ in range(microbatches if wanted else 0)
-            ]
-
-        received = {i: buffers(not s.is_first) for i, s in by_index.items()}
-        gradients = {i: buffers(not s.is_last) for i, s in by_index.items()}
-        kept: dict[tuple[int, int], tuple] = {}
-        backwards: dict[int, int] = defaultdict(int)
-        for index, kind, micro in actions(built, pp.get_local_rank(), microbatches):
-            stage = by_index[index]
-            if kind == _ComputationType.FORWARD:
-                inputs = (
-                    tokens
-                    if stage.is_first
-                    else received[index][micro].detach().requires_grad_(True)
-                )
-                with loss_context(cfg.tp):
-                    out = stage.submod(inputs)
-                    if stage.is_last:
-                        out = pipeline.token_loss(out, tokens)
-                kept[(index, micro)] = (inputs, out)
-            elif kind == _ComputationType.FULL_BACKWARD:
-                inputs, out = kept.pop((index, micro))
-                grads = None if stage.is_last else (gradients[index][micro],)
-                backwards[index] += 1
-                with loss_context(cfg.tp):
-                    stage.backward_maybe_with_nosync(
-                        "full",
-                        {
-                            "stage_output": out if stage.is_last else (out,),
-                            "output_grads": grads,
-                            "input_values": () if stage.is_first else (inputs,),
-                        },
-                        last_backward=backwards[index] == microbatches,
-                    )
-            elif kind == _ComputationType.REDUCE_GRAD:
-                stage.perform_reduce_grad(microbatches)
-
-
-def actions(built: pipeline.Pipeline, pp_rank: int, microbatches: int) -> list[tuple]:
-    """(stage index, F/B/REDUCE_GRAD, micro-batch) in the order this pipeline rank runs them:
-    a looped schedule's own `pipeline_order`; for one stage a rank, the order its
-    `_step_microbatches` runs (whose `pipeline_order`, drawn for display, is not it: torch 2.13
-    numbers the last stage's micro-batches from 1 there): GPipe every forward then every
-    backward, 1F1B min(M, stages - stage) forwards, then a backward and a forward in turn."""
-    schedule = built.schedule
-    F, B = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
-    if isinstance(schedule, PipelineScheduleMulti):
-        return [
-            (a.stage_index, a.computation_type, a.microbatch_index)
-            for a in schedule.pipeline_order[pp_rank]
-            if a is not None
-        ]
-    stage = built.stages[0].stage_index
-    if isinstance(schedule, ScheduleGPipe):
-        order = [(F, m) for m in range(microbatches)] + [(B, m) for m in range(microbatches)]
-    else:
-        warmup = min(microbatches, built.stages[0].num_stages - stage)
-        order = [(F, m) for m in range(warmup)]
-        for m in range(microbatches):
-            order.append((B, m))
-            if warmup + m < microbatches:
-                order.append((F, warmup + m))
-    return [(stage, kind, m) for kind, m in order] + [(stage, _ComputationType.REDUCE_GRAD, None)]
 
 
 class Where:
@@ -443,15 +405,24 @@ def verify(request: dict[str, Any]) -> dict[str, Any]:
     and its last where its shards differ (some dimension not split evenly), each checked in a
     process forked from this one (torch imported once), as many at once as there are CPUs; a
     last rank's shards only."""
-    # eager: what compiling changes is kernels and time, not the layout (and under fake
-    # tensors it would compile every block for nothing)
-    cfg = dataclasses.replace(parse(llama3.Config, request["argv"]), compile=False)
-    device = DeviceFigures(**request["device"])
-    dtype = torch.bfloat16 if request["dtype"] == "bf16" else torch.float32
+    trainer = importlib.import_module(request["trainer"])
+    cfg = parse(trainer.Config, request["argv"])
+    # in the job's compute dtype, and eager: what compiling changes is kernels and time, not
+    # the layout (and under fake tensors it would compile every block for nothing)
+    cfg = dataclasses.replace(
+        cfg, dtype=request["dtype"], **({"compile": False} if hasattr(cfg, "compile") else {})
+    )
     world_size = request["world_size"]
-    check = Check(cfg, world_size, request["ranks_per_node"], dtype, device)
-    per_stage = world_size // cfg.pp
-    firsts = [stage * per_stage for stage in range(cfg.pp)]
+    check = Check(
+        request["trainer"],
+        cfg,
+        world_size,
+        request["ranks_per_node"],
+        DeviceFigures(**request["device"]),
+    )
+    stages = getattr(cfg, "pp", 1)  # a trainer without a pipeline: one stage
+    per_stage = world_size // stages
+    firsts = [stage * per_stage for stage in range(stages)]
     forks = multiprocessing.get_context("fork")
     with (
         attention_kernel(request["attention"]),
@@ -471,7 +442,7 @@ def verify(request: dict[str, Any]) -> dict[str, Any]:
     for found in ranks:
         stage = found["rank"] // per_stage
         place = "first" if found["rank"] % per_stage == 0 else "last"
-        found["kind"] = f"{place} rank" + (f" of pp rank {stage}" if cfg.pp > 1 else "")
+        found["kind"] = f"{place} rank" + (f" of pp rank {stage}" if stages > 1 else "")
     return {"ranks": ranks, "torch": torch.__version__}
 
 

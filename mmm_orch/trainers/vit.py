@@ -20,7 +20,14 @@ import torch
 from mmm_orch.options.run import RunOptions, option
 from mmm_orch.runtime import dist as runtime_dist
 from mmm_orch.runtime.data import SyntheticImages, batch_indices
-from mmm_orch.runtime.loop import adamw, classifier_step, draw_per_rank, mesh, param_dtype, run_dir
+from mmm_orch.runtime.loop import (
+    adamw,
+    classifier_step,
+    draw_per_rank,
+    mesh,
+    param_dtype,
+    run_dir,
+)
 from mmm_orch.runtime.options import model_args, parse
 from mmm_orch.runtime.profiling import region
 from mmm_orch.trainers import parallelize
@@ -45,6 +52,29 @@ class Config(RunOptions):
     tiny: bool = option(False, "32 px, depth 2: for smoke tests")
 
 
+def parallelized(model: VisionTransformer, cfg: Config, dp_mesh, rt) -> None:
+    """`model`'s blocks compiled where asked, then FSDP2 over the data-parallel ranks."""
+    if cfg.compile:
+        model.blocks = torch.nn.ModuleList(parallelize.compiled(b) for b in model.blocks)
+    parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
+
+
+def layout(cfg: Config, rt):
+    """This rank as the job builds it, for the layout check (trainers/verify.py): the model on
+    the meta device, parallelized as `main` does, and one step's forward and backward."""
+    from mmm_orch.trainers.verify import classifier_layout  # the check's alone
+
+    dp_mesh = mesh(rt)["dp"]
+    args = model_args(VitArgs, cfg)
+    with torch.device("meta"):
+        model = VisionTransformer(args)
+    parallelized(model, cfg, dp_mesh, rt)
+    image = (3, args.img_size, args.img_size)
+    return classifier_layout(
+        model, rt, dp_mesh.size(), cfg.batch_size, image, args.num_classes, cfg.dtype
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(Config, argv)
     rt = runtime_dist.setup()
@@ -54,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(cfg.seed)
     model = VisionTransformer(args).to(rt.device.torch)
-    if cfg.compile:
-        model.blocks = torch.nn.ModuleList(parallelize.compiled(b) for b in model.blocks)
-    parallelize.fsdp(model, model.blocks, dp_mesh, param_dtype(rt, cfg.dtype))
+    parallelized(model, cfg, dp_mesh, rt)
     draw_per_rank(cfg.seed, rt.rank)
     optimizer = adamw(model.parameters(), rt, lr=cfg.lr, weight_decay=0.05)
     training = Training(rt, cfg, out, model, optimizer, last_step=cfg.steps)

@@ -115,13 +115,14 @@ def sigterm_llama3_after(out: Path, event: str, count: int, args: list[str] = ()
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def checked_under_fake_tensors(*layouts: tuple[list[str], int]) -> list[dict]:
-    """trainers/verify.py's report of each (llama3 options, world size) on this CPU, in fp32 as
-    the CPU runs the trainer, all in one Python: what --verify runs for a plan."""
-    requests = [{"argv": argv, "world_size": world, "ranks_per_node": world, "dtype": "fp32",
-                 "attention": "fused",
+def checked_under_fake_tensors(*layouts: tuple[str, list[str], int]) -> list[dict]:
+    """trainers/verify.py's report of each (trainer: a module of mmm_orch.trainers, its
+    options, world size) on this CPU, in fp32 as the CPU runs the trainers, all in one Python:
+    what --verify runs for a plan."""
+    requests = [{"trainer": f"mmm_orch.trainers.{trainer}", "argv": argv, "world_size": world,
+                 "ranks_per_node": world, "dtype": "fp32", "attention": "fused",
                  "device": {"flops": None, "memory_bandwidth": None, "network_bandwidth": None}}
-                for argv, world in layouts]
+                for trainer, argv, world in layouts]
     proc = run_training([sys.executable, "-m", "mmm_orch.trainers.verify"],
                         input=json.dumps(requests), capture_output=True, text=True, timeout=900,
                         env={**os.environ, "OMP_NUM_THREADS": "1"})

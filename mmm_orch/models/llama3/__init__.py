@@ -15,5 +15,4 @@ MODEL = Model(
     build=run_model,
     memory=memory.estimate,
     checkpoint_map="checkpoint",  # checkpoint.py
-    verifier="mmm_orch.trainers.verify",
 )

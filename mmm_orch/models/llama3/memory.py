@@ -15,8 +15,9 @@ parameters, w bytes per computed value (2 in bf16, 4 in fp32):
   two gathered inputs, 2 s b h), attention's q, its output and wo's input (3 s b h / t) and k
   and v after RoPE (2 s b k / t, k the KV heads' width: the kernel shares them among the query
   heads), SwiGLU's four (4 s b f / t), and where the machine's attention
-  kernel is the math one, the probabilities of its heads (b a s s / t), with two such matrices
-  more while the block's backward runs (the probabilities' gradient and the scores'); with
+  kernel is the math one, the probabilities of its heads (b a s s / t, in fp32: the kernel
+  upcasts bf16), with two such matrices more while the block's backward runs (the
+  probabilities' gradient and the scores'); with
   checkpointing a block keeps only its input (s b h, / t under TP), and one block is recomputed at a time,
   after the loss's tensors are freed (the peak holds the larger of the two);
 - the loss: the final norm's input and output, and the logits of a chunk of the sequence
@@ -61,7 +62,9 @@ def estimate(shape: Shape) -> Estimate:
     kv = m.n_kv_heads * m.head_dim
     # k and v are kept whole: gathered from the sequence's cp ranks (trainers/context.py)
     block = (tokens * (norms + 3 * h / t + 4 * f / t) + s * b * 2 * kv / t) * w
-    matrix = b * m.n_heads / t * local * s * w if shape.attention_matrix else 0
+    # The math kernel computes in fp32 whatever the inputs' dtype (ATen's
+    # _scaled_dot_product_attention_math upcasts bf16 for accuracy): 4 bytes a score.
+    matrix = b * m.n_heads / t * local * s * 4 if shape.attention_matrix else 0
     block += matrix
     # A block's backward under the math kernel holds two matrices more than it saved: the
     # probabilities' gradient and the scores' (found by --verify on 70B plans of
