@@ -19,6 +19,10 @@ if [[ $(cat "$stamp" 2>/dev/null) != "$wanted" ]]; then
     "${pip[@]}" -e ".[train,test,plot,data,tensorboard,wandb,docs]"
     echo "$wanted" >"$stamp"
 fi
+# mmm-orch's own modules byte-compiled (an editable install leaves that to each Python): where
+# PYTHONDONTWRITEBYTECODE is set, every Python a job or a test starts compiled them anew, a third
+# of a dry run's 0.21 s. Quick when nothing changed.
+"$VENV/bin/python" -m compileall -q -j 0 mmm_orch tests >/dev/null
 # The report tests open report.html in a real headless browser: Debian's Chromium.
 if ! command -v chromium >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "installing chromium (Debian package) for the report tests" >&2

@@ -31,9 +31,6 @@ from mmm_orch.cli import main
 # marker: `slow` for a test that runs trainings, real jobs or processes for seconds, or sleeps.
 LIVE_FIXTURES = {"slurm_cluster", "pbs_server", "sshd", "leftovers_cancelled", "tmpfs"}
 SLOW_MARKERS = ("live", "slow", "serial", "starts_first")
-# The cases of an otherwise quick parametrized test that wait out a bound of seconds, marked
-# `slow` here (their parameters are data the test shares): (test name, a fragment of the case id).
-SLOW_CASES = {("test_a_template_is_bounded_in_time_and_size", "{% for j in range(")}
 
 
 def pytest_addoption(parser):
@@ -121,10 +118,6 @@ def pytest_collection_modifyitems(config, items):
     (scripts/test.sh keeps it: --no-loadscope-reorder): those marked starts_first, then the
     rest longest first by their recorded durations (a group by its tests' sum), so that the run
     does not end with one worker alone on the slowest tests; unrecorded ones keep their order."""
-    for item in items:
-        if any(getattr(item, "originalname", None) == name and fragment in item.name
-               for name, fragment in SLOW_CASES):
-            item.add_marker(pytest.mark.slow)
     if config.getoption("--fast"):
         slow = {item for item in items if marked_slow(item) or live_fixtures(item)}
         config.hook.pytest_deselected(items=[item for item in items if item in slow])
