@@ -216,6 +216,14 @@ configure_queue_rules() {
             fi
         done
     done
+    # And one whose jobs run: backlog, 1 job per user in any state, which only the backlog's
+    # tests use (tests/test_backlog.py: runs that wait their turn).
+    "$PBS_EXEC/bin/qmgr" -c "list queue backlog" >/dev/null 2>&1 \
+        || qmgr "create queue backlog queue_type=execution"
+    qmgr "set queue backlog max_queued = [u:PBS_GENERIC=1]"
+    qmgr "set queue backlog resources_max.walltime = 01:00:00"
+    qmgr "set queue backlog enabled = True"
+    qmgr "set queue backlog started = True"
     "$PBS_EXEC/bin/qmgr" -c "list queue routed" >/dev/null 2>&1 \
         || qmgr "create queue routed queue_type=route"
     qmgr "set queue routed route_destinations = 'routed-small,routed-large'"
@@ -287,7 +295,7 @@ up() {
         cancel_recovered_jobs "$PBS_EXEC/bin/qselect" "$PBS_EXEC/bin/qdel" -W force
         can_run_a_job  # a server already running (and maybe busy) has shown that before
     fi
-    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked single pair routed (routing), history on"
+    log "up: server $(hostname), vnodes vm[0]-vm[$((VNODES - 1))], queues workq debug debug-scaling capacity preemptable prod parked single pair backlog routed (routing), history on"
 }
 
 down() {

@@ -130,9 +130,11 @@ start_slurmdbd() {
 # The job-count rules the facilities set, as QOS (machines/slurm-local.yaml
 # states them, `mmm-orch machines check slurm-local` compares): single, 1 job per user in any
 # state (Frontier's debug QOS); pair, 2 submitted and 1 running per user (ALCF's capacity);
-# team, 2 jobs per account (a project's limit). Only the queue-rule tests use them.
+# team, 2 jobs per account (a project's limit). Only the queue-rule tests use them. And one
+# whose jobs run: backlog, 1 job per user in any state on the debug partition, which only the
+# backlog's tests use (tests/test_backlog.py: runs that wait their turn).
 QOS_RULES=("single MaxSubmitJobsPerUser=1" "pair MaxSubmitJobsPerUser=2 MaxJobsPerUser=1"
-           "team MaxSubmitJobsPerAccount=2")
+           "team MaxSubmitJobsPerAccount=2" "backlog MaxSubmitJobsPerUser=1")
 
 configure_qos() {
     local rule name names=normal
@@ -201,7 +203,7 @@ up() {
     # Only when started afresh: a restart for a new slurm.conf may happen while tests run.
     [[ -z $fresh ]] || cancel_recovered_jobs "squeue -h -o %i" scancel
     start_nodes
-    log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug, parked and short, QOS single, pair and team, accounting on"
+    log "up: cluster ${CLUSTER}, nodes ${NODES[*]}, partitions debug, parked and short, QOS single, pair, team and backlog, accounting on"
 }
 
 down() {

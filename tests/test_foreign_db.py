@@ -41,6 +41,8 @@ OPENS = {
     "status (job)": ["status", "1", "--all", "--json"],
     "logs": ["logs", "1"],
     "cancel": ["cancel", "1"],
+    "backlog": ["backlog"],
+    "submit (backlog)": ["submit", "local", "dist_check", "--no-env-check", "--backlog"],
     "sweep": ["sweep", "local", "dist_check", "-N", "1", "--dry-run"],
     "sweep (real)": ["sweep", "local", "dist_check", "-N", "1", "--no-env-check"],
     "pack-run": ["pack-run", "1"],

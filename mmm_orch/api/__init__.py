@@ -41,11 +41,22 @@ from mmm_orch.api.handles import (
 )
 from mmm_orch.errors import InvalidValue, MmmError
 from mmm_orch.options.plan import option_fields
-from mmm_orch.usecases import MAX_INT, MAX_LINKS, JobState, Plan, Request, following, packs, reports
+from mmm_orch.usecases import (
+    MAX_INT,
+    MAX_LINKS,
+    JobState,
+    Plan,
+    Request,
+    backlogs,
+    following,
+    packs,
+    reports,
+)
 
 __all__ = [
     "Job",
     "Sweep",
+    "backlog",
     "balance",
     "job",
     "jobs",
@@ -224,15 +235,19 @@ def submit(
     template: str | None = None,
     env_check: bool = True,
     db: str | None = None,
+    backlog: bool = False,
     **options: Any,
 ) -> Job | list[Job]:
     """Submit as `mmm-orch submit` does and return the Job; with `chain=N`, the N links' Jobs.
     `machine` may be a plan made by `plan()`: what was reviewed is what is submitted, and a loop
     that submits one plan many times plans once. `host`: a login host to submit through over
     SSH. The job is recorded before the scheduler is asked: a process killed meanwhile leaves a
-    record the next refresh settles."""
+    record the next refresh settles. `backlog`: what the queue's job limits do not admit now
+    waits in the backlog (state "waiting"), submitted as they do: each Job's wait() and
+    refresh() move it, as backlog() and `mmm-orch status` do."""
 
     chain = whole_of("chain", chain, 0, MAX_LINKS)  # 0: one job, no chain
+    backlog = flag_of("backlog", backlog)
     host, env_check = name_of("host", host, none=True), flag_of("env_check", env_check)
     template, db = path_of("template", template, none=True), path_of("db", db, none=True)
     if isinstance(machine, Plan):
@@ -251,12 +266,19 @@ def submit(
             checked = machine
         else:
             assert chosen is not None  # made above for a machine's name
+            if backlog:  # its runs wait for room: the queue's jobs are not counted
+                chosen = dataclasses.replace(chosen, queue_load=usecases.NOTHING_YET)
             checked = _planned(chosen, db)
-        prepared = usecases.prepare_plan(checked, template, host, env_check, chain, db)
+        prepared = usecases.prepare_plan(
+            checked, template, host, env_check, chain, db, backlog=backlog
+        )
         if chain:
-            links = [Job(record, db) for record in usecases.submit_chain(prepared, chain, db)]
+            links = [
+                Job(record, db)
+                for record in usecases.submit_chain(prepared, chain, db, backlog=backlog)
+            ]
         else:
-            made = Job(usecases.submit(prepared, db), db)
+            made = Job(usecases.submit(prepared, db, backlog=backlog), db)
     _warn(prepared.notes)
     return links if chain else made
 
@@ -293,14 +315,17 @@ def sweep(
     pack_nodes: int | None = None,
     pack_walltime: str | None = None,
     devices: Sequence[int] | None = None,
+    backlog: bool = False,
     **options: Any,
 ) -> Sweep:
     """Submit every point of `nodes` x `grid` (option -> values) as one sweep, all or none, as
     `mmm-orch sweep --nodes 1,2 --set lr=1e-3,3e-4` does; fixed `options` apply to every
     point. `pack`: one job runs them all side by side (`sweep --pack`, `--pack-nodes`,
     `--pack-walltime`); `devices`: with `pack`, points on that many devices of one node each,
-    besides those of `nodes` (`--devices`)."""
+    besides those of `nodes` (`--devices`). `backlog`: the points the queue's job limits do not
+    admit now wait in the backlog, as submit(backlog=True)'s."""
 
+    backlog = flag_of("backlog", backlog)
     fixed = _request(machine, workload, options)
     # What every point shares: its nodes and the options fixed come from the axes.
     shared = dataclasses.replace(fixed, nodes=None, options=())
@@ -358,6 +383,10 @@ def sweep(
             pack_nodes if pack_nodes is not None else pack_walltime,
             "only with pack=True",
         )
+    if pack and backlog:
+        raise InvalidValue(
+            "backlog", backlog, "False with pack=True (a pack's points wait for its nodes)"
+        )
     if pack:
         pack_nodes = None if pack_nodes is None else whole_of("pack_nodes", pack_nodes, 1)
         pack_walltime = None if pack_walltime is None else _word(pack_walltime)
@@ -379,14 +408,28 @@ def sweep(
             sweep_id, record = packs.submit_pack(packed, db)
         return Sweep(sweep_id, [], [p.values for p in packed.points], Job(record, db))
     with lock:
-        swept, planned = usecases.sweep_points(shared, swept_nodes, axes, db, template, host)
+        swept, planned = usecases.sweep_points(
+            shared, swept_nodes, axes, db, template, host, backlog=backlog
+        )
         _typed(planned[0].plan.workload, "options", fixed_values)
         _typed(planned[0].plan.workload, "grid", grid)
         sweep_id, records, notes = usecases.submit_sweep(
-            swept, planned, db, template, host, env_check
+            swept, planned, db, template, host, env_check, backlog=backlog
         )
     _warn(notes)
     return Sweep(sweep_id, [Job(r, db) for r in records], [p.values for p in planned])
+
+
+def backlog(db: str | None = None) -> list[Job]:
+    """The runs waiting in the backlog, first come first, once it has been moved (what the
+    queues admit now is submitted, as `mmm-orch backlog` does); cancel() takes one out."""
+    db = path_of("db", db, none=True)
+    with lock:
+        opened_db = following.open_jobs(db)
+        if opened_db is None:
+            return []
+        backlogs.move(opened_db)
+        return [Job(record, db) for record in backlogs.waiting(opened_db)]
 
 
 def job(job_id: int, db: str | None = None) -> Job:

@@ -15,7 +15,7 @@ from typing import Any, Literal, overload
 
 from mmm_orch import usecases
 from mmm_orch.errors import InvalidValue, MmmError
-from mmm_orch.usecases import MAX_INT, JobDB, JobRecord, following, inspection, reruns
+from mmm_orch.usecases import MAX_INT, JobDB, JobRecord, backlogs, following, inspection, reruns
 
 # One connection per database file and process (records/db.py): threads take turns with it.
 lock = threading.RLock()
@@ -167,6 +167,8 @@ def refresh(jobs: Iterable[Job]) -> list[Job]:
     with lock:
         for path, group in by_db.items():
             db = opened(path)
+            if any(job.record.state is usecases.JobState.WAITING for job in group):
+                backlogs.move(db)  # a waiting run's wait moves the backlog, as `status` does
             fresh = {r.id: r for r in following.refresh(db, [job.record for job in group]).records}
             for job in group:
                 job.record = fresh.get(job.id, job.record)

@@ -172,6 +172,15 @@ def request(args: argparse.Namespace, **overrides: Any):
     return Request(**given, **overrides)
 
 
+def backlog_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="what the queue's job limits do not admit now waits in the backlog, each run "
+        "recorded, and is submitted as your jobs there end (`mmm-orch backlog`, `status`)",
+    )
+
+
 def tell(notes: tuple[str, ...]) -> None:
     """A submission's notes, once it is made: on stderr, as the CLI's other notes."""
     for note in notes:

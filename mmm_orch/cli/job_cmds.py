@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -28,6 +29,7 @@ def register(sub) -> None:
         help="carry the run across up to N jobs, each waiting for the one before and "
         "resuming from its checkpoint, until the training is done",
     )
+    common.backlog_option(p)
     p.add_argument(
         "-f",
         "--follow",
@@ -81,6 +83,27 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser(
+        "backlog",
+        help="the runs waiting in the backlog (--backlog), submitted now as their queues' job "
+        "limits admit them",
+    )
+    p.add_argument(
+        "--every",
+        type=common.seconds,
+        metavar="SECONDS",
+        help="keep moving it every SECONDS while runs wait (a mover on a login node)",
+    )
+    p.add_argument(
+        "--for",
+        dest="lasting",
+        type=common.seconds,
+        metavar="SECONDS",
+        help="with --every: stop after this long even if runs still wait",
+    )
+    p.add_argument("--json", action="store_true", help="the waiting runs' records as JSON")
+    p.set_defaults(func=cmd_backlog)
+
     p = sub.add_parser("logs", help="print or follow a job's log")
     p.add_argument("job", type=common.job_id, metavar="JOB")
     p.add_argument(
@@ -103,7 +126,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
 
     if args.dry_run:
-        planned = usecases.plan(common.request(args), args.db)
+        request = common.request(args)
+        if args.backlog:  # its runs wait for room: the queue's jobs are not counted
+            request = dataclasses.replace(request, queue_load=usecases.NOTHING_YET)
+        planned = usecases.plan(request, args.db)
         usecases.within_budgets(
             planned, args.db, "a chain's first link" if args.chain else "this job"
         )
@@ -115,21 +141,49 @@ def cmd_submit(args: argparse.Namespace) -> int:
         args.host,
         env_check=not args.no_env_check,
         chain=args.chain or 0,
+        backlog=args.backlog,
     )
     if args.chain:
         return submit_chain(prepared, args)
-    record = usecases.submit(prepared, args.db)
+    record = usecases.submit(prepared, args.db, backlog=args.backlog)
     common.tell(prepared.notes)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:
-        print(
-            f"submitted job {record.id}: {record.workload} on {record.machine}, "
-            f"{record.scheduler} id {record.native_id}"
-        )
+        print(submitted(record))
         print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
     if args.follow:
         return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
+    return 0
+
+
+def submitted(record) -> str:
+    """One line: the job submitted, or waiting in the backlog and why."""
+    what = f"job {record.id}: {record.workload} on {record.machine}"
+    if record.native_id:
+        return f"submitted {what}, {record.scheduler} id {record.native_id}"
+    return f"{what} {record.reason or 'waiting in the backlog'}; `mmm-orch backlog` moves it"
+
+
+def cmd_backlog(args: argparse.Namespace) -> int:
+    from mmm_orch.usecases import backlogs
+
+    db = common.jobs_db(args)
+    if args.lasting is not None and args.every is None:
+        raise MmmError("--for is only for --every: how long to keep moving the backlog")
+    for moved in backlogs.moving(db, args.every, args.lasting):  # as it goes
+        for record in moved.submitted:
+            print(submitted(record), flush=True)
+        for note in moved.notes:
+            print(f"mmm-orch: {one_line(note)}", file=sys.stderr, flush=True)
+    waiting = backlogs.waiting(db)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in waiting], indent=2))
+    elif waiting:
+        for record in waiting:
+            print(f"job {record.id}: {record.workload} on {record.machine}, {record.reason}")
+    else:
+        print("the backlog is empty")
     return 0
 
 
@@ -159,17 +213,25 @@ def dry_run(plan, args: argparse.Namespace) -> int:
 def submit_chain(prepared, args: argparse.Namespace) -> int:
     from mmm_orch import usecases
 
-    records = usecases.submit_chain(prepared, args.chain, args.db)
+    records = usecases.submit_chain(prepared, args.chain, args.db, backlog=args.backlog)
     common.tell(prepared.notes)
     remote = prepared.remote
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
-    print(
-        f"chain {records[0].group_id}: {len(records)} links submitted, jobs "
-        f"{records[0].id}-{records[-1].id} ({records[0].scheduler} ids "
-        f"{records[0].native_id}-{records[-1].native_id}), one after the other"
-    )
+    if args.backlog:
+        sent = [r for r in records if r.native_id]
+        print(
+            f"chain {records[0].group_id}: {len(records)} links, jobs {records[0].id}-"
+            f"{records[-1].id}, in the backlog: each is submitted once the one before ended "
+            f"and the queue has room ({len(sent)} submitted now)"
+        )
+    else:
+        print(
+            f"chain {records[0].group_id}: {len(records)} links submitted, jobs "
+            f"{records[0].id}-{records[-1].id} ({records[0].scheduler} ids "
+            f"{records[0].native_id}-{records[-1].native_id}), one after the other"
+        )
     print(f"run: {records[0].run_dir}")
     print(f"log of link 1: {records[0].log_path}" + (f" (on {remote})" if remote else ""))
     return 0

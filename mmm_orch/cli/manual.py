@@ -18,6 +18,7 @@ PAGES = {
     "status": "guides/jobs.md",
     "logs": "guides/jobs.md",
     "cancel": "guides/jobs.md",
+    "backlog": "guides/backlog.md",
     "launch": "guides/allocation.md",
     "sweep": "guides/studies.md",
     "pack-run": "guides/packing.md",

@@ -41,6 +41,7 @@ def register(sub) -> None:
         help="skip the check that the job's Python imports this mmm-orch",
     )
     p.add_argument("--json", action="store_true", help="print the jobs' records as JSON")
+    common.backlog_option(p)
     p.add_argument("--host", metavar="HOST", help="submit through this login host over SSH")
     p.add_argument(
         "--within",
@@ -107,6 +108,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
     from mmm_orch.usecases import hours, sweep_cost
 
+    if args.backlog and (args.pack or args.within):
+        raise InvalidValue(
+            "--backlog",
+            "with --pack" if args.pack else "with --within",
+            "only for points submitted as jobs of their own (a pack's or an allocation's "
+            "points already wait for its nodes)",
+        )
     if args.pack or args.pack_nodes is not None or args.pack_walltime is not None:
         return _pack(args)
     if args.within and not args.dry_run:
@@ -122,6 +130,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         review=args.dry_run,
         devices=args.devices,
         within=args.within,
+        backlog=args.backlog,
     )
     if args.dry_run:
         print(
@@ -145,15 +154,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(sweep_cost(planned))
         return 0
     sweep, records, notes = usecases.submit_sweep(
-        swept, planned, args.db, args.template, args.host, env_check=not args.no_env_check
+        swept,
+        planned,
+        args.db,
+        args.template,
+        args.host,
+        env_check=not args.no_env_check,
+        backlog=args.backlog,
     )
     common.tell(notes)
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
-    print(f"sweep {sweep}: {len(records)} jobs submitted, {records[0].id}-{records[-1].id}")
+    sent = sum(1 for r in records if r.native_id)
+    print(
+        f"sweep {sweep}: {len(records)} jobs, {records[0].id}-{records[-1].id}: "
+        + (
+            f"{sent} submitted, {len(records) - sent} waiting in the backlog"
+            if args.backlog
+            else "submitted"
+        )
+    )
     for point, record in zip(planned, records, strict=True):  # one record per point
-        print(f"  job {record.id}: {point.label} ({record.scheduler} id {record.native_id})")
+        where = f"{record.scheduler} id {record.native_id}" if record.native_id else "waiting"
+        print(f"  job {record.id}: {point.label} ({where})")
     print(f"follow it: mmm-orch status --sweep {sweep}; then: mmm-orch report s{sweep}")
     return 0
 

@@ -134,7 +134,10 @@ def _over(
 
 def way_out(room: list[str]) -> str:
     """What the user can do when the queue is full: a queue with room (`room`, the first few
-    named), fewer jobs, or waiting."""
+    named), fewer jobs, or the backlog."""
     named = ", ".join(room[:SHOWN_QUEUES]) + (", ..." if len(room) > SHOWN_QUEUES else "")
     where = f"take a --queue with room ({named}), " if room else "submit "
-    return f"{where[0].upper()}{where[1:]}fewer jobs, or wait for your jobs there to end"
+    return (
+        f"{where[0].upper()}{where[1:]}fewer jobs, or let them wait their turn with --backlog "
+        "(submitted as your jobs there end)"
+    )

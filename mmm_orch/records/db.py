@@ -50,6 +50,7 @@ from mmm_orch.records.dbfile import (
 )
 from mmm_orch.records.groups import Groups
 from mmm_orch.records.record import LIST_COLUMNS, JobRecord, from_row
+from mmm_orch.records.waiting import Backlog
 from mmm_orch.schedulers.states import JobState, JobStatus, advance
 
 BACKUP_EVERY = 600.0
@@ -117,6 +118,7 @@ class JobDB:
             _connected[path.absolute()] += 1
         self.bad_nodes = BadNodes(self)
         self.groups = Groups(self)
+        self.backlog = Backlog(self)
         try:
             with self.errors("open"):
                 self._prepare()

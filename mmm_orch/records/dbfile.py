@@ -23,8 +23,8 @@ from mmm_orch.planning.cost import ended_charge
 from mmm_orch.planning.store import section
 from mmm_orch.schedulers.states import TERMINAL
 
-SCHEMA_VERSION = 6  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
-# 5: account and the charge; 6: group_plans
+SCHEMA_VERSION = 7  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
+# 5: account and the charge; 6: group_plans; 7: the backlog (waited_since, leases)
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Set in the SQLite header ("mmmo") when mmm-orch creates a database, so that a file is known to
 # be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
@@ -86,6 +86,11 @@ CREATE TABLE IF NOT EXISTS groups (
     created_at   REAL NOT NULL,
     spec         TEXT NOT NULL       -- JSON: what was asked (links, axes and points)
 );
+CREATE TABLE IF NOT EXISTS leases (  -- who moves the backlog now (records/waiting.py)
+    name         TEXT PRIMARY KEY,
+    holder       TEXT NOT NULL,      -- JSON: host, pid, start of the holding process
+    until        REAL NOT NULL       -- held until then unless renewed or released
+);
 CREATE TABLE IF NOT EXISTS group_plans (  -- a pack's points' plans, read only where they run
     group_id     INTEGER NOT NULL REFERENCES groups(id),
     idx          INTEGER NOT NULL,   -- the point, from 1
@@ -108,6 +113,7 @@ _ADDED_COLUMNS = {
     "charged_nodes": "INTEGER",  # the nodes it held
     "charged_seconds": "REAL",  # the time charged
     "charge": "REAL",  # in the machine's unit (node-hours)
+    "waited_since": "REAL",  # when it entered the backlog (NULL: submitted at once)
 }
 # What a database of mmm-orch 0.1.0 (before APPLICATION_ID) holds at least, and at most.
 _FIRST_JOB_COLUMNS = {
@@ -139,7 +145,7 @@ _FIRST_JOB_COLUMNS = {
     "checked_at",
 }
 _EVENT_COLUMNS = {"job_id", "at", "state", "native_state", "reason"}
-_OUR_TABLES = {"jobs", "events", "bad_nodes", "groups", "group_plans"}
+_OUR_TABLES = {"jobs", "events", "bad_nodes", "groups", "group_plans", "leases"}
 _SPECIAL_FILES = {
     stat.S_IFIFO: "a FIFO (named pipe)",
     stat.S_IFSOCK: "a socket",

@@ -55,6 +55,7 @@ class JobRecord:
     charged_nodes: int | None = None
     charged_seconds: float | None = None
     charge: float | None = None  # in the machine's unit, once the job ended
+    waited_since: float | None = None  # when it entered the backlog (None: submitted at once)
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)

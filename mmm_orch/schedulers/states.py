@@ -12,6 +12,7 @@ from mmm_orch.walltime import duration
 
 
 class JobState(str, enum.Enum):
+    WAITING = "waiting"  # in the backlog: recorded, to be submitted when the queue admits it
     SUBMITTING = "submitting"  # recorded, the scheduler asked, its answer not (yet) known
     PENDING = "pending"
     RUNNING = "running"
@@ -38,7 +39,13 @@ TERMINAL = frozenset(
         JobState.NOT_STARTED,
     }
 )
-_RANK = {JobState.UNKNOWN: 0, JobState.SUBMITTING: 0, JobState.PENDING: 1, JobState.RUNNING: 2}
+_RANK = {
+    JobState.UNKNOWN: 0,
+    JobState.WAITING: 0,
+    JobState.SUBMITTING: 0,
+    JobState.PENDING: 1,
+    JobState.RUNNING: 2,
+}
 
 
 def advance(current: JobState, observed: JobState) -> JobState:

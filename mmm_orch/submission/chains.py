@@ -64,10 +64,13 @@ def submit_chain(
     template: str | None = None,
     remote: str = "",
     budget: float | None = None,
+    backlog: bool = False,
 ) -> list[JobRecord]:
     """Submit the links (each with its own record, in one chain group) and write the chain's
     state where the jobs run; a refused link cancels those already submitted. `budget`: the
-    node-hours the links may spend together (each link checks before it starts)."""
+    node-hours the links may spend together (each link checks before it starts). `backlog`:
+    every link recorded waiting, without a dependency: the backlog's mover submits each once
+    the link before it ended (usecases/backlogs.py)."""
     host = host_for(remote)
     tag = new_tag()
     leaf = f"{tag}-chain-{plan.workload}"
@@ -108,19 +111,18 @@ def submit_chain(
     records: list[JobRecord] = []
     try:
         for link in plans:
-            link = link.waiting_for(records[-1].native_id if records else "")
+            if not backlog:
+                link = link.waiting_for(records[-1].native_id if records else "")
             record = submit(
                 link,
                 db_file,
                 template,
                 remote,
                 links={"group_id": chain_id, "group_index": link.chain.link},
+                backlog=backlog,
             )
-            host.write_file(
-                posixpath.join(chain_dir, protocol.link_id_file(link.chain.link)),
-                record.native_id,
-                0o600,
-            )
+            if not backlog:
+                write_link_id(host, chain_dir, link.chain.link, record.native_id)
             records.append(record)
     except BaseException:
         for record in reversed(records):
@@ -129,6 +131,32 @@ def submit_chain(
             host.remove_tree(created)
         raise
     return records
+
+
+def write_link_id(host, chain_dir: str, link: int, native_id: str) -> None:
+    """The scheduler's id of link `link`, beside the chain's state (what the links cancel)."""
+    host.write_file(posixpath.join(chain_dir, protocol.link_id_file(link)), native_id, 0o600)
+
+
+def ready_link(db: JobDB, record: JobRecord) -> tuple[bool, str]:
+    """Whether a chain's waiting link may be submitted now: (True, "") once every link before
+    it ended and the chain goes on; (False, "") while one has not; (False, why) when the chain
+    ended (finished or stopped), so that the link is never to run."""
+    group = chain_of(db, record)
+    if group is None:
+        return True, ""
+    before = [
+        r for r in db.list(group_id=group["id"]) if (r.group_index or 0) < (record.group_index or 0)
+    ]
+    if not all(r.terminal for r in before):
+        return False, ""
+    try:
+        state = read_state(group)
+    except files.ProtocolFileError:
+        state = None  # the links say it in their own logs when they begin
+    if state is not None and state.status != "running":
+        return False, f"the chain {state.status}" + (f" ({state.reason})" if state.reason else "")
+    return True, ""
 
 
 def _budget(plan: Plan, limit: float | None) -> ChainBudget | None:

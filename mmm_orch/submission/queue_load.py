@@ -80,6 +80,8 @@ def recorded(db: JobDB | None, machine: str) -> tuple[OpenJob, ...]:
         return ()
     jobs = []
     for row in db.list(open_only=True, machine=machine):
+        if row.state is JobState.WAITING:  # in the backlog, not in a queue
+            continue
         record = db.get(row.id, events=False)
         if record is None:  # removed since the listing: a submission the scheduler never took
             continue

@@ -1,7 +1,8 @@
 """Settling a submission that was cut off. A `submitting` record whose submitter is gone (killed,
 or its machine rebooted) is found by its tag in the scheduler, or by the id the job wrote into its
 log, and gets its native id; once the scheduler answers that it has no such job and no submit
-command can still be running, the record and its directories are removed. `status` settles
+command can still be running, the record and its directories are removed (a run from the
+backlog goes back to its place there instead). `status` settles
 them (progress/refresh.py), so every job started is recorded exactly once."""
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def reconcile(db: JobDB, record: JobRecord) -> str | None:
         return None
     if time.time() - record.submitted_at < grace:
         return None  # a submitter on another host, or its scheduler command, may still be at it
+    if record.waited_since is not None:  # a run from the backlog: back to its place there
+        db.backlog.requeue(record.id, "back in the backlog: its submission was interrupted")
+        return (
+            f"job {record.id} back in the backlog: its submission was interrupted before "
+            f"{record.scheduler} took it (no job carries its tag {record.tag})"
+        )
     forget(db, record)
     return (
         f"job {record.id} removed: its submission was interrupted before "

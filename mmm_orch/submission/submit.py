@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from mmm_orch.config.failures import signatures_json
-from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable
+from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable, one_line
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.hosts.transport import Retry
 from mmm_orch.injob import protocol
@@ -165,12 +165,15 @@ def submit(
     remote: str = "",
     links: dict[str, Any] | None = None,
     here: bool = False,
+    backlog: bool = False,
 ) -> JobRecord:
     """Render, record and submit `plan` (here, or through the login node `remote`); see the
     module's docstring for the protocol. `links` are extra record fields (group, rerun).
     `here`: the script runs on this computer under the local executor's supervisor instead
     (`launch`, inside an allocation the scheduler already gave), held by this process: the job
-    is stopped once it ends (nothing of it outlives the launch, nor so the allocation)."""
+    is stopped once it ends (nothing of it outlives the launch, nor so the allocation).
+    `backlog`: rendered and recorded `waiting`, its copy written, not submitted: the backlog's
+    mover submits it (submit_waiting, usecases/backlogs.py)."""
     Retry.from_env("submit")
     host = host_for(remote)
     home = host.home() if remote else ""  # connect first: a refused login leaves nothing here
@@ -207,6 +210,7 @@ def submit(
             **record_values(plan, remote, script_path, script),
             **(links or {}),
             **({"scheduler": kind, "commands": commands} if here else {}),
+            **({"state": JobState.WAITING.value, "waited_since": time.time()} if backlog else {}),
         }
         if (
             plan.placement.failover
@@ -225,6 +229,10 @@ def submit(
         undo()
         raise
 
+    keep = copy_keeper(local_dir, {"id": job_id, **values})
+    if backlog:
+        keep("")  # what `db recover` rebuilds a waiting run from
+        return db.get_existing(job_id)
     submission = submission_of(
         plan,
         script_path,
@@ -234,8 +242,7 @@ def submit(
         stop_signal=plan.launch.stop_signal,
         held_by=os.getpid() if here else 0,
     )
-    keep = copy_keeper(local_dir, {"id": job_id, **values})
-    native_id = _hand_over(scheduler, submission, db, job_id, undo, keep)
+    native_id = hand_over(scheduler, submission, db, job_id, lambda _: undo(), keep)
     keep(native_id)
     return db.accepted(job_id, native_id) or db.get_existing(job_id)
 
@@ -332,14 +339,22 @@ def record_values(plan: Plan, remote: str, script_path: str, script: str) -> dic
     )
 
 
-def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, keep) -> str:
-    """The scheduler's id for the recorded job; a refusal proven undoes the record, anything
-    ambiguous keeps it (and its copy, `keep`) for `status` to settle by the job's tag."""
+def hand_over(
+    scheduler,
+    submission: Submission,
+    db: JobDB,
+    job_id: int,
+    undo: Callable[[MmmError], None],
+    keep: Callable[[str], None],
+) -> str:
+    """The scheduler's id for the recorded job; a refusal proven undoes the record (`undo`,
+    given the refusal), anything ambiguous keeps it (and its copy, `keep`) for `status` to
+    settle by the job's tag."""
     try:
         with signals_as_interrupts():
             return scheduler.submit(submission)
-    except (SubmissionRefused, Unreachable):
-        undo()  # proof that the scheduler does not have the job: nothing is left behind
+    except (SubmissionRefused, Unreachable) as exc:
+        undo(exc)  # proof that the scheduler does not have the job
         raise
     except MmmError as exc:  # it may have the job: `status` settles the record by its tag
         keep("")  # no id yet: `status` settles the record and copies it again
@@ -353,8 +368,48 @@ def _hand_over(scheduler, submission: Submission, db: JobDB, job_id: int, undo, 
         raise
 
 
+def submit_waiting(db: JobDB, run: JobRecord, plan: Plan) -> JobRecord | None:
+    """A run waiting in the backlog (recorded by `submit(..., backlog=True)`, its script
+    rendered then) claimed and handed to its scheduler, by the protocol above from step 3; None
+    where another took it first, or the scheduler refused it (it failed, with the scheduler's
+    words). A scheduler out of reach puts it back in its place."""
+    if not db.backlog.claim(run.id, submitter()):
+        return None
+    claimed = db.get_existing(run.id, events=False)
+    scheduler = scheduler_for(claimed.scheduler, claimed.commands, host_for(claimed.remote))
+    submission = submission_of(
+        plan,
+        claimed.script_path,
+        claimed.job_dir,
+        claimed.tag,
+        claimed.submitted_at,
+        stop_signal=plan.launch.stop_signal,
+    )
+    keep = copy_keeper(
+        jobs_root_for(db.path) / posixpath.basename(claimed.job_dir), record_copy(claimed)
+    )
+
+    def undo(exc: MmmError) -> None:
+        if isinstance(exc, Unreachable):  # never sent: back to its place
+            db.backlog.requeue(run.id, f"back in the backlog: {one_line(str(exc))}")
+        else:
+            db.backlog.refused(run.id, f"refused from the backlog: {one_line(str(exc))}")
+
+    try:
+        native_id = hand_over(scheduler, submission, db, run.id, undo, keep)
+    except SubmissionRefused:
+        return None
+    keep(native_id)
+    return db.accepted(run.id, native_id, "submitted from the backlog") or db.get_existing(run.id)
+
+
 def cancel(db: JobDB, record: JobRecord) -> None:
-    """Ask the job's scheduler (here, or over SSH) to cancel it, and record that it was asked."""
+    """Ask the job's scheduler (here, or over SSH) to cancel it, and record that it was asked; a
+    run still waiting in the backlog is taken out of it, never submitted."""
+    if record.state is JobState.WAITING and db.backlog.withdraw(
+        record.id, "taken out of the backlog by cancel: never submitted"
+    ):
+        return
     scheduler = scheduler_for(record.scheduler, record.commands, host_for(record.remote))
     scheduler.cancel(JobRef(record.native_id, Path(record.job_dir)))
     db.cancel_sent(record.id)

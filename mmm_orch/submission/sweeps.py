@@ -186,8 +186,10 @@ def submit_sweep(
     db_file: Path,
     template: str | None = None,
     remote: str = "",
+    backlog: bool = False,
 ) -> tuple[int, list[JobRecord]]:
-    """Submit the points as one sweep group; a refused point cancels those already submitted."""
+    """Submit the points as one sweep group; a refused point cancels those already submitted.
+    `backlog`: recorded waiting, for the backlog's mover to submit."""
     db = open_db(str(db_file), create=True)
     sweep_id = new_sweep(db, swept, planned, remote)
     records: list[JobRecord] = []
@@ -200,6 +202,7 @@ def submit_sweep(
                     template,
                     remote,
                     links={"group_id": sweep_id, "group_index": point.index},
+                    backlog=backlog,
                 )
             )
     except BaseException:
@@ -344,6 +347,7 @@ def summary(group: dict, jobs: list[JobRecord]) -> dict[str, Any]:
         JobState.SUBMITTING,
         JobState.RUNNING,
         JobState.PENDING,
+        JobState.WAITING,
         JobState.UNKNOWN,
         JobState.FAILED,
         JobState.HUNG,

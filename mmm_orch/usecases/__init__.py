@@ -3,6 +3,7 @@ values and returns plans and records; parsing arguments and printing are the cal
 
     plans          plan, script (review: nothing written or sent), options_of, save
     submissions    prepare, submit, chain, sweep, rerun's checks, cancel
+    backlogs       the runs waiting in the backlog, and its mover
     inside         launch, sweep --within (inside an allocation the scheduler gave)
     packs          sweep --pack, pack-run          reruns      rerun
     following      find a job, status, --watch, follow a log
@@ -26,6 +27,7 @@ from mmm_orch.planning import Plan as Plan
 from mmm_orch.planning import Request as Request
 from mmm_orch.planning.cost import hours as hours
 from mmm_orch.planning.cost import sweep_cost as sweep_cost
+from mmm_orch.planning.occupancy import NOTHING_YET as NOTHING_YET
 from mmm_orch.records.db import JobDB as JobDB
 from mmm_orch.records.record import PACK_INDEX as PACK_INDEX
 from mmm_orch.records.record import JobRecord as JobRecord

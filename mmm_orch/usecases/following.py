@@ -19,6 +19,7 @@ from mmm_orch.progress.refresh import Refresh, refresh
 from mmm_orch.records.db import JobDB, open_db
 from mmm_orch.records.record import JobRecord
 from mmm_orch.submission import chains, sweeps
+from mmm_orch.usecases import backlogs
 
 RECENT = 20  # jobs `status` shows without ids or --all, besides every open one
 
@@ -123,7 +124,7 @@ def status(
     links: bool = False,
 ) -> Status:
     """The jobs `ids` (and those of `sweep`), all of them, or the recent and the open ones, of
-    `machine`, refreshed at once. A chain's links fold into one line unless `links`; a sweep's
+    `machine`, refreshed at once, the backlog moved first. A chain's links fold into one line unless `links`; a sweep's
     points fold unless it is the sweep asked for."""
     wanted = list(ids)
     check_known("machines", machine, db)
@@ -133,7 +134,9 @@ def status(
         wanted += [r.id for r in sweeps.members(db, sweep)]
     if db is None:
         return Status(Refresh(), [])
+    notes = backlogs.move(db).notes  # whoever looks moves the backlog (usecases/backlogs.py)
     outcome = refresh(db, _selected(db, wanted, machine, all_jobs))
+    outcome.warnings += notes
     return Status(
         outcome, _folded(db, outcome.records, fold_chains=not links, fold_sweeps=sweep is None)
     )

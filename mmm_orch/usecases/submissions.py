@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from mmm_orch.errors import InvalidValue, MmmError, QueueFull
 from mmm_orch.planning import Plan, Request, cost, resolve
-from mmm_orch.planning.occupancy import QueueLoad
+from mmm_orch.planning.occupancy import NOTHING_YET, QueueLoad
 from mmm_orch.records.db import JobDB, db_path, open_db
 from mmm_orch.records.record import JobRecord
 from mmm_orch.rendering import render
+from mmm_orch.schedulers.states import JobState
 from mmm_orch.usecases.plans import bad_nodes, counted_plan
 
 
@@ -39,13 +40,17 @@ def prepare(
     host: str | None = None,
     env_check: bool = True,
     chain: int = 0,
+    backlog: bool = False,
 ) -> Prepared:
     """Everything that can be checked before a submission writes anything: the plan (the user's
-    jobs counted where it goes), a chain's conditions, the template, the login host, and the
-    job's Python there."""
-    request = dataclasses.replace(request, jobs=max(chain, 1))
+    jobs counted where it goes; with `backlog` not: its runs wait for room), a chain's
+    conditions, the template, the login host, and the job's Python there."""
+    if backlog:
+        request = dataclasses.replace(request, queue_load=NOTHING_YET)
+    else:
+        request = dataclasses.replace(request, jobs=max(chain, 1))
     checked, load = counted_plan(request, db, target(request.machine, host))
-    return prepare_plan(checked, template, host, env_check, chain, db, load)
+    return prepare_plan(checked, template, host, env_check, chain, db, load, backlog)
 
 
 def target(machine_name: str, host: str | None) -> str:
@@ -71,16 +76,19 @@ def prepare_plan(
     chain: int = 0,
     db: str | None = None,
     load: QueueLoad | None = None,
+    backlog: bool = False,
 ) -> Prepared:
     """`prepare` for a plan already made (the Python API's `submit(plan)`: what was reviewed is
-    what is submitted); `load`: the user's jobs as counted for it (else counted here)."""
+    what is submitted); `load`: the user's jobs as counted for it (else counted here; with
+    `backlog` not at all: its runs wait for room)."""
     from mmm_orch.submission.preflight import target_for
 
     budget = within_budgets(checked, db, "a chain's first link" if chain else "this job")
 
     remote = target_for(checked, host)
     notes = check_stacks([checked])
-    check_room(checked, max(chain, 1), remote, db, load)
+    if not backlog:
+        check_room(checked, max(chain, 1), remote, db, load)
     # One job with the packaged templates is rendered once, at submission (a failure there
     # undoes everything); a template of the user's, and a chain's links, are tried first.
     scripts = [checked] if template is not None else []
@@ -167,18 +175,46 @@ def ready(
     return Prepared(checked, template, remote, budget)
 
 
-def submit(prepared: Prepared, db: str | None = None) -> JobRecord:
+def submit(prepared: Prepared, db: str | None = None, backlog: bool = False) -> JobRecord:
+    """Submit the prepared job; with `backlog`, record it waiting and move the backlog (it is
+    submitted now if its queue has room)."""
     from mmm_orch.submission import submit as jobs
 
-    return jobs.submit(prepared.plan, db_path(db), prepared.template, remote=prepared.remote)
+    record = jobs.submit(
+        prepared.plan, db_path(db), prepared.template, remote=prepared.remote, backlog=backlog
+    )
+    if backlog:
+        moved(db)
+    return record if not backlog else open_db(db, create=True).get_existing(record.id)
 
 
-def submit_chain(prepared: Prepared, links: int, db: str | None = None) -> list[JobRecord]:
+def moved(db: str | None = None):
+    """The backlog moved now (usecases/backlogs.py): what it submitted and says."""
+    from mmm_orch.usecases.backlogs import move
+
+    return move(open_db(db, create=True))
+
+
+def submit_chain(
+    prepared: Prepared, links: int, db: str | None = None, backlog: bool = False
+) -> list[JobRecord]:
+    """Submit the chain's links (`backlog`: recorded waiting, the backlog then moved)."""
     from mmm_orch.submission.chains import submit_chain as submit_links
 
-    return submit_links(
-        prepared.plan, db_path(db), links, prepared.template, prepared.remote, prepared.budget
+    records = submit_links(
+        prepared.plan,
+        db_path(db),
+        links,
+        prepared.template,
+        prepared.remote,
+        prepared.budget,
+        backlog,
     )
+    if not backlog:
+        return records
+    moved(db)
+    opened = open_db(db, create=True)
+    return [opened.get_existing(r.id, events=False) for r in records]
 
 
 def sweep_points(
@@ -191,12 +227,14 @@ def sweep_points(
     review: bool = False,
     devices: str | None = None,
     within: bool = False,
+    backlog: bool = False,
 ):
     """The sweep's axes and every point planned, each point's script rendered once to check it.
     `request` carries what all points share (its nodes and --set come from the axes). Where the
     points' queues have job limits, the user's jobs are counted where the sweep goes (`review`:
-    offline, as `plan` does) and each point takes a queue with room for it. Points on some
-    devices of a node (`devices`) only run side by side in one allocation (`within`)."""
+    offline, as `plan` does) and each point takes a queue with room for it; with `backlog` they
+    are not counted: the points wait for room in the backlog. Points on some devices of a node
+    (`devices`) only run side by side in one allocation (`within`)."""
     from mmm_orch.submission import queue_load, sweeps
 
     if devices is not None and not within:
@@ -209,9 +247,9 @@ def sweep_points(
     swept = sweeps.axes(nodes, sets, devices)
     shared = dataclasses.replace(request, avoid_nodes=bad_nodes(db, request.machine))
     try:
-        planned = sweeps.points(shared, swept)
+        planned = sweeps.points(shared, swept, new_jobs=not backlog)
         limited = next((p.plan for p in planned if queue_load.limits_apply(p.plan)), None)
-        if limited is not None and request.queue_load is None:
+        if limited is not None and request.queue_load is None and not backlog:
             remote = None if review else target(request.machine, host)
             load = queue_load.read(limited, remote, open_db(db))
             planned = sweeps.points(dataclasses.replace(shared, queue_load=load), swept)
@@ -263,9 +301,11 @@ def submit_sweep(
     template: str | None = None,
     host: str | None = None,
     env_check: bool = True,
+    backlog: bool = False,
 ) -> tuple[int, list[JobRecord], tuple[str, ...]]:
-    """Submit planned points (sweep_points) as one sweep: all of them, or none; with the notes
-    on their stacks (check_stacks) for the caller to say once they are submitted."""
+    """Submit planned points (sweep_points) as one sweep: all of them, or none (`backlog`: all
+    recorded waiting, then the backlog moved); with the notes on their stacks (check_stacks)
+    for the caller to say once they are submitted."""
     from mmm_orch.submission import sweeps
     from mmm_orch.submission.preflight import check_job_python, target_for
 
@@ -273,7 +313,11 @@ def submit_sweep(
     notes = check_stacks([point.plan for point in planned])
     if env_check:
         check_job_python(planned[0].plan, remote)
-    sweep_id, records = sweeps.submit_sweep(swept, planned, db_path(db), template, remote)
+    sweep_id, records = sweeps.submit_sweep(swept, planned, db_path(db), template, remote, backlog)
+    if backlog:
+        moved(db)
+        opened = open_db(db, create=True)
+        records = [opened.get_existing(r.id, events=False) for r in records]
     return sweep_id, records, notes
 
 
@@ -317,6 +361,14 @@ def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Ite
                 "cancelling every link"
             )
             records += links
+    withdrawn = set()
+    for record in records:  # first: before a mover submits them
+        if record.state is JobState.WAITING and db.backlog.withdraw(
+            record.id, "taken out of the backlog by cancel: never submitted"
+        ):
+            withdrawn.add(record.id)
+            yield f"job {record.id}: taken out of the backlog, never submitted"
+    records = [r for r in records if r.id not in withdrawn]
     outcome = refresh(db, records)
     for record in records:
         if record.id in outcome.removed:
