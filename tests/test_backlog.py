@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,12 +168,19 @@ def test_six_runs_go_one_at_a_time_each_once_through_a_killed_mover_and_two_at_o
     monkeypatch.setenv("REAL", real)
     name = f"wait{RUN}"
 
-    # Six runs, each a job of a few seconds; the first goes at once, the others wait.
-    for _ in range(6):
+    # Six runs, each a job of a few seconds: three submitted, then a sweep of three; the first
+    # goes at once, the others wait.
+    for _ in range(3):
         proc = _mmm("submit", machine, "-q", "backlog", "--backlog", "--name", name,
                     "--walltime", "00:05:00", "--", "sleep", "3")
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
+    proc = _mmm("sweep", machine, "-q", "backlog", "--backlog", "--name", name, "--nodes",
+                "1,2,3", "--walltime", "00:05:00", "--", "sleep", "3")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    # (the first job may end meanwhile, and the sweep's move then submits the second run)
+    assert re.search(r"3 jobs, 4-6: [01] submitted, [23] waiting in the backlog", out), out
     rows = _rows(name)
     assert len(rows) == 6 and sum(1 for r in rows if r["state"] == "waiting") >= 4, rows
     assert any("2nd in the backlog: queue backlog takes 1" in r["reason"] for r in rows), rows

@@ -166,15 +166,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0
-    sent = sum(1 for r in records if r.native_id)
-    print(
-        f"sweep {sweep}: {len(records)} jobs, {records[0].id}-{records[-1].id}: "
-        + (
-            f"{sent} submitted, {len(records) - sent} waiting in the backlog"
-            if args.backlog
-            else "submitted"
+    span = f"{records[0].id}-{records[-1].id}"
+    if args.backlog:
+        sent = sum(1 for r in records if r.native_id)
+        print(
+            f"sweep {sweep}: {len(records)} jobs, {span}: {sent} submitted, "
+            f"{len(records) - sent} waiting in the backlog"
         )
-    )
+    else:
+        print(f"sweep {sweep}: {len(records)} jobs submitted, {span}")
     for point, record in zip(planned, records, strict=True):  # one record per point
         where = f"{record.scheduler} id {record.native_id}" if record.native_id else "waiting"
         print(f"  job {record.id}: {point.label} ({where})")
