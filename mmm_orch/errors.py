@@ -51,6 +51,11 @@ class SubmissionRefused(SchedulerError):
     one proof that it has no job, so the only error after which a record may be removed."""
 
 
+class OverLimit(SubmissionRefused):
+    """Refused for a job-count limit (the user's or project's jobs in the queue): the job could
+    go in once others end (a backlog's run waits again)."""
+
+
 class SchedulerUnavailable(MmmError):
     """The scheduler could not be reached within the retry budget."""
 

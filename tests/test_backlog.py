@@ -24,9 +24,14 @@ from helpers.jobs import cancel_leftovers
 from helpers.schedulers import PBS_BIN
 
 from mmm_orch.records.db import open_db
+from mmm_orch.schedulers.pbs import parse as pbs_parse
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 from mmm_orch.schedulers.states import JobState
 from mmm_orch.usecases.backlogs import queues
 from mmm_orch.submission.submit import cancel
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _waiting(db, machine: str = "m", queue: str = "q", **extra) -> int:
@@ -66,6 +71,8 @@ def _values(record) -> dict:
 CLAIM_ALL = """
 import json, sys
 from mmm_orch.records.db import open_db
+from mmm_orch.schedulers.pbs import parse as pbs_parse
+from mmm_orch.schedulers.slurm import parse as slurm_parse
 db = open_db(sys.argv[1])
 print(json.dumps([job for job in json.loads(sys.argv[2]) if db.backlog.claim(job, sys.argv[3])]))
 """
@@ -104,7 +111,27 @@ def test_runs_wait_by_queue_in_the_order_they_came(tmp_path):
     assert [[r.id for r in group] for group in grouped] == [[ids[0], ids[2]], [ids[1]], [ids[3]]]
 
 
+def test_a_refusal_for_a_job_count_limit_is_told_from_the_others():
+    """Said in the schedulers' own words (recorded: the live test servers, ALCF's guide): a
+    run the backlog sent is put back for these, and fails for the others."""
+    slurm = json.loads((FIXTURES / "slurm" / "sbatch_err_qos_max_submit_limit.json").read_text())
+    assert slurm_parse.OVER_LIMIT.search(slurm["stderr"])
+    assert not slurm_parse.OVER_LIMIT.search(
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+        "combination specified")
+    catalog = json.loads((FIXTURES / "pbs" / "pbs_error_messages_catalog.json").read_text())
+    limits = [e["text"] for e in catalog if e["command"] == "qsub" and pbs_parse.OVER_LIMIT.search(
+        e["text"])]
+    assert limits == ["qsub: would exceed queue generic's per-user limit"]
+    refusals = json.loads((FIXTURES / "pbs" / "live_qsub_refusals.json").read_text())
+    assert not any(pbs_parse.OVER_LIMIT.search(r["stderr"]) for r in refusals)
+
+
 # --- live: six runs on a queue of one job per user ---------------------------------------------
+
+# The backlog queues hold one job of the user's (root's, for every test): the tests that use them
+# run one after another, on one worker.
+BACKLOG_QUEUE = pytest.mark.xdist_group("backlog-queue")
 
 # A submit command that calls the real one, logs its exit, and once (the first time a mover,
 # `mmm-orch backlog`, calls it for a third submission or later) kills that mover right after the
@@ -143,6 +170,7 @@ def _rows(name: str) -> list[dict]:
 
 
 @pytest.mark.live
+@BACKLOG_QUEUE
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_six_runs_go_one_at_a_time_each_once_through_a_killed_mover_and_two_at_once(
         request, isolated, monkeypatch, tmp_path, kind):
@@ -226,6 +254,7 @@ sys.exit(0 if last == 8 else runtime.EXIT_CHECKPOINTED)
 
 
 @pytest.mark.live
+@BACKLOG_QUEUE
 @pytest.mark.parametrize("machine", ["slurm-local", "pbs-local"])
 def test_a_four_link_chain_on_a_queue_of_one_job_reaches_its_last_step(request, isolated,
                                                                        monkeypatch, machine):
@@ -260,6 +289,7 @@ def test_a_four_link_chain_on_a_queue_of_one_job_reaches_its_last_step(request, 
 
 
 @pytest.mark.live
+@BACKLOG_QUEUE
 @pytest.mark.usefixtures("slurm_cluster")
 def test_runs_wait_and_go_in_over_ssh(cli, isolated, sshd, tmp_path, request):
     """Submitted and moved through a login host (the test sshd before the Slurm cluster): the

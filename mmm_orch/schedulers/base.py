@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 from mmm_orch.dataclass_code import dataclass
 from mmm_orch.errors import (
     MmmError,
+    OverLimit,
     SchedulerError,
     SchedulerUnavailable,
     SubmissionRefused,
@@ -66,7 +67,8 @@ class CommandScheduler:
 
     `transient` errors are worth another try; of those, `unsent` ones prove that the request
     never reached the scheduler (connection refused). A refusal is the submit command's
-    `refusal_codes` exit status with its `refusal` words on stderr. Anything else (a timeout, a
+    `refusal_codes` exit status with its `refusal` words on stderr; with `over_limit` words
+    too, it was for a job-count limit (OverLimit). Anything else (a timeout, a
     dropped connection, a command killed by a signal, silent, or with another status) is
     ambiguous: the scheduler may have taken the job, so submit looks for the job's tag before it
     tries again."""
@@ -77,6 +79,7 @@ class CommandScheduler:
     transient_codes: frozenset[int] = frozenset()
     refusal: re.Pattern[str]
     refusal_codes: frozenset[int]
+    over_limit: re.Pattern[str] = re.compile(r"(?!)")  # none unless the scheduler says
     query_env: dict[str, str] = {}
 
     def __init__(self, commands: dict[str, str], runner: Runner):
@@ -205,7 +208,8 @@ class CommandScheduler:
         # its refusal status and words. Killed by a signal (a negative status here, 128+N through
         # a shell), silent, or with another status, it may have been taken already.
         if result.returncode in self.refusal_codes and self.refusal.search(result.stderr):
-            raise SubmissionRefused(f"{argv[0]}: {result.message}")
+            refused = OverLimit if self.over_limit.search(result.stderr) else SubmissionRefused
+            raise refused(f"{argv[0]}: {result.message}")
         return True, (
             f"{argv[0]} ended with status {result.returncode} and no refusal "
             f"({result.message or 'no message'})"

@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from mmm_orch.config.failures import signatures_json
-from mmm_orch.errors import MmmError, SubmissionRefused, Unreachable, one_line
+from mmm_orch.errors import MmmError, OverLimit, SubmissionRefused, Unreachable, one_line
 from mmm_orch.hosts import Host, host_for
 from mmm_orch.hosts.transport import Retry
 from mmm_orch.injob import protocol
@@ -372,7 +372,8 @@ def submit_waiting(db: JobDB, run: JobRecord, plan: Plan) -> JobRecord | None:
     """A run waiting in the backlog (recorded by `submit(..., backlog=True)`, its script
     rendered then) claimed and handed to its scheduler, by the protocol above from step 3; None
     where another took it first, or the scheduler refused it (it failed, with the scheduler's
-    words). A scheduler out of reach puts it back in its place."""
+    words). A scheduler out of reach, or a refusal for a job-count limit (OverLimit, raised),
+    puts it back in its place."""
     if not db.backlog.claim(run.id, submitter()):
         return None
     claimed = db.get_existing(run.id, events=False)
@@ -390,13 +391,17 @@ def submit_waiting(db: JobDB, run: JobRecord, plan: Plan) -> JobRecord | None:
     )
 
     def undo(exc: MmmError) -> None:
-        if isinstance(exc, Unreachable):  # never sent: back to its place
+        # Never sent, or refused for a limit (another submitter's job took the room first): back
+        # to its place; refused for anything else, it fails with the scheduler's words.
+        if isinstance(exc, Unreachable | OverLimit):
             db.backlog.requeue(run.id, f"back in the backlog: {one_line(str(exc))}")
         else:
             db.backlog.refused(run.id, f"refused from the backlog: {one_line(str(exc))}")
 
     try:
         native_id = hand_over(scheduler, submission, db, run.id, undo, keep)
+    except OverLimit:
+        raise  # its queue waits for now (usecases/backlogs.py says so)
     except SubmissionRefused:
         return None
     keep(native_id)

@@ -60,6 +60,9 @@ UNSENT_ERRORS = re.compile(r"cannot connect to (host|server)|Connection refused"
 # message from the server (a connection dropped after the commit among others): not a refusal.
 REFUSAL = re.compile(r"^qsub: (?!Error \(\d+\) submitting job)", re.M)
 REFUSAL_CODES = frozenset(range(1, 256))
+# A refusal for a job-count limit, max_queued's (live test server, exit 38: "qsub: would exceed
+# queue generic's per-user limit"; ALCF-UG known-issues.md quotes the same).
+OVER_LIMIT = re.compile(r"^qsub: would exceed .*per-\w+ limit", re.M)
 TAG_VARIABLE = "MMM_ORCH_TAG"  # `#PBS -v MMM_ORCH_TAG=...`: the job's submission tag
 # qstat prints times in its own time zone: queries run in UTC so that they read the same anywhere.
 QUERY_ENV = {"TZ": "UTC"}

@@ -58,6 +58,7 @@ class PbsScheduler(CommandScheduler):
     transient_codes = parse.TRANSIENT_EXIT_CODES
     refusal = parse.REFUSAL
     refusal_codes = parse.REFUSAL_CODES
+    over_limit = parse.OVER_LIMIT
     query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:

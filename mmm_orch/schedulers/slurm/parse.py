@@ -81,6 +81,9 @@ REFUSAL = re.compile(
     re.M,
 )
 REFUSAL_CODES = frozenset({1, 255})
+# A refusal for a job-count limit: the QOS's or association's MaxSubmitJobs (live test cluster:
+# "sbatch: error: QOSMaxSubmitJobPerUserLimit"; tests/fixtures/slurm).
+OVER_LIMIT = re.compile(r"MaxSubmitJob\w*Limit")
 # The job carries its submission tag as its comment (`#SBATCH --comment=...`).
 TAG_PREFIX = "mmm-orch:"
 

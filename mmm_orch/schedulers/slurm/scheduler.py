@@ -61,6 +61,7 @@ class SlurmScheduler(CommandScheduler):
     unsent = parse.UNSENT_ERRORS
     refusal = parse.REFUSAL
     refusal_codes = parse.REFUSAL_CODES
+    over_limit = parse.OVER_LIMIT
     query_env = parse.QUERY_ENV
 
     def submit_argv(self, submission: Submission) -> list[str]:
