@@ -45,13 +45,13 @@ def _waiting(db, machine: str = "m", queue: str = "q", **extra) -> int:
 def test_a_waiting_run_leaves_the_backlog_once(tmp_path):
     db = open_db(str(tmp_path / "jobs.db"), create=True)
     first, second = _waiting(db), _waiting(db)
-    assert [r.id for r in db.backlog.runs()] == [first, second]
+    assert [r.id for r in db.list(state=JobState.WAITING)] == [first, second]
     assert db.backlog.claim(first, "me") and not db.backlog.claim(first, "another")
     assert db.get(first).state is JobState.SUBMITTING
     assert not db.backlog.withdraw(first, "too late")  # claimed: not waiting any more
     # the scheduler never took it: back in its place, before the second
     assert db.backlog.requeue(first, "back in the backlog: never sent")
-    assert [r.id for r in db.backlog.runs()] == [first, second]
+    assert [r.id for r in db.list(state=JobState.WAITING)] == [first, second]
     assert db.get(first).reason == "back in the backlog: never sent"
     # cancel takes a waiting run out, unsubmitted, and a mover can no longer claim it
     cancel(db, db.get(second))
@@ -294,17 +294,12 @@ def test_a_four_link_chain_on_a_queue_of_one_job_reaches_its_last_step(request, 
 def test_runs_wait_and_go_in_over_ssh(cli, isolated, sshd, tmp_path, request):
     """Submitted and moved through a login host (the test sshd before the Slurm cluster): the
     queue counted and the runs submitted there, one at a time."""
-    from helpers.ssh import ssh_config
+    from helpers.ssh import machine_through_login
 
     request.addfinalizer(cancel_leftovers)
-    ssh_config(Path(os.environ["HOME"]), sshd)
-    machines = isolated / ".mmm-orch" / "machines"
-    machines.mkdir(parents=True)
-    (machines / "slurm-ssh.yaml").write_text(
-        f"extends: slurm-local\nname: slurm-ssh\nlogin_hosts: [login]\n"
-        f"remote_jobs_dir: {tmp_path / 'remote-jobs'}\n")
+    machine = machine_through_login(isolated, sshd, "slurm-local", tmp_path / "remote-jobs")
     for _ in range(3):
-        made = cli("submit", "slurm-ssh", "-q", "backlog", "--backlog", "--host", "login",
+        made = cli("submit", machine, "-q", "backlog", "--backlog", "--host", "login",
                    "--walltime", "00:05:00", "--json", "--", "sleep", "2")
         assert made.code == 0, made.err
     moved = cli("backlog", "--every", "1", "--for", "300")

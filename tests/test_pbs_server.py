@@ -18,7 +18,7 @@ from helpers.faults import HANG
 from helpers.jobs import assert_nothing_recorded, submit_over_walltime, wait_in_db, wait_state
 from helpers.profiles import write_probe
 from helpers.schedulers import PBS_BIN
-from helpers.ssh import ssh_config
+from helpers.ssh import machine_through_login
 from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("pbs_server", "leftovers_cancelled")
@@ -160,12 +160,7 @@ def test_a_qsub_refusal_exits_2_with_pbs_words_and_leaves_nothing(cli, isolated)
 
 
 def test_over_ssh_submit_status_logs_cancel(cli, isolated, sshd, tmp_path, monkeypatch):
-    ssh_config(Path(os.environ["HOME"]), sshd)
-    machines = isolated / ".mmm-orch" / "machines"
-    machines.mkdir(parents=True)
-    (machines / "pbs-ssh.yaml").write_text(
-        f"extends: pbs-local\nname: pbs-ssh\nlogin_hosts: [login]\n"
-        f"remote_jobs_dir: {tmp_path / 'remote-jobs'}\n")
+    machine_through_login(isolated, sshd, "pbs-local", tmp_path / "remote-jobs")
     monkeypatch.setenv("PYTHONPATH", str(isolated))
     write_probe(isolated, "sleeper", "import time\nprint('asleep', flush=True)\ntime.sleep(900)\n")
     result = cli("submit", "pbs-ssh", "sleeper", "--host", "login", "--workdir", str(isolated))

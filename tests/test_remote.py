@@ -17,7 +17,7 @@ import pytest
 
 from helpers.jobs import assert_nothing_recorded, wait_state
 from helpers.schedulers import command_wrappers
-from helpers.ssh import ssh_config
+from helpers.ssh import machine_through_login, ssh_config
 from mmm_orch.records.db import JobDB
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
@@ -26,14 +26,8 @@ pytestmark = pytest.mark.usefixtures("slurm_cluster", "leftovers_cancelled")
 @pytest.fixture
 def remote(isolated, sshd, tmp_path):
     """A Slurm profile reached through the test sshd (alias `login`), job dirs under tmp_path."""
-    home = Path(os.environ["HOME"])
-    ssh_config(home, sshd)
-    machines = isolated / ".mmm-orch" / "machines"
-    machines.mkdir(parents=True)
     remote_root = tmp_path / "remote-jobs"
-    (machines / "slurm-ssh.yaml").write_text(
-        f"extends: slurm-local\nname: slurm-ssh\nlogin_hosts: [login]\n"
-        f"remote_jobs_dir: {remote_root}\n")
+    machine_through_login(isolated, sshd, "slurm-local", remote_root)
     return remote_root
 
 

@@ -409,9 +409,13 @@ class JobDB:
         limit: int | None = None,
         machine: str | None = None,
         group_id: int | None = None,
+        state: JobState | None = None,
     ) -> list[JobRecord]:
         where: list[str] = []
         args: list[int | str] = []
+        if state is not None:
+            where.append("state = ?")
+            args.append(state.value)
         ids = list(ids)
         if ids:
             where.append(f"id IN ({','.join('?' * len(ids))})")

@@ -1,5 +1,6 @@
-"""The backlog in the job database (`db.backlog`): runs recorded `waiting`, in the order they
-came, each taken out exactly once; and the lease that lets one mover at a time submit them.
+"""The backlog in the job database (`db.backlog`): runs recorded `waiting` (`db.list(state=...)`
+lists them, in the order they came), each taken out exactly once; and the lease that lets one
+mover at a time submit them.
 
 A run leaves the backlog by a compare-and-set in one write transaction: `claim` turns it from
 `waiting` to `submitting` (the submit protocol of submission/submit.py from there on), `withdraw`
@@ -13,7 +14,6 @@ from __future__ import annotations
 import time
 
 from mmm_orch.records.access import Access
-from mmm_orch.records.record import LIST_COLUMNS, JobRecord, from_row
 from mmm_orch.schedulers.states import JobState
 
 MOVER = "backlog mover"  # the lease's name
@@ -25,16 +25,6 @@ class Backlog:
 
     def __init__(self, db: Access):
         self.db = db
-
-    def runs(self, machine: str | None = None) -> list[JobRecord]:
-        """The waiting runs (of `machine`), first come first."""
-        sql = f"SELECT {LIST_COLUMNS} FROM jobs WHERE state = ?"
-        args: list[str] = [JobState.WAITING.value]
-        if machine:
-            sql += " AND machine = ?"
-            args.append(machine)
-        with self.db.errors("read"):
-            return [from_row(row) for row in self.db.conn.execute(sql + " ORDER BY id", args)]
 
     def claim(self, job_id: int, submitter: str) -> bool:
         """Take a waiting run out to submit it (`submitting`, by `submitter`, from now); False

@@ -61,15 +61,15 @@ class Moved:
 def move(db: JobDB) -> Moved:
     """Submit the waiting runs the queues admit now (see the module's docstring)."""
     moved = Moved()
-    if not db.backlog.runs():
+    if not waiting(db):
         return moved
     with lease(db) as held:
         if not held:
             moved.notes.append("another mmm-orch is moving the backlog now")
             return moved
         _refresh_open(db, moved)
-        waiting = [db.get(run.id, events=False) for run in db.backlog.runs()]
-        for runs in queues([run for run in waiting if run is not None]):
+        records = [db.get(run.id, events=False) for run in waiting(db)]
+        for runs in queues([run for run in records if run is not None]):
             try:
                 _move_queue(db, runs, moved)
             except MmmError as exc:  # that queue waits; the others move
@@ -115,7 +115,7 @@ def _move_queue(db: JobDB, runs: list[JobRecord], moved: Moved) -> None:
                 moved.notes.append(f"job {run.id} taken out of the backlog: {ended}")
             continue
         if not ready:  # a chain's link waits for the one before it to end
-            db.note(run.id, "waiting in the backlog for the chain's link before it to end")
+            _note(db, run, "waiting in the backlog for the chain's link before it to end")
             continue
         plan = stored_plan(run.plan, f"job {run.id}'s recorded plan")
         full = _full(plan, run.remote, db)
@@ -138,7 +138,7 @@ def _move_queue(db: JobDB, runs: list[JobRecord], moved: Moved) -> None:
 def _refresh_open(db: JobDB, moved: Moved) -> None:
     """The states of the open jobs on the machines runs wait for, as `status` refreshes them
     (a chain's link waits for the one before to end; a cut-off submission is settled)."""
-    machines = {run.machine for run in db.backlog.runs()}
+    machines = {run.machine for run in waiting(db)}
     open_jobs = [
         r
         for r in db.list(open_only=True)
@@ -151,8 +151,7 @@ def _refresh_open(db: JobDB, moved: Moved) -> None:
 def _unsettled(db: JobDB, run: JobRecord) -> bool:
     """Whether a submission to `run`'s machine (and login host) is of unknown outcome still."""
     return any(
-        r.state is JobState.SUBMITTING and r.remote == run.remote
-        for r in db.list(open_only=True, machine=run.machine)
+        r.remote == run.remote for r in db.list(state=JobState.SUBMITTING, machine=run.machine)
     )
 
 
@@ -169,9 +168,15 @@ def _full(plan: Plan, remote: str, db: JobDB) -> str | None:
 
 
 def _waiting_because(db: JobDB, runs: list[JobRecord], why: str) -> None:
-    """Each run's reason: its place in its queue's backlog and why it waits."""
+    """Each run's reason: its place in its queue's backlog and why it waits (written where it
+    changed: every `status` moves the backlog)."""
     for place, run in enumerate(runs, start=1):
-        db.note(run.id, f"waiting, {_ordinal(place)} in the backlog: {why}")
+        _note(db, run, f"waiting, {_ordinal(place)} in the backlog: {why}")
+
+
+def _note(db: JobDB, run: JobRecord, reason: str) -> None:
+    if run.reason != reason:
+        db.note(run.id, reason)
 
 
 def _ordinal(n: int) -> str:
@@ -186,7 +191,7 @@ def _where(run: JobRecord) -> str:
 
 def waiting(db: JobDB | None) -> list[JobRecord]:
     """The runs waiting in the backlog, first come first."""
-    return db.backlog.runs() if db is not None else []
+    return db.list(state=JobState.WAITING) if db is not None else []
 
 
 def moving(db: JobDB | None, every: float | None, lasting: float | None) -> Iterator[Moved]:
@@ -198,6 +203,6 @@ def moving(db: JobDB | None, every: float | None, lasting: float | None) -> Iter
     until = None if lasting is None else time.time() + lasting
     while True:
         yield move(db)
-        if every is None or not db.backlog.runs() or (until is not None and time.time() >= until):
+        if every is None or not waiting(db) or (until is not None and time.time() >= until):
             return
         time.sleep(every)

@@ -4,6 +4,7 @@ keys and log, and a user's ~/.ssh/config naming it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 
@@ -40,3 +41,15 @@ def ssh_config(home: Path, sshd: Sshd, alias: str = "login", key: Path | None = 
     (ssh / "config").write_text(
         f"Host {alias}\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
         f"  IdentityFile {key or sshd.client_key}\n  UserKnownHostsFile {ssh / 'known_hosts_test'}\n")
+
+
+def machine_through_login(work: Path, sshd: Sshd, base: str, remote_jobs: Path) -> str:
+    """A user profile `<base>-ssh`: the machine `base` reached through the test sshd (alias
+    `login`, in ~/.ssh/config), its job directories under `remote_jobs`; its name."""
+    ssh_config(Path(os.environ["HOME"]), sshd)
+    name = f"{base.removesuffix('-local')}-ssh"
+    machines = work / ".mmm-orch" / "machines"
+    machines.mkdir(parents=True, exist_ok=True)
+    (machines / f"{name}.yaml").write_text(
+        f"extends: {base}\nname: {name}\nlogin_hosts: [login]\nremote_jobs_dir: {remote_jobs}\n")
+    return name
