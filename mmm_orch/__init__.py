@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Allocation",
     "ConfigError",
     "InvalidValue",
     "Job",
@@ -25,6 +26,9 @@ __all__ = [
     "Sweep",
     "UnknownName",
     "__version__",
+    "allocate",
+    "allocation",
+    "backlog",
     "balance",
     "job",
     "jobs",
@@ -50,8 +54,12 @@ _API = frozenset(__all__) - _ERRORS - {"__version__"}  # mmm_orch/api/__init__.p
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from mmm_orch.api import (
+        Allocation,
         Job,
         Sweep,
+        allocate,
+        allocation,
+        backlog,
         balance,
         job,
         jobs,

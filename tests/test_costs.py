@@ -202,7 +202,8 @@ def test_recorded_accounting_gives_the_nodes_and_elapsed_time():
 def _sacct(job_id: str) -> tuple[int, float]:
     out = subprocess.run(["sacct", "--noheader", "--parsable2", "--format=AllocNodes,ElapsedRaw",
                           f"--jobs={job_id}"], capture_output=True, text=True, check=True).stdout
-    nodes, elapsed = out.splitlines()[0].split("|")
+    # (the last row: a cluster set up again gives its ids again, and sacct lists the older first)
+    nodes, elapsed = out.splitlines()[-1].split("|")
     return int(nodes), float(elapsed)
 
 

@@ -136,16 +136,18 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
         after_row = json.loads(result.out)
         wait_state(cli, after_row["id"])
         # Accounting records a job's end a moment after the controller: read its node list once
-        # it has (and only this cluster's job of that id: -S, ids start again with a new cluster).
+        # it has. A cluster set up again within the hour gives its ids again: of the rows of
+        # that id, the latest submitted is this job's.
         deadline = time.monotonic() + 60
         while True:
-            row = subprocess.run(["sacct", "-j", after_row["native_id"], "-X", "-n", "-P", "-S",
-                                  "now-1hour", "-o", "NodeList,State"], capture_output=True,
-                                 text=True, timeout=30).stdout.strip()
+            rows = subprocess.run(["sacct", "-j", after_row["native_id"], "-X", "-n", "-P", "-S",
+                                   "now-1hour", "-o", "Submit,NodeList,State"],
+                                  capture_output=True, text=True, timeout=30).stdout.split()
+            row = max(rows, default="")
             if row.endswith("|COMPLETED") or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        used = row.split("|")[0]
+        used = row.split("|")[1]
         expanded = subprocess.run(["scontrol", "show", "hostnames", used], capture_output=True,
                                   text=True, timeout=30).stdout.split()
         assert len(expanded) == 2 and victim not in expanded, used

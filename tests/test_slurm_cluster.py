@@ -107,10 +107,11 @@ def test_a_ranks_exit_code_above_128_ends_the_job_failed_with_it(cli, isolated, 
     assert "Terminating StepId" in log
     assert "[mmm-orch] watchdog: a rank exited with code 200 first; the launch returned 143" in log
     assert row["native_state"] == "FAILED"
-    # Start and end are the controller's, not the moments status happened to look.
+    # Start and end are the controller's, not the moments status happened to look (the last row
+    # of that id: a cluster set up again gives its ids again, and sacct lists the older first).
     times = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start,End", "-j", row["native_id"]],
                            capture_output=True, text=True, check=True,
-                           env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split()[0].split("|")
+                           env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split()[-1].split("|")
     assert (row["started_at"], row["ended_at"]) == (float(times[0]), float(times[1]))
 
 

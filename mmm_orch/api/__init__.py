@@ -47,6 +47,7 @@ from mmm_orch.usecases import (
     JobState,
     Plan,
     Request,
+    allocations,
     backlogs,
     following,
     packs,
@@ -54,7 +55,10 @@ from mmm_orch.usecases import (
 )
 
 __all__ = [
+    "Allocation",
     "Job",
+    "allocate",
+    "allocation",
     "Sweep",
     "backlog",
     "balance",
@@ -418,6 +422,93 @@ def sweep(
         )
     _warn(notes)
     return Sweep(sweep_id, [Job(r, db) for r in records], [p.values for p in planned])
+
+
+class Allocation:
+    """A held allocation (`allocate()`, `mmm-orch allocate`): one job that runs the runs sent
+    into it while it lives, each a Job of its own. `job` is its own job, whose id names it."""
+
+    def __init__(self, job: Job):
+        self.job = job
+
+    id = property(lambda self: self.job.id)
+
+    def __repr__(self) -> str:
+        return f"Allocation({self.id}, {self.job.machine}, {self.job.state})"
+
+    def submit(
+        self,
+        workload: str | None = None,
+        *,
+        template: str | None = None,
+        env_check: bool = True,
+        **options: Any,
+    ) -> Job:
+        """A run sent into it, as `mmm-orch submit ... --into ID`: recorded waiting at once,
+        started by the allocation when it has room (a run that cannot finish before its end is
+        not started there: it waits for the allocation made after it)."""
+        chosen = _request(self.job.machine, workload, options)
+        template = path_of("template", template, none=True)
+        env_check = flag_of("env_check", env_check)
+        with lock:
+            prepared, held = allocations.prepare_run(
+                chosen, self.id, self.job.db, template, env_check
+            )
+            _typed(prepared.plan.workload, "options", {k: [v] for k, v in chosen.options})
+            return Job(allocations.send(prepared, held, self.job.db), self.job.db)
+
+    def runs(self) -> list[Job]:
+        """The runs sent into it and given back by it, refreshed, first sent first."""
+        with lock:
+            db = opened(self.job.db)
+            records = allocations.runs(db, allocations.held(db, self.id, "allocation"))
+        return [Job(record, self.job.db) for record in records]
+
+    def wait(self, timeout: float | None = None, poll: float = 2.0) -> Allocation:
+        """Until its job has ended (its walltime, a cancel); itself."""
+        self.job.wait(timeout, poll)
+        return self
+
+    def cancel(self) -> list[str]:
+        """End it now: its running runs are stopped and given back with those not started."""
+        return self.job.cancel()
+
+
+def allocate(
+    machine: str,
+    *,
+    nodes: int | None = None,
+    walltime: str | None = None,
+    queue: str | None = None,
+    account: str | None = None,
+    name: str | None = None,
+    after: int | Allocation | None = None,
+    template: str | None = None,
+    env_check: bool = True,
+    db: str | None = None,
+) -> Allocation:
+    """Hold an allocation, as `mmm-orch allocate`: its job submitted now; runs go into it with
+    its submit(). `after`: an earlier allocation on the machine, whose runs not started there
+    (and those it gave back at its end) this one takes."""
+    chosen = _request(
+        machine,
+        "command",
+        {"nodes": nodes, "walltime": walltime, "queue": queue, "account": account, "name": name},
+    )
+    earlier = after.id if isinstance(after, Allocation) else whole_of("after", after, 1, none=True)
+    template, db = path_of("template", template, none=True), path_of("db", db, none=True)
+    env_check = flag_of("env_check", env_check)
+    with lock:
+        prepared = allocations.prepare(chosen, db, template, after=earlier, env_check=env_check)
+        return Allocation(Job(allocations.allocate(prepared, db, earlier), db))
+
+
+def allocation(job_id: int, db: str | None = None) -> Allocation:
+    """An allocation held earlier, by the id `allocate` gave it (its job's)."""
+    found = job(job_id, db)
+    with lock:
+        allocations.held(opened(found.db), found.id, "job_id")
+    return Allocation(found)
 
 
 def backlog(db: str | None = None) -> list[Job]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from mmm_orch.cli import (
+    alloc_cmds,
     config_cmds,
     db_cmds,
     env_cmds,
@@ -30,6 +31,7 @@ GROUPS = (
     job_cmds,
     launch_cmds,
     sweep_cmds,
+    alloc_cmds,
     usage_cmds,
     inspect_cmds,
     export_cmds,

@@ -172,6 +172,14 @@ def request(args: argparse.Namespace, **overrides: Any):
     return Request(**given, **overrides)
 
 
+def env_check_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-env-check",
+        action="store_true",
+        help="skip the check that the job's Python imports this mmm-orch",
+    )
+
+
 def backlog_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backlog",

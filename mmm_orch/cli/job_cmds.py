@@ -17,11 +17,7 @@ def register(sub) -> None:
     common.plan_options(p)
     common.plan_option(p, "workdir")
     p.add_argument("--dry-run", action="store_true", help="print the script; submit nothing")
-    p.add_argument(
-        "--no-env-check",
-        action="store_true",
-        help="skip the check that the job's Python imports this mmm-orch",
-    )
+    common.env_check_option(p)
     p.add_argument(
         "--chain",
         type=common.links,
@@ -30,6 +26,12 @@ def register(sub) -> None:
         "resuming from its checkpoint, until the training is done",
     )
     common.backlog_option(p)
+    p.add_argument(
+        "--into",
+        type=common.job_id,
+        metavar="ID",
+        help="run it in held allocation ID (`mmm-orch allocate` prints it) when it has room",
+    )
     p.add_argument(
         "-f",
         "--follow",
@@ -125,6 +127,8 @@ def register(sub) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     from mmm_orch import usecases
 
+    if args.into is not None:
+        return submit_into(args)
     if args.dry_run:
         request = common.request(args)
         if args.backlog:  # its runs wait for room: the queue's jobs are not counted
@@ -152,6 +156,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print(submitted(record))
         print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
+    if args.follow:
+        return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
+    return 0
+
+
+def submit_into(args: argparse.Namespace) -> int:
+    """`submit --into ID`: the run recorded waiting in a held allocation, which starts it."""
+    from mmm_orch.usecases import allocations, render
+
+    for given, flag in (
+        (args.chain, "--chain"),
+        (args.backlog, "--backlog"),
+        (args.host, "--host"),
+    ):
+        if given:
+            raise MmmError(
+                f"{flag} is not for --into: the run goes into allocation {args.into}, which "
+                "runs it on its own nodes"
+            )
+    prepared, allocation = allocations.prepare_run(
+        common.request(args), args.into, args.db, args.template, not args.no_env_check
+    )
+    if args.dry_run:
+        common.print_script(render(prepared.plan, prepared.template))
+        return 0
+    record = allocations.send(prepared, allocation, args.db)
+    if args.json:
+        print(json.dumps(record.to_dict(), indent=2))
+    else:
+        print(f"job {record.id}: {record.workload} on {record.machine}, {record.reason}")
+        print(f"log: {record.log_path}")
     if args.follow:
         return follow(common.jobs_db(args), record.id, strip_ansi=False, exit_with_job=True)
     return 0

@@ -42,11 +42,7 @@ def register(sub) -> None:
     )
     p.add_argument("--report-to", help=argparse.SUPPRESS)  # the exit code, for --allocate
     p.add_argument("--dry-run", action="store_true", help="print the script; run nothing")
-    p.add_argument(
-        "--no-env-check",
-        action="store_true",
-        help="skip the check that the job's Python imports this mmm-orch",
-    )
+    common.env_check_option(p)
     p.set_defaults(func=cmd_launch)
 
 

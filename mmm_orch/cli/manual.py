@@ -19,6 +19,8 @@ PAGES = {
     "logs": "guides/jobs.md",
     "cancel": "guides/jobs.md",
     "backlog": "guides/backlog.md",
+    "allocate": "guides/held-allocations.md",
+    "hold": "guides/held-allocations.md",
     "launch": "guides/allocation.md",
     "sweep": "guides/studies.md",
     "pack-run": "guides/packing.md",

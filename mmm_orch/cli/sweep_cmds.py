@@ -35,11 +35,7 @@ def register(sub) -> None:
     )
     common.plan_options(p, sweep=True)
     p.add_argument("--dry-run", action="store_true", help="list the points; submit nothing")
-    p.add_argument(
-        "--no-env-check",
-        action="store_true",
-        help="skip the check that the job's Python imports this mmm-orch",
-    )
+    common.env_check_option(p)
     p.add_argument("--json", action="store_true", help="print the jobs' records as JSON")
     common.backlog_option(p)
     p.add_argument("--host", metavar="HOST", help="submit through this login host over SSH")

@@ -58,6 +58,12 @@ class Groups:
         with self.db.errors("read"):
             return {row[0]: row[1] for row in self.db.conn.execute("SELECT id, kind FROM groups")}
 
+    def of_kind(self, kind: str) -> set[int]:
+        """The ids of the groups of one kind."""
+        with self.db.errors("read"):
+            rows = self.db.conn.execute("SELECT id FROM groups WHERE kind = ?", (kind,))
+            return {row[0] for row in rows}
+
     def get(self, group_id: int) -> dict[str, Any] | None:
         with self.db.errors("read"):
             row = self.db.conn.execute("SELECT * FROM groups WHERE id = ?", (group_id,)).fetchone()

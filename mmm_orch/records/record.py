@@ -13,8 +13,10 @@ from mmm_orch.dataclass_code import dataclass
 from mmm_orch.records.dbfile import DatabaseError
 from mmm_orch.schedulers.states import JobState
 
-# The group_index of a pack's own job in its sweep (the points are numbered from 1).
+# The group_index of a pack's own job in its sweep, and of a held allocation's in its group (the
+# points, and the runs sent into it, are numbered from 1).
 PACK_INDEX = 0
+ALLOCATION = "allocation"  # the group kind of a held allocation: its job and the runs sent into it
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ host) or by the lease running out (another host)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from mmm_orch.records.access import Access
 from mmm_orch.schedulers.states import JobState
@@ -26,16 +27,22 @@ class Backlog:
     def __init__(self, db: Access):
         self.db = db
 
-    def claim(self, job_id: int, submitter: str) -> bool:
-        """Take a waiting run out to submit it (`submitting`, by `submitter`, from now); False
-        where it is no longer waiting (submitted, withdrawn)."""
+    def claim(
+        self,
+        job_id: int,
+        submitter: str,
+        reason: str = "submitted from the backlog",
+        **columns: float | str,
+    ) -> bool:
+        """Take a waiting run out to submit it (`submitting`, by `submitter`, from now, with
+        `columns` set: a held allocation's holder makes it its own); False where it is no
+        longer waiting (submitted, started, withdrawn)."""
         return self._change(
             job_id,
             JobState.WAITING,
             JobState.SUBMITTING,
-            "submitted from the backlog",
-            submitter=submitter,
-            submitted_at=time.time(),
+            reason,
+            {"submitter": submitter, "submitted_at": time.time(), **columns},
         )
 
     def requeue(self, job_id: int, reason: str) -> bool:
@@ -49,13 +56,13 @@ class Backlog:
         """A waiting run taken out unsubmitted (`cancelled`); False where it is no longer
         waiting."""
         return self._change(
-            job_id, JobState.WAITING, JobState.CANCELLED, reason, ended_at=time.time()
+            job_id, JobState.WAITING, JobState.CANCELLED, reason, {"ended_at": time.time()}
         )
 
     def refused(self, job_id: int, reason: str) -> bool:
         """A claimed run the scheduler refused in its own words: it failed, unsubmitted."""
         return self._change(
-            job_id, JobState.SUBMITTING, JobState.FAILED, reason, ended_at=time.time()
+            job_id, JobState.SUBMITTING, JobState.FAILED, reason, {"ended_at": time.time()}
         )
 
     def _change(
@@ -64,13 +71,13 @@ class Backlog:
         before: JobState,
         after: JobState,
         reason: str,
+        columns: Mapping[str, float | str] | None = None,
         from_backlog: bool = False,
-        **columns: float | str,
     ) -> bool:
         """`job_id` from state `before` to `after` with `columns` set, and an event saying
         `reason`, in one transaction; False where it was not in `before` (another was first)."""
         now = time.time()
-        values = {"state": after.value, "reason": reason, "checked_at": now, **columns}
+        values = {"state": after.value, "reason": reason, "checked_at": now, **(columns or {})}
         sets = ", ".join(f"{column} = ?" for column in values)
         where = "id = ? AND state = ?" + (" AND waited_since IS NOT NULL" if from_backlog else "")
         with self.db.write():

@@ -378,17 +378,7 @@ def submit_waiting(db: JobDB, run: JobRecord, plan: Plan) -> JobRecord | None:
         return None
     claimed = db.get_existing(run.id, events=False)
     scheduler = scheduler_for(claimed.scheduler, claimed.commands, host_for(claimed.remote))
-    submission = submission_of(
-        plan,
-        claimed.script_path,
-        claimed.job_dir,
-        claimed.tag,
-        claimed.submitted_at,
-        stop_signal=plan.launch.stop_signal,
-    )
-    keep = copy_keeper(
-        jobs_root_for(db.path) / posixpath.basename(claimed.job_dir), record_copy(claimed)
-    )
+    submission, keep = _handed(db, claimed, plan)
 
     def undo(exc: MmmError) -> None:
         # Never sent, or refused for a limit (another submitter's job took the room first): back
@@ -406,6 +396,53 @@ def submit_waiting(db: JobDB, run: JobRecord, plan: Plan) -> JobRecord | None:
         return None
     keep(native_id)
     return db.accepted(run.id, native_id, "submitted from the backlog") or db.get_existing(run.id)
+
+
+def _handed(
+    db: JobDB, claimed: JobRecord, plan: Plan, **extra: Any
+) -> tuple[Submission, Callable[[str], None]]:
+    """What a claimed waiting run is handed over as, and the keeper of its record's copy."""
+    submission = submission_of(
+        plan,
+        claimed.script_path,
+        claimed.job_dir,
+        claimed.tag,
+        claimed.submitted_at,
+        stop_signal=plan.launch.stop_signal,
+        **extra,
+    )
+    directory = jobs_root_for(db.path) / posixpath.basename(claimed.job_dir)
+    return submission, copy_keeper(directory, record_copy(claimed))
+
+
+def start_here(
+    db: JobDB, run: JobRecord, plan: Plan, script: str, group_id: int
+) -> JobRecord | None:
+    """A run waiting in a held allocation (usecases/allocations.py) claimed into group
+    `group_id`'s and started on this computer under the local executor, held by this process:
+    `plan` is the run placed on its slot, `script` its script there. None where another holder
+    took it first; a refusal fails it (raised)."""
+    if not db.backlog.claim(
+        run.id,
+        submitter(),
+        "started in the allocation",
+        scheduler="local",
+        commands="{}",
+        script=script,
+        group_id=group_id,
+    ):
+        return None
+    claimed = db.get_existing(run.id, events=False)
+    host = host_for("")
+    host.write_file(claimed.script_path, script, 0o700)
+    submission, keep = _handed(db, claimed, plan, held_by=os.getpid())
+
+    def undo(exc: MmmError) -> None:
+        db.backlog.refused(run.id, f"not started in the allocation: {one_line(str(exc))}")
+
+    native_id = hand_over(scheduler_for("local", {}, host), submission, db, run.id, undo, keep)
+    keep(native_id)
+    return db.accepted(run.id, native_id, "started") or db.get_existing(run.id)
 
 
 def cancel(db: JobDB, record: JobRecord) -> None:

@@ -39,7 +39,7 @@ from mmm_orch.planning.occupancy import past_limit
 from mmm_orch.planning.store import stored_plan
 from mmm_orch.progress.refresh import refresh
 from mmm_orch.records.db import JobDB
-from mmm_orch.records.record import JobRecord
+from mmm_orch.records.record import ALLOCATION, JobRecord
 from mmm_orch.schedulers.states import JobState
 from mmm_orch.submission import chains, queue_load
 from mmm_orch.submission.settle import submitter_alive
@@ -190,8 +190,12 @@ def _where(run: JobRecord) -> str:
 
 
 def waiting(db: JobDB | None) -> list[JobRecord]:
-    """The runs waiting in the backlog, first come first."""
-    return db.list(state=JobState.WAITING) if db is not None else []
+    """The runs waiting in the backlog, first come first (not those sent into a held
+    allocation: it starts them itself)."""
+    if db is None:
+        return []
+    held = db.groups.of_kind(ALLOCATION)
+    return [run for run in db.list(state=JobState.WAITING) if run.group_id not in held]
 
 
 def moving(db: JobDB | None, every: float | None, lasting: float | None) -> Iterator[Moved]:

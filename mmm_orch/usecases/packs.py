@@ -32,9 +32,10 @@ from mmm_orch.walltime import format_walltime
 EXIT_STOPPED = EXIT_STOPPED_BY_TERM  # `pack-run` stopped by the scheduler's SIGTERM
 
 
-def in_the_log(text: str) -> str:
-    """A line `pack-run` says in its job's log, marked as mmm-orch's own."""
-    return f"{PREFIX} pack: {text}"
+def in_the_log(text: str, who: str = "pack") -> str:
+    """A line `pack-run` (or an allocation's `hold`) says in its job's log, marked as
+    mmm-orch's own."""
+    return f"{PREFIX} {who}: {text}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,7 @@ def pack_points(
             f"{asked.nodes} node(s); give --pack-walltime (points it leaves no time "
             "for are recorded `not started`) or more --pack-nodes"
         ) from None
-    job = _runs_once(job, _program(job, db, "<sweep id>"))
+    job = runs_once(job, program(job, db, "pack-run", "<sweep id>"))
     return Pack(
         swept, points, prepare_plan(job, template, None, env_check and not review, db=db, load=load)
     )
@@ -133,7 +134,7 @@ def _pack_request(shared: Request, points: list, nodes: int, walltime: str | Non
     )
 
 
-def _runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
+def runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
     """`job` running `program` once, on the allocation's first node (where the script runs),
     without the launcher or the watchdog: each point has its own."""
     return dataclasses.replace(
@@ -142,17 +143,10 @@ def _runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
     )
 
 
-def _program(job: Plan, db: str | None, sweep: str) -> tuple[str, ...]:
-    """What the pack job runs: its sweep's points, recorded in the job database `db`."""
-    return (
-        job.launch.python,
-        "-m",
-        "mmm_orch",
-        "--db",
-        str(db_path(db).resolve()),
-        "pack-run",
-        sweep,
-    )
+def program(job: Plan, db: str | None, *words: str) -> tuple[str, ...]:
+    """What a job that holds runs (a pack's, an allocation's) runs: `mmm-orch WORDS` on the job
+    database `db`, which records its runs."""
+    return (job.launch.python, "-m", "mmm_orch", "--db", str(db_path(db).resolve()), *words)
 
 
 def submit_pack(
@@ -164,7 +158,7 @@ def submit_pack(
     opened = open_db(str(where), create=True)
     template = pack.job.template
     sweep_id = sweeps.new_sweep(opened, pack.swept, pack.points, pack={"template": template})
-    job = _runs_once(pack.job.plan, _program(pack.job.plan, db, str(sweep_id)))
+    job = runs_once(pack.job.plan, program(pack.job.plan, db, "pack-run", str(sweep_id)))
     links = {
         "group_id": sweep_id,
         "group_index": PACK_INDEX,
@@ -236,9 +230,9 @@ def rerun_point(old: JobRecord, resume: bool, db: str | None = None) -> tuple[in
         None,
     )
     job, load = counted_plan(asked, db, "")
-    job = _runs_once(
+    job = runs_once(
         job.with_launch(workdir=pack.launch.workdir, workdir_given=True),
-        _program(job, db, "<sweep id>"),
+        program(job, db, "pack-run", "<sweep id>"),
     )
     template = group["spec"]["pack"].get("template")
     prepared = prepare_plan(job, template, None, env_check=True, db=db, load=load)
