@@ -200,9 +200,11 @@ def test_recorded_accounting_gives_the_nodes_and_elapsed_time():
 
 
 def _sacct(job_id: str) -> tuple[int, float]:
-    out = subprocess.run(["sacct", "--noheader", "--parsable2", "--format=AllocNodes,ElapsedRaw",
-                          f"--jobs={job_id}"], capture_output=True, text=True, check=True).stdout
-    # (the last row: a cluster set up again gives its ids again, and sacct lists the older first)
+    out = subprocess.run(["sacct", "--noheader", "--parsable2", "--allocations",
+                          "--format=AllocNodes,ElapsedRaw", f"--jobs={job_id}"],
+                         capture_output=True, text=True, check=True).stdout
+    # (the job's own row, not its steps'; the last one: a cluster set up again gives its ids
+    # again, and sacct lists the older first)
     nodes, elapsed = out.splitlines()[-1].split("|")
     return int(nodes), float(elapsed)
 

@@ -287,13 +287,14 @@ def test_the_markers_of_a_real_job_are_read_by_the_readers(cli, isolated):
 
 def test_the_in_job_programs_take_their_options_from_the_protocol():
     """One definition of the options the job script passes the watchdog, failover (the
-    watchdog's too, for each attempt) and the chain: their parsers and the templates
+    watchdog's too, for each attempt), the chain and the screen: their parsers and the templates
     (`job.option`) both spell them from protocol.OPTIONS."""
     import re
 
-    from mmm_orch.injob import chain, failover, watchdog
+    from mmm_orch.injob import chain, failover, screen, watchdog
 
-    parsers = [watchdog.build_parser(), failover.build_parser(), chain.build_parser()]
+    parsers = [watchdog.build_parser(), failover.build_parser(), chain.build_parser(),
+               screen.build_parser()]
     flags = {flag for parser in parsers for action in parser._actions
              for flag in action.option_strings if flag not in ("-h", "--help")}
     assert flags == set(protocol.OPTIONS.values())

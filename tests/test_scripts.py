@@ -36,6 +36,7 @@ def directives(script: str, prefix: str) -> list[str]:
 def evaluate_environment(script: str, tmp_path, extra_env: dict[str, str] | None = None) -> dict:
     """Run the script's environment section in a clean bash and return the resulting variables."""
     body = script.split("# Environment, grouped by preset", 1)[1].split("# Launch", 1)[0]
+    body = body.split("# Screen: ", 1)[0]  # (the screen runs on the job's nodes)
     probe = tmp_path / "env.sh"
     probe.write_text(body + '\nenv -0\n')
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/lib", **(extra_env or {})}
@@ -47,7 +48,8 @@ def evaluate_environment(script: str, tmp_path, extra_env: dict[str, str] | None
 def launch_line(script: str) -> str:
     """The launcher command line, unwrapped from the watchdog when the script has one."""
     lines = script.splitlines()
-    line = next(x for x in lines[lines.index("set +e") + 1:]
+    launch = lines.index("# Launch")  # (after the screen, which has a `set +e` of its own)
+    line = next(x for x in lines[lines.index("set +e", launch) + 1:]
                 if not x.startswith("#") and not x.startswith("trap "))
     if " -m mmm_orch.injob.watchdog " in line:
         return shlex.split(line)[-1]

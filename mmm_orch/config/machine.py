@@ -473,6 +473,24 @@ class Account:
 
 
 @config
+class Screen:
+    """The screen at the start of a job of more than one node (mmm_orch/injob/screen.py): each
+    node's matrix products before the trainer, and which node is far enough below to be left
+    out (below both fractions: of the job's other nodes' median and of node.peak_tflops)."""
+
+    # What a job of more than one node does by default: stop (a node far below is left out: a
+    # spare takes its place, else the job stops before the trainer), warn (it is named and
+    # kept), off.
+    default: Literal["stop", "warn", "off"] = "stop"
+    # The bound on the whole screen, its per-node launch included.
+    seconds: PositiveInt = 60
+    of_median: Annotated[float, Bound("Gt", 0), Bound("Lt", 1)] = 0.5
+    of_peak: Annotated[float, Bound("Gt", 0), Bound("Lt", 1)] = 0.3
+    # Where the fractions come from (or why these).
+    source: str = ""
+
+
+@config
 class Machine:
     # The name `mmm-orch submit NAME` takes; the file's name, too.
     name: NonEmptyStr
@@ -524,6 +542,8 @@ class Machine:
     presets: list[Preset] = field(default_factory=list)
     # How a rank picks its device (the visible-devices variable, slots for packed runs).
     devices: Devices = field(default_factory=Devices)
+    # The screen at a job's start: its time bound and thresholds.
+    screen: Screen = field(default_factory=Screen)
     # Where the ranks meet (MASTER_ADDR and port).
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     python: str = "python3"  # "auto": the interpreter running mmm-orch

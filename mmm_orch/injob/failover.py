@@ -219,7 +219,9 @@ def _placed(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             f"launch on: {allocated}"
         )
     avoid = {n for n in args.avoid.split(",") if n}
-    # Nodes known to be bad go last: spares, used only when nothing else is left.
+    # Nodes the screen left out are not used at all (it stopped the job if too few were left);
+    # nodes known to be bad go last: spares, used only when nothing else is left.
+    allocated = [n for n in allocated if n not in screened_out(args.dir)]
     ordered = [n for n in allocated if n not in avoid] + [n for n in allocated if n in avoid]
     active, spares = ordered[: args.active], ordered[args.active :]
     if avoid & set(active):
@@ -229,6 +231,15 @@ def _placed(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             f"{','.join(sorted(avoid & set(active)))}",
         )
     return active, spares
+
+
+def screened_out(job_dir: Path) -> set[str]:
+    """The nodes the screen before the launch left out (SCREEN_FILE; none without one)."""
+    try:
+        result = files.ScreenResult.from_json((job_dir / protocol.SCREEN_FILE).read_bytes())
+    except (OSError, files.ProtocolFileError):
+        return set()
+    return {node.node for node in result.left_out} if result.verdict == "left out" else set()
 
 
 def _attempt_line(args: argparse.Namespace, attempt: int, active: list[str]) -> str:

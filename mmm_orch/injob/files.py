@@ -23,6 +23,7 @@ from mmm_orch.injob.protocol import (
     FAILOVER_FILE,
     LOG_FILE,
     OUTCOME_FILE,
+    SCREEN_FILE,
     charge,
     write_atomically,
 )
@@ -39,8 +40,17 @@ WHY_HUNG = "hung"  # the watchdog ended it (EXIT_HUNG)
 WHY_CHECKPOINTED = "checkpointed"  # saved before the walltime (EXIT_CHECKPOINTED)
 WHY_STOPPED = "stopped"  # by the scheduler's SIGTERM or SIGINT: a cancel, the walltime
 WHY_CHAIN_SKIPPED = "chain skipped"  # a chain link that did not run (EXIT_CHAIN_SKIP)
+WHY_SCREENED_OUT = "screened out"  # the screen left out nodes it needed (EXIT_SCREENED_OUT)
 WHYS = frozenset(
-    {WHY_COMPLETED, WHY_FAILED, WHY_HUNG, WHY_CHECKPOINTED, WHY_STOPPED, WHY_CHAIN_SKIPPED}
+    {
+        WHY_COMPLETED,
+        WHY_FAILED,
+        WHY_HUNG,
+        WHY_CHECKPOINTED,
+        WHY_STOPPED,
+        WHY_CHAIN_SKIPPED,
+        WHY_SCREENED_OUT,
+    }
 )
 CHAIN_STATUSES = frozenset({"running", "finished", "stopped"})
 CHARGED_FOR = frozenset({"elapsed", "walltime"})
@@ -284,6 +294,66 @@ class ChainState:
                 else ChainBudget.from_dict(budget),
             ),
         )
+
+
+@dataclass(frozen=True)
+class ScreenedNode:
+    """One node's figures in the screen: its devices' matrix products (GFLOP/s, each device's
+    best window), and how its slowest device compares with the other nodes' and the peak."""
+
+    node: str
+    gflops: tuple[float, ...]  # per device; none where the node gave no figures in time
+    of_median: float | None = None  # its slowest device over the other nodes' median
+    of_peak: float | None = None  # over the profile's peak per device (where it has one)
+    left_out: bool = False
+    why: str = ""  # in words, with the figures, where it was left out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ScreenedNode:
+        gflops = _get(data, "gflops", "list")
+        if not all(type(v) in (int, float) for v in gflops):
+            raise ProtocolFileError("'gflops' is not a list of numbers")
+        return cls(
+            _get(data, "node", "str"),
+            tuple(float(v) for v in gflops),
+            _get(data, "of_median", "number?", None),
+            _get(data, "of_peak", "number?", None),
+            _get(data, "left_out", "bool", False),
+            _get(data, "why", "str", ""),
+        )
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """SCREEN_FILE: the screen before the launch, node by node; what it cost; what it did."""
+
+    nodes: tuple[ScreenedNode, ...]
+    seconds: float  # from its start to its verdict
+    verdict: str  # "passed", "left out" (the launch goes on without them), "stopped", "warned"
+    version: int = VERSION
+
+    @property
+    def left_out(self) -> tuple[ScreenedNode, ...]:
+        return tuple(node for node in self.nodes if node.left_out)
+
+    def to_json(self) -> str:
+        return json.dumps(_plain(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ScreenResult:
+        return _read(
+            text,
+            SCREEN_FILE,
+            True,
+            lambda data: cls(
+                tuple(map(ScreenedNode.from_dict, _get(data, "nodes", "list"))),
+                float(_get(data, "seconds", "number")),
+                _one_of(_get(data, "verdict", "str"), SCREEN_VERDICTS, "verdict"),
+            ),
+        )
+
+
+SCREEN_VERDICTS = frozenset({"passed", "left out", "stopped", "warned"})
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ PREFIX = "[mmm-orch]"
 EXIT_CHAIN_SKIP = 10  # chain begin: the chain has ended, this link does not run
 EXIT_INTERNAL_ERROR = 70  # EX_SOFTWARE: failover's own loop failed, the job ends
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: the trainers saved before the walltime; resume
+EXIT_SCREENED_OUT = 78  # EX_CONFIG: the screen left out nodes the launch needs; nothing trained
 EXIT_HUNG = 124  # timeout(1)'s code: the watchdog ended a launch that made no progress
 EXIT_STOPPED_BY_TERM = 143  # 128 + SIGTERM: cancelled or deleted, whatever the launch returned
 
@@ -38,6 +39,8 @@ ACTIVE_HOSTS_FILE = (
 )
 CHAIN_FILE = "chain.json"  # a chain's state, in the chain's directory
 OUTCOME_FILE = "outcome.json"  # how the launch ended (the watchdog, failover, the chain)
+SCREEN_FILE = "screen.json"  # the screen's figures per node, and the nodes it left out
+SCREEN_DIR = "screen"  # beside it: each node's own figures, RANK.json, as it measured them
 LINK_ID = re.compile(r"link-(\d+)\.id")  # beside it: a link's scheduler id, written once
 METRICS_FILE = "metrics.jsonl"  # the trainers' step records, in the run directory
 RESULT_FILE = "result.json"  # the local executor: how the job ended
@@ -111,6 +114,7 @@ MODULES = MappingProxyType(
         "chain": "mmm_orch.injob.chain",
         "rendezvous": "mmm_orch.injob.rendezvous",
         "profiled": "mmm_orch.injob.facility_profiler",
+        "screen": "mmm_orch.injob.screen",
     }
 )
 # Their options, by the names the templates use (`job.option.step_timeout`); the programs'
@@ -134,6 +138,15 @@ OPTIONS = MappingProxyType(
         "node_arg": "--node-arg",
         "avoid": "--avoid",
         "resume_args": "--resume-args",
+        # the screen's
+        "seconds": "--seconds",
+        "of_median": "--of-median",
+        "of_peak": "--of-peak",
+        "peak_gflops": "--peak-gflops",
+        "on_fail": "--on-fail",
+        "device": "--device",
+        "devices": "--devices",
+        "per_node": "--per-node",
         # the chain's
         "chain": "--chain",
         "link": "--link",
@@ -161,6 +174,7 @@ RENDEZVOUS = f"{PREFIX} rendezvous:"  # a port was taken: relaunch (the watchdog
 ATTEMPT = f"{PREFIX} attempt"  # =K/N at=EPOCH active=...; " K/N: verdict"
 RETIRED = f"{PREFIX} failover: retired"  # NODE at=EPOCH (evidence)   (failover)
 FAILOVER = f"{PREFIX} failover:"  # other failover news        (failover)
+SCREEN = f"{PREFIX} screen:"  # NODE FIGURES: VERDICT; the cost (the screen)
 CHAIN = f"{PREFIX} chain:"  # link K/N ...               (the chain)
 CHAIN_SKIPPED = " skipped: "  # in a CHAIN line: this link did not run
 CHAIN_BUDGET = "budget: "  # a chain stopped by its --max-node-hours says so first
@@ -198,6 +212,7 @@ FOR_TEMPLATES = MappingProxyType(
                 "stopped": EXIT_STOPPED_BY_TERM,
                 "hung": EXIT_HUNG,
                 "checkpointed": EXIT_CHECKPOINTED,
+                "screened_out": EXIT_SCREENED_OUT,
             }
         ),
         "file": MappingProxyType({"nodes": NODES_FILE}),

@@ -130,6 +130,15 @@ class PlanOptions:
         "--stage-env",
         kind="flag",
     )
+    screen: str | None = asked(
+        None,
+        "the screen at the start of a job of more than one node, each node's matrix "
+        "products before the trainer: stop (a node far below the others and its peak is "
+        "left out, a spare takes its place, else the job stops; the profile's default), "
+        "warn (named, kept) or off",
+        "--screen",
+        metavar="stop|warn|off",
+    )
     verify: bool = asked(
         False,
         "check the layout before the queue: the trainer's model built and stepped at the "

@@ -265,13 +265,30 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Screen:
+    """The screen before the launch (injob/screen.py): every node's matrix products on its
+    devices, compared with the other nodes' and the devices' peak."""
+
+    on_fail: str  # stop: a node far below is left out (a spare, else the job stops); warn
+    seconds: int  # the bound on the whole screen
+    of_median: float  # far below: under this fraction of the other nodes' median ...
+    of_peak: float  # ... and of the peak, where the profile gives one
+    peak_gflops: float | None  # one device's, dense bf16
+    device: str  # torch's device type (cpu: a matrix product in Python)
+    devices: int  # per node (0: the CPU alone)
+    per_node: str  # the launcher's words that run a command once on each of the job's nodes
+
+
+@dataclass(frozen=True)
 class Guard:
-    """The watchdog's limits and the stop before the walltime (injob/watchdog.py)."""
+    """The watchdog's limits and the stop before the walltime (injob/watchdog.py), and the
+    screen before the launch."""
 
     first_step_timeout: int  # seconds; 0 = no watchdog
     step_timeout: int
     walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
     progress: str = "step"  # what counts as progress: step, output (any line), or a pattern
+    screen: Screen | None = None  # None: no screen (one node, off, inside another allocation)
 
 
 @dataclass(frozen=True)

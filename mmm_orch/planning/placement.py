@@ -130,7 +130,11 @@ def placed_on(plan: Plan, allocation: Allocation, nodes: tuple[str, ...], jobs_r
     queue = dataclasses.replace(
         plan.queue, submit_dir_var=""
     )  # here, not where the allocation began
-    plan = dataclasses.replace(plan, queue=queue)
+    # No screen: the allocation's own job had its nodes screened, and a run on some of them
+    # has no launch of its own over them to screen with.
+    plan = dataclasses.replace(
+        plan, queue=queue, guard=dataclasses.replace(plan.guard, screen=None)
+    )
     if nodes == allocation.nodes:
         return plan
     words = plan.placement.on_nodes

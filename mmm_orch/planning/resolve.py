@@ -35,6 +35,7 @@ from mmm_orch.planning.model import (
     ProfilePlan,
     QueuePlan,
     Request,
+    Screen,
     Transport,
 )
 from mmm_orch.version import __version__
@@ -133,6 +134,7 @@ def resolve(request: Request) -> Plan:
             step_timeout=workload.watchdog.step_timeout if workload.watchdog.enabled else 0,
             walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
             progress=workload.watchdog.progress,
+            screen=_screen(machine, request, nodes + placement.spare_nodes, fields),
         ),
         placement=placement,
         transport=Transport(
@@ -140,6 +142,31 @@ def resolve(request: Request) -> Plan:
         ),
         memory=sized,
         cost=priced,
+    )
+
+
+def _screen(
+    machine: Machine, request: Request, allocated: int, fields: dict[str, Any]
+) -> Screen | None:
+    """The screen before the launch of a job on `allocated` nodes (spares too): by --screen or
+    the profile's default, for a job of more than one node whose launcher can run a command on
+    each (launcher.per_node); not for a run on some devices of one node."""
+    mode = request.screen or machine.screen.default
+    if mode not in ("stop", "warn", "off"):
+        raise fail("--screen", mode, "stop, warn or off")
+    if mode == "off" or allocated < 2 or not machine.launcher.per_node or request.devices:
+        return None
+    node = machine.node
+    device = "cpu" if not node.gpus else {"rocm": "cuda"}.get(node.device, node.device)
+    return Screen(
+        on_fail=mode,
+        seconds=machine.screen.seconds,
+        of_median=machine.screen.of_median,
+        of_peak=machine.screen.of_peak,
+        peak_gflops=node.peak_tflops * 1000 if node.peak_tflops and device != "cpu" else None,
+        device=device,
+        devices=node.gpus if device != "cpu" else 0,
+        per_node=machine.launcher.per_node.format(**{**fields, "nodes": allocated}),
     )
 
 

@@ -4,6 +4,7 @@ never asked again, and an unreachable scheduler turns into stale rows, not an er
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
                     if record.spares:
                         status, lost = _failover(status, record, host)
                         retired += [(record, entry) for entry in lost]
+                    if record.nodes + record.spares > 1:
+                        status, left_out = _screened(db, status, record, host)
+                        retired += [(record, entry) for entry in left_out]
                     updates[record.id] = status
         except MmmError as exc:
             outcome.warnings.append(
@@ -142,6 +146,8 @@ def _from_the_outcome(status: JobStatus, outcome: files.Outcome, cancel_sent: bo
         return dataclasses.replace(
             status, state=JobState.CANCELLED, exit_code=None, reason=status.reason or outcome.detail
         )
+    if outcome.why == files.WHY_SCREENED_OUT:  # nothing trained: the figures say why
+        return dataclasses.replace(status, state=JobState.FAILED, reason=outcome.detail)
     if status.state is JobState.COMPLETED and outcome.exit_code != 0:  # the script exits with it
         return dataclasses.replace(
             status,
@@ -256,6 +262,35 @@ def _failover(status: JobStatus, record: JobRecord, host: Host) -> tuple[JobStat
         if not entry.blind
     ]
     return _failover_status(status, state), lost
+
+
+def _screened(
+    db: JobDB, status: JobStatus, record: JobRecord, host: Host
+) -> tuple[JobStatus, list[dict]]:
+    """The screen before the job's launch (SCREEN_FILE beside it), kept in its record the first
+    time it is read, with the nodes it left out then (the bad-node memory's evidence, with their
+    figures); its verdict said in the job's reason whenever it left a node out."""
+    if record.screen is not None:
+        text: bytes | None = json.dumps(record.screen).encode()
+    elif status.state is JobState.PENDING:
+        return status, []
+    else:
+        text = _job_file(host, record, protocol.SCREEN_FILE)
+    if not text:  # none (screen off, one node, an older mmm-orch) or not written yet
+        return status, []
+    try:  # written by the job: what is not as the screen writes it is said, never a crash
+        result = files.ScreenResult.from_json(text)
+    except files.ProtocolFileError as exc:
+        return _noted(status, f"{files.unreadable(protocol.SCREEN_FILE, exc)}"), []
+    left_out = [{"node": n.node, "evidence": f"screened: {n.why}"} for n in result.left_out]
+    if record.screen is None:
+        db.screened(record.id, json.loads(text))
+    else:
+        left_out = []  # remembered when it was first read
+    if not result.left_out:
+        return status, left_out
+    said = f"screen {result.verdict}: {','.join(n.node for n in result.left_out)}"
+    return _noted(status, f"{said} ({result.left_out[0].why})"), left_out
 
 
 def _failover_status(status: JobStatus, state: files.FailoverState) -> JobStatus:

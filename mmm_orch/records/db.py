@@ -208,6 +208,7 @@ class JobDB:
             **values,
             "commands": json.dumps(values["commands"]),
             "plan": json.dumps(values["plan"]),
+            **({"screen": json.dumps(values["screen"])} if values.get("screen") else {}),
             "checked_at": now,
             "state": values.get("state", JobState.SUBMITTING.value),
         }
@@ -270,6 +271,14 @@ class JobDB:
                 (CANCEL_SENT, *job_ids),
             )
         }
+
+    def screened(self, job_id: int, screen: dict[str, Any]) -> None:
+        """The screen before the job's launch, as the job wrote it (kept once read)."""
+        with self.write():
+            self.conn.execute(
+                "UPDATE jobs SET screen = ? WHERE id = ? AND screen IS NULL",
+                (json.dumps(screen), job_id),
+            )
 
     def note(self, job_id: int, reason: str) -> None:
         """Say why a record is as it is (e.g. a submission whose outcome is not known yet)."""

@@ -58,6 +58,9 @@ class JobRecord:
     charged_seconds: float | None = None
     charge: float | None = None  # in the machine's unit, once the job ended
     waited_since: float | None = None  # when it entered the backlog (None: submitted at once)
+    # The screen before its launch, as the job wrote it (injob/files.ScreenResult): each node's
+    # figures, what it cost and what it did; None before it is read, or without one.
+    screen: dict[str, Any] | None = None
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)
@@ -92,6 +95,8 @@ def from_row(row: sqlite3.Row) -> JobRecord:
     data["commands"] = stored_json(data["commands"], dict, f"job {data['id']}'s scheduler commands")
     if "plan" in data:
         data["plan"] = stored_json(data["plan"], dict, f"job {data['id']}'s plan")
+    if data.get("screen") is not None:
+        data["screen"] = stored_json(data["screen"], dict, f"job {data['id']}'s screen")
     try:
         data["state"] = JobState(data["state"])
     except ValueError:

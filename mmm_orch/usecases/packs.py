@@ -136,10 +136,11 @@ def _pack_request(shared: Request, points: list, nodes: int, walltime: str | Non
 
 def runs_once(job: Plan, program: tuple[str, ...]) -> Plan:
     """`job` running `program` once, on the allocation's first node (where the script runs),
-    without the launcher or the watchdog: each point has its own."""
+    without the launcher, the watchdog or the screen: each point has its own launch and watchdog
+    (its nodes are not screened: a node the screen left out would still be the runs')."""
     return dataclasses.replace(
         job.with_launch(launcher=(), hosts="", command=program),
-        guard=dataclasses.replace(job.guard, first_step_timeout=0, step_timeout=0),
+        guard=dataclasses.replace(job.guard, first_step_timeout=0, step_timeout=0, screen=None),
     )
 
 
