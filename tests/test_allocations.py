@@ -53,6 +53,23 @@ def test_runs_sent_into_an_allocation_are_not_the_backlogs(tmp_path):
     assert len(db.list(state=JobState.WAITING)) == 2
 
 
+def test_usage_counts_an_allocation_once_not_again_through_its_runs(tmp_path):
+    from mmm_orch.records.usage import usage
+
+    db = open_db(str(tmp_path / "jobs.db"), create=True)
+    group, job = _allocation(db, state="completed")
+    run = db.insert(machine="slurm-local", host="h", scheduler="local", commands={},
+                    workload="w", name="w", nodes=1, ranks=1, native_id="9",
+                    job_dir="/nonexistent", script_path="", script="", plan={}, submit_dir="",
+                    log_path="", submitted_at=time.time(), state="completed", group_id=group,
+                    group_index=1)
+    with db.write():
+        db.conn.execute("UPDATE jobs SET charge = ?, ended_at = ? WHERE id = ?", (2.0, 1.0, job))
+        db.conn.execute("UPDATE jobs SET charge = ?, ended_at = ? WHERE id = ?", (0.5, 1.0, run))
+    (row,) = usage(db)
+    assert (row.jobs, row.charged) == (1, 2.0)
+
+
 @pytest.mark.parametrize("words, field, said", [
     (["--into", "{job}", "-N", "3"], "--nodes", "at most allocation {job}'s 2"),
     (["--into", "{job}", "--walltime", "00:04:31"], "--walltime",

@@ -248,4 +248,8 @@ def _finite_positive(value: float) -> float:
 PositiveNumber = Annotated[
     float, Check(before=_typed(int, float, what="a number"), after=_finite_positive)
 ]
+# A share strictly between none and all (a threshold's fraction).
+Fraction = Annotated[
+    float, Check(before=_typed(int, float, what="a number")), Bound("Gt", 0), Bound("Lt", 1)
+]
 Flag = Annotated[bool, Check(before=_typed(bool, what="true or false"))]

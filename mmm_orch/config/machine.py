@@ -23,6 +23,7 @@ from mmm_orch.config.common import (
     Check,
     EnvName,
     Flag,
+    Fraction,
     NodeTemplated,
     NonEmptyStr,
     NonNegativeInt,
@@ -484,8 +485,12 @@ class Screen:
     default: Literal["stop", "warn", "off"] = "stop"
     # The bound on the whole screen, its per-node launch included.
     seconds: PositiveInt = 60
-    of_median: Annotated[float, Bound("Gt", 0), Bound("Lt", 1)] = 0.5
-    of_peak: Annotated[float, Bound("Gt", 0), Bound("Lt", 1)] = 0.3
+    of_median: Fraction = 0.5
+    of_peak: Fraction = 0.3
+    # While the run trains (runtime/stragglers.py): a rank's own products timed every so many
+    # steps; below of_median of the other ranks' this many checks in a row, it is a straggler.
+    straggler_every: PositiveInt = 50
+    straggler_checks: PositiveInt = 3
     # Where the fractions come from (or why these).
     source: str = ""
 

@@ -16,6 +16,7 @@ exit code, the watchdog's verdict and the failure signatures (the machine's and 
 
     success (exit 0) ............................................. stop: done
     the scheduler stopped the job (SIGTERM, SIGINT: qdel, scancel) stop
+    a straggler the trainers left, having saved (exit 75) ........ retire it, retry
     saved before the walltime (exit 75) .......................... stop: resumable
     the walltime is (nearly) spent ............................... stop
     a rank killed on a named node (srun "n2: tasks 2-3: Killed", Hydra "RUNNING AT x" with
@@ -56,6 +57,9 @@ from mmm_orch.injob.deadline import Deadline
 from mmm_orch.injob.diagnose import TEARDOWN, diagnose
 from mmm_orch.injob.protocol import NODES_TOKEN
 
+_LEAVING = re.compile(
+    re.escape(protocol.STRAGGLER) + r".*; " + protocol.STRAGGLER_LEAVING + r" (\S+):"
+)
 _KILLED = re.compile(r"\b(Killed|KILLED BY SIGNAL: 9|EXIT CODE: (9|137)|signal 9)\b")
 # A relaunch waits up to this long for the ranks of the attempt before to let go of the run
 # directory: the launcher may return before the scheduler has killed them all (a stopped rank
@@ -111,6 +115,11 @@ def classify(
     if stops:
         return Verdict(
             "stopped", f"the scheduler stopped the job ({stops[0]}: cancelled, or the walltime)"
+        )
+    left = next((m[1] for line in launch.lines if (m := _LEAVING.search(line))), None)
+    if left is not None and left in active:  # it saved: the next attempt resumes without it
+        return Verdict(
+            "straggler", f"{left} straggled: the run saved to go on without it", (left,), True
         )
     if launch.checkpointed or launch.code == protocol.EXIT_CHECKPOINTED:
         return Verdict("checkpointed", "saved a checkpoint before the walltime")

@@ -41,6 +41,7 @@ CHAIN_FILE = "chain.json"  # a chain's state, in the chain's directory
 OUTCOME_FILE = "outcome.json"  # how the launch ended (the watchdog, failover, the chain)
 SCREEN_FILE = "screen.json"  # the screen's figures per node, and the nodes it left out
 SCREEN_DIR = "screen"  # beside it: each node's own figures, RANK.json, as it measured them
+STRAGGLERS_FILE = "stragglers.json"  # in the run's directory: the ranks named stragglers
 LINK_ID = re.compile(r"link-(\d+)\.id")  # beside it: a link's scheduler id, written once
 METRICS_FILE = "metrics.jsonl"  # the trainers' step records, in the run directory
 RESULT_FILE = "result.json"  # the local executor: how the job ended
@@ -58,6 +59,8 @@ ALLOW_FRESH_VAR = "MMM_ORCH_ALLOW_FRESH"  # "1": with RESUME, no checkpoint yet 
 # job (a pack's points) keeps its own walltimes within it.
 JOB_END_VAR = "MMM_ORCH_JOB_END"
 DEVICE_VAR = "MMM_DEVICE"  # the torch device type the ranks use (cuda, xpu, cpu)
+# The straggler watch (runtime/stragglers.py): "EVERY,CHECKS,OF_MEDIAN,ACTION" (name, leave)
+STRAGGLERS_VAR = "MMM_ORCH_STRAGGLERS"
 BACKEND_VAR = "MMM_BACKEND"  # the collective backend (nccl, xccl, gloo)
 # "1": the launcher binds one device to each rank, so a rank sees only its own (as device 0)
 DEVICE_PER_RANK_VAR = "MMM_DEVICE_PER_RANK"
@@ -175,6 +178,8 @@ ATTEMPT = f"{PREFIX} attempt"  # =K/N at=EPOCH active=...; " K/N: verdict"
 RETIRED = f"{PREFIX} failover: retired"  # NODE at=EPOCH (evidence)   (failover)
 FAILOVER = f"{PREFIX} failover:"  # other failover news        (failover)
 SCREEN = f"{PREFIX} screen:"  # NODE FIGURES: VERDICT; the cost (the screen)
+STRAGGLER = f"{PREFIX} straggler:"  # rank R on NODE: ...[; leaving NODE: ...] (the trainers)
+STRAGGLER_LEAVING = "leaving"  # in a STRAGGLER line: the run saves and goes on without NODE
 CHAIN = f"{PREFIX} chain:"  # link K/N ...               (the chain)
 CHAIN_SKIPPED = " skipped: "  # in a CHAIN line: this link did not run
 CHAIN_BUDGET = "budget: "  # a chain stopped by its --max-node-hours says so first
@@ -225,6 +230,7 @@ FOR_TEMPLATES = MappingProxyType(
                 "resume": RESUME_VAR,
                 "allow_fresh": ALLOW_FRESH_VAR,
                 "job_end": JOB_END_VAR,
+                "stragglers": STRAGGLERS_VAR,
                 "profile": PROFILE_VAR,
                 "profile_ranks": PROFILE_RANKS_VAR,
                 "profiler": PROFILER_VAR,

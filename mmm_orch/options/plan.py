@@ -139,6 +139,14 @@ class PlanOptions:
         "--screen",
         metavar="stop|warn|off",
     )
+    stragglers: str | None = asked(
+        None,
+        "while a job of more than one node trains: name a rank whose own matrix products "
+        "stay far below the others' (name, the default), also save and go on without its "
+        "node on a spare (leave, with --spare-nodes), or off",
+        "--stragglers",
+        metavar="name|leave|off",
+    )
     verify: bool = asked(
         False,
         "check the layout before the queue: the trainer's model built and stepped at the "

@@ -280,6 +280,21 @@ class Screen:
 
 
 @dataclass(frozen=True)
+class Stragglers:
+    """The straggler watch while the run trains (runtime/stragglers.py)."""
+
+    every: int  # steps between two checks of every rank's own matrix products
+    checks: int  # below of_median of the others this many checks in a row: a straggler
+    of_median: float
+    action: str  # name; leave: save and go on without its node (failover, on a spare)
+
+    @property
+    def setting(self) -> str:
+        """What the job script tells the ranks (protocol.STRAGGLERS_VAR)."""
+        return f"{self.every},{self.checks},{self.of_median},{self.action}"
+
+
+@dataclass(frozen=True)
 class Guard:
     """The watchdog's limits and the stop before the walltime (injob/watchdog.py), and the
     screen before the launch."""
@@ -289,6 +304,7 @@ class Guard:
     walltime_margin: int  # seconds before the walltime the trainers are asked to save and stop
     progress: str = "step"  # what counts as progress: step, output (any line), or a pattern
     screen: Screen | None = None  # None: no screen (one node, off, inside another allocation)
+    stragglers: Stragglers | None = None  # None: no watch (one node, off)
 
 
 @dataclass(frozen=True)

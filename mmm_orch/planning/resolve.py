@@ -36,6 +36,7 @@ from mmm_orch.planning.model import (
     QueuePlan,
     Request,
     Screen,
+    Stragglers,
     Transport,
 )
 from mmm_orch.version import __version__
@@ -135,6 +136,7 @@ def resolve(request: Request) -> Plan:
             walltime_margin=min(workload.watchdog.walltime_margin, walltime // 3),
             progress=workload.watchdog.progress,
             screen=_screen(machine, request, nodes + placement.spare_nodes, fields),
+            stragglers=_stragglers(machine, workload, request, nodes, placement.spare_nodes),
         ),
         placement=placement,
         transport=Transport(
@@ -167,6 +169,24 @@ def _screen(
         device=device,
         devices=node.gpus if device != "cpu" else 0,
         per_node=machine.launcher.per_node.format(**{**fields, "nodes": allocated}),
+    )
+
+
+def _stragglers(
+    machine: Machine, workload: Workload, request: Request, nodes: int, spares: int
+) -> Stragglers | None:
+    """The straggler watch of a trainer's run on more than one node: name (the default), leave
+    (it needs a spare to take the node's place) or off."""
+    action = request.stragglers or "name"
+    if action not in ("name", "leave", "off"):
+        raise fail("--stragglers", action, "name, leave or off")
+    if action == "leave" and not spares:
+        raise fail("--stragglers", action, "with --spare-nodes K: a spare takes the node's place")
+    if action == "off" or nodes < 2 or not workload.trainer:
+        return None
+    settings = machine.screen
+    return Stragglers(
+        settings.straggler_every, settings.straggler_checks, settings.of_median, action
     )
 
 

@@ -77,6 +77,7 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
                     if record.nodes + record.spares > 1:
                         status, left_out = _screened(db, status, record, host)
                         retired += [(record, entry) for entry in left_out]
+                        status = _stragglers(status, record, host)
                     updates[record.id] = status
         except MmmError as exc:
             outcome.warnings.append(
@@ -291,6 +292,24 @@ def _screened(
         return status, left_out
     said = f"screen {result.verdict}: {','.join(n.node for n in result.left_out)}"
     return _noted(status, f"{said} ({result.left_out[0].why})"), left_out
+
+
+def _stragglers(status: JobStatus, record: JobRecord, host: Host) -> JobStatus:
+    """A running job's stragglers, as its trainers named them (STRAGGLERS_FILE in its run
+    directory): in its reason, with the rank, the node and how much slower."""
+    if status.state is not JobState.RUNNING or not record.run_dir:
+        return status
+    try:
+        text = host.read_from(posixpath.join(record.run_dir, protocol.STRAGGLERS_FILE), 0)
+        found = json.loads(text or b"{}").get("stragglers", [])
+        said = [
+            f"straggler: rank {s['rank']} on {s['node']} at {s['of_median']:.1%} of the other "
+            f"ranks (steps {s['since']}-{s['step']})"
+            for s in found
+        ]
+    except (MmmError, OSError, ValueError, TypeError, KeyError, AttributeError):
+        return status  # none, or not as the trainers write it: nothing to say
+    return _noted(status, "; ".join(said)) if said else status
 
 
 def _failover_status(status: JobStatus, state: files.FailoverState) -> JobStatus:

@@ -20,7 +20,7 @@ from mmm_orch.planning.cost import MAX_NODE_HOURS, hours, most_of
 from mmm_orch.planning.model import Plan
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.dbfile import DatabaseError
-from mmm_orch.records.record import PACK_INDEX, JobRecord
+from mmm_orch.records.record import ALLOCATION, PACK_INDEX, JobRecord
 
 GROUPINGS = ("workload", "sweep", "chain", "day")
 BUDGETS_FILE = "budgets.yaml"
@@ -128,13 +128,14 @@ def usage(
             + (", ".join(a or "(none)" for a in known) if known else "none recorded yet"),
         )
     kinds = {group_id: kind for group_id, kind in db.groups.kinds().items()}
-    # A pack's points ran in its job, which is charged: their shares are not counted again.
+    # A pack's points, and the runs sent into a held allocation, ran in its job, which is
+    # charged: their shares are not counted again.
     packs = {
         r.group_id
         for r in records
         if r.group_index == PACK_INDEX
         and r.group_id is not None
-        and kinds.get(r.group_id) == "sweep"
+        and kinds.get(r.group_id) in ("sweep", ALLOCATION)
     }
     rows: dict[tuple[str, str, str], UsageRow] = {}
     for record in records:

@@ -30,3 +30,9 @@ def _remember(signum: int, _frame: Any) -> None:
 def received() -> int | None:
     """The stop signal this process got, if any."""
     return _received
+
+
+def request(signum: int = signal.SIGUSR1) -> None:
+    """Stop as if the warning had come (the straggler watch leaving a node: save and stop)."""
+    global _received
+    _received = _received or signum

@@ -15,7 +15,7 @@ import torch
 
 from mmm_orch.options.run import RunOptions
 from mmm_orch.runtime import dist as runtime_dist
-from mmm_orch.runtime import profiling
+from mmm_orch.runtime import profiling, stop, stragglers
 from mmm_orch.runtime.checkpoint import Checkpointer
 from mmm_orch.runtime.dist import Runtime, refuse
 from mmm_orch.runtime.loop import StepTimer
@@ -62,6 +62,8 @@ class Training:
         header = {**dataclasses.asdict(cfg), "world_size": rt.world_size, **(described or {})}
         self.logger = MetricLogger(out, header, enabled=rt.is_main, resumed_from=self.step)
         self.timer = StepTimer(rt)
+        watching = stragglers.Settings.from_env() if rt.world_size > 1 else None
+        self.stragglers = stragglers.Watch(rt, watching, out) if watching else None
 
     def run(
         self,
@@ -82,6 +84,10 @@ class Training:
             if profiler is not None:
                 profiler.end(self.step)
             self.logger.step(self.step, **logged)
+            # (after() runs on every rank at every step: its checks are collectives)
+            watch = self.stragglers
+            if watch and watch.after(self.step) and watch.settings.leave:
+                stop.request()  # save now and stop: failover goes on without that node
             state = {
                 **({"scheduler": self.scheduler.state_dict()} if self.scheduler else {}),
                 **train_state(),
