@@ -232,7 +232,7 @@ def test_failover_relaunches_without_the_node_the_trainers_left():
 
 def test_the_watch_is_set_for_a_trainer_on_more_than_one_node():
     watch = resolve(Request("slurm-local", "llama3_debug", nodes=2)).guard.stragglers
-    assert watch is not None and watch.setting == "2,2,0.2,name"
+    assert watch is not None and watch.setting == "10,2,0.2,name"
     assert resolve(Request("slurm-local", "llama3_debug", nodes=1)).guard.stragglers is None
     assert resolve(Request("slurm-local", "command", nodes=2, command=("true",))
                    ).guard.stragglers is None  # no trainer of ours to check in
@@ -275,7 +275,12 @@ def test_a_node_slowed_while_it_trains_is_named_and_left_for_a_spare(cli, isolat
     request.addfinalizer(cancel_leftovers)
     write_spec(isolated, "llama_st", paced_spec("llama_st", "checkpoint_every: 100, steps: 60",
                                                 step_s=0.25))
-    row = _json(cli, "submit", "slurm-local", "llama_st", "-N", "2", "--spare-nodes", "1",
+    machines = isolated / ".mmm-orch" / "machines"  # checked every 2 steps, named after 2
+    machines.mkdir(parents=True)
+    (machines / "slurm-watched.yaml").write_text(
+        "extends: slurm-local\nname: slurm-watched\nscreen: {of_median: 0.2, straggler_every: 2, "
+        "straggler_checks: 2}\n")
+    row = _json(cli, "submit", "slurm-watched", "llama_st", "-N", "2", "--spare-nodes", "1",
                 "--stragglers", "leave", "--walltime", "00:10:00")
     run_dir = Path(row["run_dir"])
 
