@@ -35,13 +35,13 @@ class HostileInt(int):
 NAN, INF, HUGE, PAST_SQLITE = math.nan, math.inf, 10**400, 2**70
 
 # What each kind of parameter is given (each must be refused).
-NAME = [None, 5, b"local", ["local"], "a\nb", Hostile()]           # a required name
-MAYBE_NAME = [5, b"x", ["x"], "a\nb", "", Hostile()]                 # a name or None
-PLAN_TEXT = [5, b"x", ["x"], "a\nb", Hostile()]                      # planning checks the words
+NAME = [None, 5, b"local", ["local"], "a\nb", Hostile()]  # a required name
+MAYBE_NAME = [5, b"x", ["x"], "a\nb", "", Hostile()]  # a name or None
+PLAN_TEXT = [5, b"x", ["x"], "a\nb", Hostile()]  # planning checks the words
 PATH = [5, b"jobs.db", "", "a\nb", Hostile()]
 COUNT = ["2", 1.5, NAN, INF, -1, 0, HUGE, PAST_SQLITE, True, Hostile()]  # 1 or more
 COUNT_FROM_0 = [v for v in COUNT if v != 0]
-MAYBE_ID = COUNT + ["s1"]                                            # an id (or a limit) or None
+MAYBE_ID = COUNT + ["s1"]  # an id (or a limit) or None
 SECONDS = ["x", NAN, INF, -1, HUGE, True, Hostile()]
 FLAG = ["yes", 1, None, Hostile()]
 WORDS = ["nccl", [5], ["a\nb"], [Hostile()], Hostile(), 5]
@@ -54,67 +54,176 @@ ENTRIES = [
     ("plan machine", lambda j, v: mmm_orch.plan(v, "fsdp"), NAME, "machine"),
     ("plan db", lambda j, v: mmm_orch.plan("local", "fsdp", db=v), PATH, "db"),
     ("plan keyword", lambda j, v: mmm_orch.plan("local", "fsdp", nodez=v), [2], "nodez"),
-    ("render template", lambda j, v: mmm_orch.render("local", "fsdp", template=v), PATH,
-     "template"),
-    ("submit chain", lambda j, v: mmm_orch.submit("local", **LOCAL, chain=v),
-     COUNT_FROM_0 + [None, 201], "chain"),
+    (
+        "render template",
+        lambda j, v: mmm_orch.render("local", "fsdp", template=v),
+        PATH,
+        "template",
+    ),
+    (
+        "submit chain",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, chain=v),
+        COUNT_FROM_0 + [None, 201],
+        "chain",
+    ),
     ("submit host", lambda j, v: mmm_orch.submit("local", **LOCAL, host=v), MAYBE_NAME, "host"),
-    ("submit template", lambda j, v: mmm_orch.submit("local", **LOCAL, template=v), PATH,
-     "template"),
-    ("submit env_check", lambda j, v: mmm_orch.submit("local", **LOCAL, env_check=v), FLAG,
-     "env_check"),
+    (
+        "submit template",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, template=v),
+        PATH,
+        "template",
+    ),
+    (
+        "submit env_check",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, env_check=v),
+        FLAG,
+        "env_check",
+    ),
     ("submit db", lambda j, v: mmm_orch.submit("local", **LOCAL, db=v), PATH, "db"),
-    ("submit options", lambda j, v: mmm_orch.submit("local", "fsdp", options=v),
-     [["steps=1"], {5: 1}, {"steps=1": 1}, {Hostile(): 1}, Hostile()], "options"),
-    ("submit int option", lambda j, v: mmm_orch.submit("local", "fsdp", options={"epochs": v}),
-     ["10", 1.5, NAN, HUGE, True, None, [1], Hostile()], "epochs"),
-    ("submit bool option", lambda j, v: mmm_orch.submit("local", "fsdp", options={"tiny": v}),
-     ["yes", "true", 1, Hostile()], "tiny"),
-    ("submit float option", lambda j, v: mmm_orch.submit("local", "fsdp", options={"lr": v}),
-     ["1e-3", NAN, INF, -INF, HUGE, True], "lr"),
-    ("submit env", lambda j, v: mmm_orch.submit("local", **LOCAL, env=v),
-     [["A=1"], {5: "1"}, {"A=B": "c"}, {"A": 5}, {"A": Hostile()}, {"A": "a\nb"}, Hostile()],
-     "env"),
-    ("submit command", lambda j, v: mmm_orch.submit("local", command=v),
-     ["python3 x.py", [5], [Hostile()], Hostile(), 5, ["python3", "a\nb"]], "command"),
-    ("submit presets", lambda j, v: mmm_orch.submit("local", **LOCAL, presets=v), WORDS,
-     "preset"),
-    ("submit no_presets", lambda j, v: mmm_orch.submit("local", **LOCAL, no_presets=v), WORDS,
-     "preset"),
+    (
+        "submit options",
+        lambda j, v: mmm_orch.submit("local", "fsdp", options=v),
+        [["steps=1"], {5: 1}, {"steps=1": 1}, {Hostile(): 1}, Hostile()],
+        "options",
+    ),
+    (
+        "submit int option",
+        lambda j, v: mmm_orch.submit("local", "fsdp", options={"epochs": v}),
+        ["10", 1.5, NAN, HUGE, True, None, [1], Hostile()],
+        "epochs",
+    ),
+    (
+        "submit bool option",
+        lambda j, v: mmm_orch.submit("local", "fsdp", options={"tiny": v}),
+        ["yes", "true", 1, Hostile()],
+        "tiny",
+    ),
+    (
+        "submit float option",
+        lambda j, v: mmm_orch.submit("local", "fsdp", options={"lr": v}),
+        ["1e-3", NAN, INF, -INF, HUGE, True],
+        "lr",
+    ),
+    (
+        "submit env",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, env=v),
+        [["A=1"], {5: "1"}, {"A=B": "c"}, {"A": 5}, {"A": Hostile()}, {"A": "a\nb"}, Hostile()],
+        "env",
+    ),
+    (
+        "submit command",
+        lambda j, v: mmm_orch.submit("local", command=v),
+        ["python3 x.py", [5], [Hostile()], Hostile(), 5, ["python3", "a\nb"]],
+        "command",
+    ),
+    ("submit presets", lambda j, v: mmm_orch.submit("local", **LOCAL, presets=v), WORDS, "preset"),
+    (
+        "submit no_presets",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, no_presets=v),
+        WORDS,
+        "preset",
+    ),
     ("submit nodes", lambda j, v: mmm_orch.submit("local", **LOCAL, nodes=v), COUNT, "nodes"),
-    ("submit spare_nodes", lambda j, v: mmm_orch.submit("local", **LOCAL, spare_nodes=v),
-     COUNT_FROM_0, "spare_nodes"),
-    ("submit stage_env", lambda j, v: mmm_orch.submit("local", **LOCAL, stage_env=v), FLAG,
-     "stage_env"),
-    ("submit max_node_hours", lambda j, v: mmm_orch.submit("local", **LOCAL, max_node_hours=v),
-     ["1", NAN, INF, 0, -1, HUGE, True, Hostile()], "max_node_hours"),
-    *[(f"submit {field}", lambda j, v, field=field: mmm_orch.submit("local", **LOCAL,
-                                                                      **{field: v}),
-       PLAN_TEXT, field) for field in ("queue", "walltime", "account", "name", "workdir")],
+    (
+        "submit spare_nodes",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, spare_nodes=v),
+        COUNT_FROM_0,
+        "spare_nodes",
+    ),
+    (
+        "submit stage_env",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, stage_env=v),
+        FLAG,
+        "stage_env",
+    ),
+    (
+        "submit max_node_hours",
+        lambda j, v: mmm_orch.submit("local", **LOCAL, max_node_hours=v),
+        ["1", NAN, INF, 0, -1, HUGE, True, Hostile()],
+        "max_node_hours",
+    ),
+    *[
+        (
+            f"submit {field}",
+            lambda j, v, field=field: mmm_orch.submit("local", **LOCAL, **{field: v}),
+            PLAN_TEXT,
+            field,
+        )
+        for field in ("queue", "walltime", "account", "name", "workdir")
+    ],
     ("submit workload", lambda j, v: mmm_orch.submit("local", v), PLAN_TEXT, "workload"),
-    ("submit a plan and more", lambda j, v: mmm_orch.submit(mmm_orch.plan("local", **LOCAL),
-                                                            nodes=v), [Hostile()], "nodes"),
-    ("sweep nodes", lambda j, v: mmm_orch.sweep("local", "fsdp", nodes=v),
-     ["1,2", ["1,2"], ["1"], [], [0], [-1], [1.5], [NAN], [HUGE], [PAST_SQLITE], [True],
-      [Hostile()], Hostile(), 5], "nodes"),
-    ("sweep grid", lambda j, v: mmm_orch.sweep("local", "fsdp", grid=v),
-     [["lr"], {5: [1]}, {"lr=1": [1]}, Hostile()], "grid"),
-    ("sweep grid values", lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"epochs": v}),
-     ["10", [], ["10"], [1.5], [HUGE], [True], [None], [Hostile()], Hostile()], "epochs"),
-    ("sweep float grid", lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"lr": v}),
-     [[NAN]], "lr"),
-    ("sweep bool grid", lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"tiny": v}),
-     [["yes"], [1]], "tiny"),
-    ("sweep option", lambda j, v: mmm_orch.sweep("local", "fsdp", options={"tiny": v}),
-     ["yes", Hostile()], "tiny"),
+    (
+        "submit a plan and more",
+        lambda j, v: mmm_orch.submit(mmm_orch.plan("local", **LOCAL), nodes=v),
+        [Hostile()],
+        "nodes",
+    ),
+    (
+        "sweep nodes",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", nodes=v),
+        [
+            "1,2",
+            ["1,2"],
+            ["1"],
+            [],
+            [0],
+            [-1],
+            [1.5],
+            [NAN],
+            [HUGE],
+            [PAST_SQLITE],
+            [True],
+            [Hostile()],
+            Hostile(),
+            5,
+        ],
+        "nodes",
+    ),
+    (
+        "sweep grid",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", grid=v),
+        [["lr"], {5: [1]}, {"lr=1": [1]}, Hostile()],
+        "grid",
+    ),
+    (
+        "sweep grid values",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"epochs": v}),
+        ["10", [], ["10"], [1.5], [HUGE], [True], [None], [Hostile()], Hostile()],
+        "epochs",
+    ),
+    (
+        "sweep float grid",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"lr": v}),
+        [[NAN]],
+        "lr",
+    ),
+    (
+        "sweep bool grid",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", grid={"tiny": v}),
+        [["yes"], [1]],
+        "tiny",
+    ),
+    (
+        "sweep option",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", options={"tiny": v}),
+        ["yes", Hostile()],
+        "tiny",
+    ),
     ("sweep host", lambda j, v: mmm_orch.sweep("local", "fsdp", host=v), MAYBE_NAME, "host"),
-    ("sweep template", lambda j, v: mmm_orch.sweep("local", "fsdp", template=v), PATH,
-     "template"),
-    ("sweep env_check", lambda j, v: mmm_orch.sweep("local", "fsdp", env_check=v), FLAG,
-     "env_check"),
+    ("sweep template", lambda j, v: mmm_orch.sweep("local", "fsdp", template=v), PATH, "template"),
+    (
+        "sweep env_check",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", env_check=v),
+        FLAG,
+        "env_check",
+    ),
     ("sweep db", lambda j, v: mmm_orch.sweep("local", "fsdp", db=v), PATH, "db"),
-    ("sweep max_node_hours", lambda j, v: mmm_orch.sweep("local", "fsdp", max_node_hours=v),
-     [NAN, HUGE, Hostile()], "max_node_hours"),
+    (
+        "sweep max_node_hours",
+        lambda j, v: mmm_orch.sweep("local", "fsdp", max_node_hours=v),
+        [NAN, HUGE, Hostile()],
+        "max_node_hours",
+    ),
     ("job id", lambda j, v: mmm_orch.job(v, db=j.db), MAYBE_ID + [None], "job_id"),
     ("job db", lambda j, v: mmm_orch.job(1, db=v), PATH, "db"),
     ("jobs machine", lambda j, v: mmm_orch.jobs(machine=v, db=j.db), MAYBE_NAME, "machine"),
@@ -133,14 +242,18 @@ ENTRIES = [
     ("balance machine", lambda j, v: mmm_orch.balance(v), NAME, "machine"),
     ("balance account", lambda j, v: mmm_orch.balance("local", v), MAYBE_NAME, "account"),
     ("balance host", lambda j, v: mmm_orch.balance("local", host=v), MAYBE_NAME, "host"),
-    ("Job record", lambda j, v: mmm_orch.Job(v), [None, 5, {"id": 1}, Hostile()],
-     "record"),
+    ("Job record", lambda j, v: mmm_orch.Job(v), [None, 5, {"id": 1}, Hostile()], "record"),
     ("Job db", lambda j, v: mmm_orch.Job(j.record, v), PATH, "db"),
     ("Job.wait timeout", lambda j, v: j.wait(timeout=v), SECONDS, "timeout"),
     ("Job.wait poll", lambda j, v: j.wait(poll=v), SECONDS + [0], "poll"),
     ("Job.wait max_poll", lambda j, v: j.wait(max_poll=v), SECONDS + [0], "max_poll"),
     ("Job.logs tail", lambda j, v: j.logs(tail=v), COUNT_FROM_0, "tail"),
-    ("Job.rerun resume", lambda j, v: j.rerun(resume=v), FLAG, "resume"),
+    (
+        "Job.rerun resume",
+        lambda j, v: j.rerun(resume=v),
+        [f for f in FLAG if f is not None],
+        "resume",
+    ),
 ]
 
 
@@ -155,8 +268,9 @@ def _case(name: str, call, value: object, words: str):
     return pytest.param(call, value, words, id=f"{name}={_id(value)}")
 
 
-CASES = [_case(name, call, value, words)
-         for name, call, values, words in ENTRIES for value in values]
+CASES = [
+    _case(name, call, value, words) for name, call, values, words in ENTRIES for value in values
+]
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +289,18 @@ def recorded(tmp_path_factory):
 def _state(root: Path, job: mmm_orch.Job) -> tuple:
     """What a call could have changed: files here, the recorded job's files and every record."""
     job_dir = Path(job.db).parent
-    return (files_under(root, root / "cache"), files_under(job_dir, job_dir / "cache"),
-            [each.to_dict() for each in mmm_orch.jobs(db=job.db)], mmm_orch.jobs())
+    return (
+        files_under(root, root / "cache"),
+        files_under(job_dir, job_dir / "cache"),
+        [each.to_dict() for each in mmm_orch.jobs(db=job.db)],
+        mmm_orch.jobs(),
+    )
 
 
 @pytest.mark.parametrize("call,value,words", CASES)
-def test_a_hostile_value_is_refused_in_one_line_naming_its_parameter(tmp_path, recorded, call,
-                                                                    value, words):
+def test_a_hostile_value_is_refused_in_one_line_naming_its_parameter(
+    tmp_path, recorded, call, value, words
+):
     before = _state(tmp_path, recorded)
     with pytest.raises(mmm_orch.InvalidValue) as raised:
         call(recorded, value)
@@ -208,7 +327,11 @@ def test_the_three_silently_accepted_are_refused(tmp_path, recorded):
 
 
 def test_a_str_or_int_whose_str_raises_is_used_as_its_plain_value(tmp_path):
-    made = mmm_orch.plan(HostileStr("local"), HostileStr("fsdp"), nodes=HostileInt(1),
-                         options={HostileStr("epochs"): HostileInt(3)})
+    made = mmm_orch.plan(
+        HostileStr("local"),
+        HostileStr("fsdp"),
+        nodes=HostileInt(1),
+        options={HostileStr("epochs"): HostileInt(3)},
+    )
     assert (made.machine, made.workload, made.layout.nodes) == ("local", "fsdp", 1)
     assert made.launch.args["epochs"] == 3

@@ -108,6 +108,7 @@ def test_a_spare_takes_the_place_of_a_node_whose_ranks_were_killed(request, cli,
     assert "attempt=2/2" in log and f"active={first_active[0]},{spare[0]}" in log
     assert "attempt 2/2: success" in log
     assert done["reason"].startswith(f"attempt 2/2; {victim} retired ({victim} lost its ranks"), done
+    assert (done["end_class"], done["end_node"]) == ("node-lost", victim), done
 
     # Training resumed from the last checkpoint: the steps between it and the kill ran twice,
     # with the same losses, then on to the end; the run's metrics hold every step once.
@@ -221,7 +222,7 @@ def test_a_bad_option_fails_at_start_and_is_not_retried(cli, isolated):
     assert "attempt=2/2" not in log and "retired" not in log
     done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 2)
     assert done["state"] == "failed" and "start: failed before its first step" in done["reason"], done
-    assert nodes == []
+    assert done["end_class"] == "no-first-step" and nodes == []
 
 
 @pytest.mark.slow
@@ -237,6 +238,7 @@ def test_the_walltime_ends_the_run_and_is_not_retried(cli, isolated):
     assert "attempt=2/2" not in log
     done, _ = as_mmm_orch_shows_it(cli, isolated / "job", 75)
     assert done["state"] == "timeout" and done["reason"].startswith("resumable at step 12"), done
+    assert done["end_class"] == "walltime"
 
 
 def test_a_node_lost_as_the_walltime_ends_is_not_retried(cli, isolated):
@@ -247,7 +249,9 @@ def test_a_node_lost_as_the_walltime_ends_is_not_retried(cli, isolated):
     assert "attempt=2/2" not in log and "retired" not in log
     done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 137)
     assert done["state"] == "failed" and "walltime: the walltime is spent" in done["reason"], done
-    assert nodes == []
+    # Not retried for want of time, but a node was lost: remembered, and a rerun leaves it out.
+    assert (done["end_class"], done["end_node"]) == ("node-lost", "n1"), done
+    assert [n["node"] for n in nodes] == ["n1"]
 
 
 def test_an_exception_after_steps_is_the_code_and_is_not_retried(cli, isolated):
@@ -259,6 +263,7 @@ def test_an_exception_after_steps_is_the_code_and_is_not_retried(cli, isolated):
     assert "attempt=2/2" not in log and "retired" not in log
     done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 1)
     assert done["state"] == "failed" and "code: failed after step 5" in done["reason"], done
+    assert done["end_class"] == "crash" and "the loss is nan" in done["end_evidence"], done
     assert nodes == []
 
 
@@ -277,7 +282,7 @@ def test_a_hang_is_retried_on_the_spare_and_the_guess_is_not_remembered(cli, iso
     assert "attempt=2/2" in log and "active=n2" in log and "attempt 2/2: success" in log
     done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 0)
     assert done["state"] == "completed" and "n1 retired (blind)" in done["reason"], done
-    assert nodes == []  # a guess is not evidence
+    assert done["end_class"] == "completed" and nodes == []  # a guess is not evidence
 
 
 def test_with_no_spare_left_the_job_stops_and_says_so(cli, isolated):
@@ -288,6 +293,7 @@ def test_with_no_spare_left_the_job_stops_and_says_so(cli, isolated):
     assert "attempt 2/2: node: n2 lost its ranks" in log and "no spare node left: stopping" in log
     done, nodes = as_mmm_orch_shows_it(cli, isolated / "job", 137)
     assert done["state"] == "failed" and "no spare node left" in done["reason"], done
+    assert (done["end_class"], done["end_node"]) == ("node-lost", "n2"), done
     assert {n["node"] for n in nodes} == {"n1", "n2"}
 
 
@@ -310,7 +316,7 @@ def test_a_cancelled_job_is_not_retried(cli, isolated):
     assert "attempt 1/2: stopped: the scheduler stopped the job (SIGTERM" in log, log
     assert "attempt=2/2" not in log
     done, nodes = as_mmm_orch_shows_it(cli, job_dir, None, cancelled=True)
-    assert done["state"] == "cancelled" and nodes == [], done
+    assert done["state"] == "cancelled" and done["end_class"] == "cancelled" and nodes == [], done
 
 
 def test_known_bad_nodes_are_launched_on_last(isolated):

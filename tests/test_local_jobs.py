@@ -335,9 +335,10 @@ def _wait_steps(path: Path, count: int, timeout: float = 120) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["cancel", "walltime"])
-def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolated, how):
+def test_local_cancel_and_walltime_checkpoint_then_rerun_continues(cli, isolated, how):
     """The supervisor stops the job as a scheduler does and waits for every process, so rank 0
-    finishes its checkpoint; a resumed run continues at the next step, not at step 1. Its steps
+    finishes its checkpoint; its rerun (by default after either end: `cancelled` and `walltime`
+    both resume) continues at the next step, not at step 1, in the same run directory. Its steps
     are paced (they wait, not compute, until the stop): two minutes leave a loaded host's start
     room before the walltime stop."""
     write_spec(isolated, "llama_chain", PACED_SPEC)
@@ -351,16 +352,22 @@ def test_local_cancel_and_walltime_checkpoint_then_resume_continues(cli, isolate
         assert cli("cancel", str(first["id"])).code == 0
     row = wait_state(cli, first["id"], ("cancelled", "timeout"), timeout=300)
     assert row["state"] == ("cancelled" if how == "cancel" else "timeout")
+    assert row["end_class"] == ("cancelled" if how == "cancel" else "walltime")
     saved = [json.loads(line) for line in metrics.read_text().splitlines()
              if '"event": "checkpoint"' in line]
     assert saved and saved[-1]["reason"] == "signal", metrics.read_text()[-2000:]
     last = _steps(metrics)[-1]
     assert saved[-1]["step"] == last
-    run_name = Path(record.run_dir).name
-    again = cli("submit", "local", "llama_chain", "--set", f"steps={last + 3}",
-                "--set", f"run_name={run_name}", "--set", "resume=true", "--follow")
+    again = cli("rerun", str(first["id"]), "--json")
     assert again.code == 0, again.err
-    assert _steps(metrics)[-3:] == [last + 1, last + 2, last + 3]
+    new = json.loads(again.out)
+    assert new["rerun_of"] == first["id"] and new["run_dir"] == record.run_dir
+    _wait_steps(metrics, last + 3, timeout=240)
+    assert cli("cancel", str(new["id"])).code == 0
+    wait_state(cli, new["id"], ("cancelled",), timeout=120)
+    steps = _steps(metrics)
+    assert steps[:last] == list(range(1, last + 1))
+    assert steps[last:last + 3] == [last + 1, last + 2, last + 3]  # from the checkpoint on
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """Long runs across walltimes. On the live schedulers, once on each: a chain of 2-minute jobs
-carries one training run to its end, each link saving before its walltime and the next resuming
-from there, with the loss curve of a run that was never stopped; on Slurm, a chain whose first
-link fails stops there. A slow save still beats the walltime kill (the watchdog's margin, on a
-launch that saves as the trainers do); `rerun --resume` continues a stopped run."""
+carries one training run to its end across at least one walltime, each link saving before it
+and the next resuming from there, with the loss curve of a run that was never stopped; on
+Slurm, a chain whose first link fails stops there. A slow save still beats the walltime kill (the watchdog's margin, on a
+launch that saves as the trainers do). (A stopped run's rerun continues it: test_local_jobs.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.jobs import wait_state
 from helpers.training import run_steps
 from helpers.profiles import PACED_SPEC, PACED_STEP_S, write_spec
 
@@ -72,9 +71,9 @@ def test_a_chain_of_short_links_reaches_the_end_of_training(request, cli, isolat
     machine = "slurm-local" if kind == "slurm" else "pbs-local"
     write_spec(isolated, "llama_chain", PACED_SPEC)
     # At most 95 s of training fit in one link (2 minutes, less the 20 s margin and a start of
-    # 5 s or more), so 200 s of steps cross at least two walltimes; twelve links leave a loaded
+    # 5 s or more), so 130 s of steps cross at least one walltime; twelve links leave a loaded
     # host's starts (a minute and more each) room. A link that reaches no step stops the chain.
-    steps = round(200 / PACED_STEP_S)
+    steps = round(130 / PACED_STEP_S)
 
     same = ("dtype=fp32", "global_batch=16")  # as the reference: the same samples each step
     sets = [item for s in (*same, *layout) for item in ("--set", s)]
@@ -96,7 +95,7 @@ def test_a_chain_of_short_links_reaches_the_end_of_training(request, cli, isolat
         time.sleep(5)
     ran = [r for r in rows if r["state"] != "cancelled"]
     assert "the training finished in link" in chain, (chain, _logs(cli, ran))
-    assert len(ran) >= 3, rows
+    assert len(ran) >= 2, rows
     assert all(r["state"] == "timeout" for r in ran[:-1]) and ran[-1]["state"] == "completed"
     assert all(r["reason"].startswith("resumable at step") for r in ran[:-1]), rows
     assert all(r["state"] == "cancelled" for r in rows[len(ran):])  # never ran
@@ -165,27 +164,3 @@ def test_a_slow_save_still_beats_the_walltime_kill():
     assert "(margin 28s: 2 x the longest save, 14.0s; step 7)" in stop, stop
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert "[mmm-orch] checkpointed before the walltime: step=7;" in proc.stdout, proc.stdout
-
-
-def test_rerun_resume_continues_a_stopped_run(cli, isolated):
-    write_spec(isolated, "llama_chain", PACED_SPEC)  # its steps wait rather than compute
-    # Two minutes: on a loaded host the two ranks may take most of a minute to reach step 1.
-    first = cli("submit", "local", "llama_chain", "--set", "steps=100000", "--walltime",
-                "00:02:00", "--json")
-    assert first.code == 0, first.err
-    row = wait_state(cli, 1, timeout=300)
-    assert row["state"] == "timeout" and row["reason"].startswith("resumable at step"), row
-    stopped_at = int(row["reason"].split("step ")[1].split()[0])
-    again = cli("rerun", "1", "--resume", "--json")
-    assert again.code == 0, again.err
-    new = json.loads(again.out)
-    assert new["rerun_of"] == 1 and new["run_dir"] == json.loads(first.out)["run_dir"]
-    deadline = time.monotonic() + 240  # a loaded host may take a while to start it
-    while len(run_steps(new["run_dir"])) <= stopped_at:
-        assert time.monotonic() < deadline, cli("logs", str(new["id"])).out[-2000:]
-        time.sleep(1)
-    assert cli("cancel", str(new["id"])).code == 0
-    wait_state(cli, new["id"], timeout=120)
-    steps = [r["step"] for r in run_steps(new["run_dir"])]
-    assert steps[:stopped_at] == list(range(1, stopped_at + 1))
-    assert steps[stopped_at] == stopped_at + 1  # went on from the checkpoint, not from step 1

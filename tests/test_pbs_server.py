@@ -65,7 +65,7 @@ def test_failing_job_ends_failed_with_its_code(cli, isolated, monkeypatch):
     assert cli("submit", "pbs-local", "exit3").code == 0
     row = wait_state(cli, 1)
     assert (row["state"], row["exit_code"]) == ("failed", 3), cli("logs", "1").out[-2000:]
-    assert row["native_state"] == "F"
+    assert row["native_state"] == "F" and row["end_class"] == "no-first-step"
     assert "exit 3" in cli("diagnose", "1").out
 
 
@@ -81,7 +81,8 @@ def test_raw_qdel_while_running_ends_cancelled(cli, isolated, monkeypatch):
     # Failed once in ~40 runs (completed, exit 0): what the server and the log said, to find why.
     evidence = lambda: (subprocess.run([f"{Q}/qstat", "-f", "-x", native()], capture_output=True,  # noqa: E731
                                        text=True).stdout + cli("logs", "1").out)
-    if not (row["state"] == "cancelled" and row["exit_code"] is None):
+    if not (row["state"] == "cancelled" and row["exit_code"] is None
+            and row["end_class"] == "cancelled"):
         pytest.fail(f"{row}\n{evidence()}", pytrace=False)  # whole: an assert's repr is cut
 
 
@@ -141,6 +142,7 @@ def test_watchdog_ends_a_hung_job(cli, isolated, monkeypatch):
     row = wait_state(cli, 1, timeout=300)
     assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out[-3000:]
     assert row["reason"] == "no step completed in 8s after step 3; last_step=3"
+    assert row["end_class"] == "hang"
     diagnosis = json.loads(cli("diagnose", "1", "--json").out)["first"]
     assert diagnosis["signature"] == "watchdog-hung"
 
@@ -202,7 +204,7 @@ def test_aurora_and_polaris_scripts_are_accepted_by_a_live_qsub(cli, tmp_path):
 def test_job_over_its_walltime_ends_timeout(over_walltime):
     row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row
-    assert row["native_state"] == "F"
+    assert row["native_state"] == "F" and row["end_class"] == "walltime"
 
 
 @pytest.mark.serial  # stops the shared PBS server: no other test may run meanwhile

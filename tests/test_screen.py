@@ -13,6 +13,7 @@ beside the other tests)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -43,6 +44,43 @@ def test_a_node_near_its_peak_is_kept_however_the_others_do():
     assert [n.node for n in judge(["n1", "n2"], figures, 0.9, 1000.0, 0.3) if n.left_out] == ["n2"]
 
 
+def test_a_node_both_of_whose_ring_links_are_far_below_the_others_is_left_out():
+    """n2's NIC is bad: the link into it and the link out of it are slow; each of its neighbours
+    has one slow link and one good one, and is kept."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    figures = {n: [1.0] for n in nodes}
+    links = {"n1": 1.0, "n2": 0.05, "n3": 0.04, "n4": 1.1}  # each from the node before it
+    judged = {n.node: n for n in judge(nodes, figures, 0.5, None, 0.3, links)}
+    assert [n for n, j in judged.items() if j.left_out] == ["n2"]
+    assert judged["n2"].why == ("ring links 0.05 GB/s in, 0.04 out, 5% of the other links' "
+                                "median (1.05)")
+    assert (judged["n1"].link_in, judged["n1"].link_out) == (1.0, 0.05)
+    # Two nodes: each link is both nodes' own, with nothing else to compare: no verdict.
+    two = judge(["n1", "n2"], {"n1": [1.0], "n2": [1.0]}, 0.5, None, 0.3, {"n1": 1.0, "n2": 0.01})
+    assert not any(n.left_out for n in two) and two[0].link_of_median is None
+
+
+RING = """#!/bin/bash
+# A per-node launcher of three nodes' tasks, here.
+PMI_RANK=0 "$@" & PMI_RANK=1 "$@" & PMI_RANK=2 "$@" & wait
+"""
+
+
+@pytest.mark.slow  # real tasks: their products and ring take seconds of CPU
+def test_the_ring_measures_every_link_over_real_sockets(tmp_path, capfd):
+    (tmp_path / protocol.NODES_FILE).write_text("n1\nn2\nn3\n")
+    ring = tmp_path / "ring"
+    ring.write_text(RING)
+    ring.chmod(0o755)
+    assert main(["--dir", str(tmp_path), "--active", "3", "--seconds", "60", "--of-median", "0.05",
+                 "--per-node", str(ring), "--host-addr", "127.0.0.1"]) == 0
+    result = files.ScreenResult.from_json((tmp_path / protocol.SCREEN_FILE).read_text())
+    assert result.verdict == "passed", result
+    assert all(n.link_in and n.link_out and n.link_in > 0.01 for n in result.nodes), result
+    assert [n.link_out for n in result.nodes] == [result.nodes[i].link_in for i in (1, 2, 0)]
+    assert "; ring link GB/s in " in capfd.readouterr().out
+
+
 FAN = """#!/bin/bash
 # A per-node launcher of two nodes' tasks, here: ranks 0 and 2; rank 1's node never answers.
 PMI_RANK=0 "$@" & PMI_RANK=2 "$@" & wait
@@ -54,9 +92,11 @@ def _screen(job_dir: Path, active: int) -> int:
     fan.write_text(FAN)
     fan.chmod(0o755)
     return main(["--dir", str(job_dir), "--active", str(active), "--seconds", "30",
-                 "--of-median", "0.2", "--per-node", str(fan)])
+                 "--of-median", "0.2", "--per-node", str(fan), "--host-addr", "127.0.0.1",
+                 "--link-seconds", "2"])
 
 
+@pytest.mark.slow  # real tasks: their products and ring take seconds of CPU
 def test_the_screen_leaves_out_a_node_that_gave_no_figures_and_stops_without_a_spare(
         tmp_path, capfd):
     (tmp_path / protocol.NODES_FILE).write_text("n1\nn2\nn3\n")
@@ -100,13 +140,18 @@ def test_failover_launches_on_the_nodes_the_screen_kept(tmp_path):
 
 
 def test_a_job_of_more_than_one_node_is_screened_by_default():
-    two = resolve(Request("slurm-local", "dist_check", nodes=2))
+    """At the facilities by default; on the test servers, whose nodes share one host's CPUs,
+    when asked."""
+    assert resolve(Request("slurm-local", "dist_check", nodes=2)).guard.screen is None
+    two = resolve(Request("slurm-local", "dist_check", nodes=2, screen="stop"))
     assert two.guard.screen is not None and two.guard.screen.on_fail == "stop"
     assert two.guard.screen.per_node == "srun --nodes=2 --ntasks=2 --ntasks-per-node=1"
-    spare = resolve(Request("slurm-local", "dist_check", nodes=1, spare_nodes=1))
+    assert two.guard.screen.host_addr == "127.0.0.1"
+    spare = resolve(Request("slurm-local", "dist_check", nodes=1, spare_nodes=1, screen="stop"))
     assert spare.guard.screen is not None and "--nodes=2" in spare.guard.screen.per_node
-    assert resolve(Request("slurm-local", "dist_check", nodes=1)).guard.screen is None
-    assert resolve(Request("slurm-local", "dist_check", nodes=2, screen="off")).guard.screen is None
+    assert resolve(Request("slurm-local", "dist_check", nodes=1, screen="stop")).guard.screen is None
+    assert resolve(Request("polaris", "dist_check", nodes=2, account="P", screen="off")).guard \
+        .screen is None
     aurora = resolve(Request("aurora", "llama3_8b", nodes=2, account="P")).guard.screen
     assert aurora is not None and (aurora.device, aurora.devices) == ("xpu", 12)
     assert aurora.peak_gflops == pytest.approx(419500.0)
@@ -161,8 +206,8 @@ def test_a_slow_node_is_left_out_for_a_spare_or_stops_the_job_with_the_figures(c
     where = "echo ran on $SLURMD_NODENAME"
     with slowed("n2", 0.02):
         # A spare: the screen leaves n2 out, the launch runs on the two others.
-        row = _json(cli, "submit", "slurm-local", "-N", "2", "--spare-nodes", "1",
-                    "--walltime", "00:05:00", "--", "sh", "-c", where)
+        row = _json(cli, "submit", "slurm-local", "-N", "2", "--spare-nodes", "1", "--screen",
+                    "stop", "--walltime", "00:05:00", "--", "sh", "-c", where)
         done = wait_state(cli, row["id"], timeout=300)
         log = cli("logs", str(row["id"])).out
         assert done["state"] == "completed", log
@@ -173,18 +218,23 @@ def test_a_slow_node_is_left_out_for_a_spare_or_stops_the_job_with_the_figures(c
         figures = {n["node"]: n for n in record["screen"]["nodes"]}
         assert record["screen"]["verdict"] == "left out" and figures["n2"]["left_out"]
         assert figures["n2"]["gflops"][0] < 0.2 * min(figures[n]["gflops"][0] for n in ("n1", "n3"))
+        assert (record["end_class"], record["end_node"]) == ("screened-out", "n2"), record
+        # Every node's ring links were measured. (A CPU quota slows a node's products, not its
+        # links over this host's loopback: the links' verdict is tested on given figures.)
+        assert all(figures[n]["link_in"] > 0 and figures[n]["link_out"] > 0 for n in figures)
         (bad,) = _json(cli, "nodes")
         assert (bad["node"], bad["job_id"]) == ("n2", row["id"])
         assert bad["evidence"].startswith("screened: matmul ") and "GFLOP/s" in bad["evidence"]
 
         # No spare: the job stops before anything is launched, with every node's figures.
         assert cli("nodes", "forget", "n2").code == 0
-        row = _json(cli, "submit", "slurm-local", "-N", "3", "--walltime", "00:05:00",
-                    "--", "sh", "-c", where)
+        row = _json(cli, "submit", "slurm-local", "-N", "3", "--screen", "stop", "--walltime",
+                    "00:05:00", "--", "sh", "-c", where)
         done = wait_state(cli, row["id"], timeout=300)
         log = cli("logs", str(row["id"])).out
         assert (done["state"], done["exit_code"]) == ("failed", protocol.EXIT_SCREENED_OUT), log
         assert done["reason"].startswith("screened out n2: matmul "), done
+        assert (done["end_class"], done["end_node"]) == ("screened-out", "n2"), done
         assert all(f"screen: {n} matmul GFLOP/s per device: " in log for n in ("n1", "n2", "n3"))
         assert protocol.LAUNCH_START not in log and "ran on" not in log
         assert [b["node"] for b in _json(cli, "nodes")] == ["n2"]
@@ -192,8 +242,8 @@ def test_a_slow_node_is_left_out_for_a_spare_or_stops_the_job_with_the_figures(c
 
     # Healthy nodes: the screen passes, says what it cost, and the launch runs.
     start = time.time()
-    row = _json(cli, "submit", "slurm-local", "-N", "3", "--walltime", "00:05:00",
-                "--", "sh", "-c", where)
+    row = _json(cli, "submit", "slurm-local", "-N", "3", "--screen", "stop", "--walltime",
+                "00:05:00", "--", "sh", "-c", where)
     done = wait_state(cli, row["id"], timeout=300)
     log = cli("logs", str(row["id"])).out
     assert done["state"] == "completed", log
@@ -298,16 +348,17 @@ def test_a_node_slowed_while_it_trains_is_named_and_left_for_a_spare(cli, isolat
     moved = _node_processes(row["native_id"], victim)
     try:
         for pid in moved:
-            with contextlib_suppress():
+            with contextlib.suppress(OSError):  # (a process that ended meanwhile)
                 (group / "cgroup.procs").write_text(str(pid))
         done = wait_state(cli, row["id"], timeout=400)
     finally:
         for pid in moved:
-            with contextlib_suppress():
+            with contextlib.suppress(OSError):  # (a process that ended meanwhile)
                 (CPU_CGROUP / "cgroup.procs").write_text(str(pid))
         (group / "cpu.cfs_quota_us").write_text("-1")
     log = cli("logs", str(row["id"])).out
     assert done["state"] == "completed", log[-3000:]
+    assert (done["end_class"], done["end_node"]) == ("straggler-left", victim), done
     named = [line for line in log.splitlines() if line.startswith(protocol.STRAGGLER)]
     assert len(named) == 1 and f" on {victim}: its matrix products at " in named[0], log[-3000:]
     assert f"; leaving {victim}: saving, then relaunching without it" in named[0]
@@ -321,8 +372,3 @@ def test_a_node_slowed_while_it_trains_is_named_and_left_for_a_spare(cli, isolat
     assert found["node"] == victim and found["of_median"] < 0.2 and found["step"] <= \
         found["since"] + 2 * 2  # named within its 2 checks, 2 steps apart
 
-
-def contextlib_suppress():
-    import contextlib
-
-    return contextlib.suppress(OSError)  # (a process that ended meanwhile)

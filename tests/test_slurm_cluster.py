@@ -107,6 +107,7 @@ def test_a_ranks_exit_code_above_128_ends_the_job_failed_with_it(cli, isolated, 
     assert "Terminating StepId" in log
     assert "[mmm-orch] watchdog: a rank exited with code 200 first; the launch returned 143" in log
     assert row["native_state"] == "FAILED"
+    assert row["end_class"] == "no-first-step"  # (it exited before any step)
     # Start and end are the controller's, not the moments status happened to look (the last row
     # of that id: a cluster set up again gives its ids again, and sacct lists the older first).
     times = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "Start,End", "-j", row["native_id"]],
@@ -124,6 +125,7 @@ def test_cancelled_running_job_ends_cancelled(cli, isolated, monkeypatch):
     assert result.code == 0, result.err
     row = wait_state(cli, 1, TERMINAL, timeout=60)
     assert row["state"] == "cancelled" and row["exit_code"] is None
+    assert row["end_class"] == "cancelled"
     history = json.loads(cli("show", "1", "--json").out)["events"]
     assert [e["state"] for e in history][:2] == ["submitting", "pending"]
     assert history[-1]["state"] == "cancelled"
@@ -200,7 +202,7 @@ def test_controller_down_gives_stale_states_then_recovers(cli, isolated, monkeyp
 def test_job_over_its_walltime_ends_timeout(over_walltime):
     row = wait_in_db(over_walltime, 1, timeout=240)
     assert row["state"] == "timeout", row
-    assert row["native_state"] == "TIMEOUT"
+    assert row["native_state"] == "TIMEOUT" and row["end_class"] == "walltime"
 
 
 def test_watchdog_ends_a_job_hung_in_a_collective(cli, isolated, monkeypatch):
@@ -212,6 +214,7 @@ def test_watchdog_ends_a_job_hung_in_a_collective(cli, isolated, monkeypatch):
     row = wait_state(cli, 1, TERMINAL, timeout=300)
     assert (row["state"], row["exit_code"]) == ("hung", 124), cli("logs", "1").out
     assert row["reason"] == "no step completed in 8s after step 3; last_step=3"
+    assert row["end_class"] == "hang"
     assert row["ended_at"] - row["started_at"] < 90  # not the 60-minute walltime
     log = cli("logs", "1").out
     assert "[mmm-orch] hung: no step completed in 8s after step 3" in log

@@ -218,6 +218,9 @@ def test_a_job_on_a_moved_stack_stops_at_its_setup_line_and_status_names_the_mod
     assert "launch_start" not in log and "ran" not in log.split("setup_failed")[1]
     diagnosed = cli("diagnose", "1", "--json")
     assert json.loads(diagnosed.out)["first"]["signature"] == "module-unknown", diagnosed.out
+    assert row["end_class"] == "setup-failed"
+    refused = cli("rerun", "1")  # the same plan would stop at the same line
+    assert refused.code == 2 and "ended setup-failed (" in refused.err, refused.err
     assert len(json.loads(cli("status", "--all", "--json").out)) == 1  # recorded once
 
 

@@ -270,10 +270,11 @@ class Job:
         """The run's step records (step, loss, dt, throughput, ...), one dict per step."""
         return inspection.metrics(self.record)
 
-    def rerun(self, resume: bool = False) -> Job:
-        """Submit its recorded plan again (`resume`: from its run's latest checkpoint); a pack
-        job: a new pack of its points that did not complete."""
-        resume = flag_of("resume", resume)
+    def rerun(self, resume: bool | None = None) -> Job:
+        """Submit its recorded plan again. `resume` True: from its run's latest checkpoint;
+        False: from the start; None: as the way it ended calls for (`end_class`: docs/reference/
+        exit-codes.md). A pack job: a new pack of its points that did not complete."""
+        resume = None if resume is None else flag_of("resume", resume)
         with lock:
             return Job(reruns.rerun(self.record, resume, self.db), self.db)
 

@@ -54,8 +54,21 @@ def register(sub) -> None:
         "to it (same machine, environment and run directory)",
     )
     p.add_argument("job", type=common.job_id, metavar="JOB")
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the run's latest checkpoint"
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--resume",
+        action="store_const",
+        const=True,
+        help="continue from the run's latest checkpoint (by default, as the way the job ended "
+        "calls for: `mmm-orch status JOB` says how, docs/reference/exit-codes.md what a rerun "
+        "does after each)",
+    )
+    how.add_argument(
+        "--fresh",
+        action="store_const",
+        const=False,
+        dest="resume",
+        help="start the run again from the beginning",
     )
     p.add_argument("--json", action="store_true", help="print the new job's record as JSON")
     p.set_defaults(func=cmd_rerun)
@@ -281,13 +294,25 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
         return 0
+    packed = record.group_id is not None and record.group_index == PACK_INDEX
+    resumed = (
+        bool(args.resume)
+        if packed  # (a pack's points each resume, or not, in the pack's own plan)
+        else record.plan.get("launch", {}).get("args", {}).get("resume") is True
+    )
+    avoided = sorted(
+        set(record.plan.get("placement", {}).get("avoid_nodes", ()))
+        - set(old.plan.get("placement", {}).get("avoid_nodes", ()))
+    )
     print(
         f"submitted job {record.id}: rerun of job {old.id}"
-        + (", resuming from its run's checkpoint" if args.resume else "")
+        + (f" ({old.end_class})" if old.end_class else "")
+        + (", resuming from its run's latest checkpoint" if resumed else ", from the start")
+        + (f", avoiding {','.join(avoided)}" if avoided else "")
         + f", {record.scheduler} id {record.native_id}"
     )
     print(f"log: {record.log_path}" + (f" (on {record.remote})" if record.remote else ""))
-    if record.group_id is not None and record.group_index == PACK_INDEX:
+    if packed:
         print(f"its points: mmm-orch status --sweep {record.group_id}")
     return 0
 

@@ -58,6 +58,8 @@ def row(record: JobRecord, refresh: Refresh, now: float) -> Row:
         note += f" ({record.reason})" if record.reason else ""
     else:
         note = record.reason
+    if record.end_class and record.end_class not in ("completed", record.state.value):
+        note = f"{record.end_class} {record.end_node}".strip() + (f": {note}" if note else "")
     return {
         "id": str(record.id),
         "machine": record.machine,
@@ -189,6 +191,14 @@ def details(record: JobRecord) -> str:
         + (f" ({record.native_state})" if record.native_state else "")
         + (f", exit {exit_text(record)}" if record.terminal else "")
         + (f"; {record.reason}" if record.reason else ""),
+        *(
+            [
+                f"ended as:    {record.end_class} {record.end_node}".rstrip()
+                + (f" ({record.end_evidence})" if record.end_evidence else "")
+            ]
+            if record.end_class
+            else []
+        ),
         f"submitted:   {when(record.submitted_at)}   started: {when(record.started_at)}   "
         f"ended: {when(record.ended_at)}",
         f"submit dir:  {record.submit_dir}"

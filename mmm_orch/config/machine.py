@@ -38,13 +38,15 @@ from mmm_orch.config.common import (
 )
 from mmm_orch.config.queues import JobLimit, NodeCount, Queue
 from mmm_orch.errors import MmmError
-from mmm_orch.injob import protocol
+from mmm_orch.injob import ends, protocol
 from mmm_orch.schedulers import kind_names
 
 if TYPE_CHECKING:
     SchedulerKindName = str
+    EndInLog = str
 else:  # the registry's kinds, as pydantic checks and the schema lists them
     SchedulerKindName = Literal[kind_names()]
+    EndInLog = Literal[ends.LOG_CLASSES]  # the end classes a log line can tell
 
 
 @config
@@ -374,6 +376,9 @@ class FailureSignature:
     # node_fault: the named host lost its ranks (killed, unreachable): failover retires it and
     # mmm-orch remembers it for later jobs on the machine.
     node_fault: Flag = False
+    # The end class the line tells (docs/reference/exit-codes.md): by default node-lost for a
+    # node fault, else crash (or no-first-step before the first step).
+    end: EndInLog | None = None
 
 
 @config

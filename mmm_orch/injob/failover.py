@@ -95,6 +95,7 @@ def load_signatures(job_dir: Path, machine: str) -> list:
         "catch_all": False,
         "consequence": False,
         "node_fault": False,
+        "end": None,
         "meaning": "",
         "fix": "",
         "source": "",
@@ -119,7 +120,10 @@ def classify(
     left = next((m[1] for line in launch.lines if (m := _LEAVING.search(line))), None)
     if left is not None and left in active:  # it saved: the next attempt resumes without it
         return Verdict(
-            "straggler", f"{left} straggled: the run saved to go on without it", (left,), True
+            files.RETIRED_STRAGGLER,
+            f"{left} straggled: the run saved to go on without it",
+            (left,),
+            True,
         )
     if launch.checkpointed or launch.code == protocol.EXIT_CHECKPOINTED:
         return Verdict("checkpointed", "saved a checkpoint before the walltime")
@@ -142,14 +146,19 @@ def classify(
     named = {short(node): node for node in active}.get(short(first.host or "")) if first else None
     if first is not None and first.signature.node_fault and named:
         return Verdict(
-            "node", f"{named} lost its ranks: {first.line.strip(' =')[:160]}", (named,), True
+            files.RETIRED_LOST,
+            f"{named} lost its ranks: {first.line.strip(' =')[:160]}",
+            (named,),
+            True,
         )
     if launch.hung:
-        return Verdict("hang", "the watchdog ended a hang; no node named", (), True)
+        return Verdict(files.RETIRED_HUNG, "the watchdog ended a hang; no node named", (), True)
     what = f"{first.signature.name}: {first.line[:160]}" if first else f"exit {launch.code}"
     # Not the launch's exit code: srun returns 143 when its own teardown terminated the others.
     if any(_KILLED.search(line) for line in cause):
-        return Verdict("node", f"ranks were killed (exit {launch.code}); no node named", (), True)
+        return Verdict(
+            files.RETIRED_LOST, f"ranks were killed (exit {launch.code}); no node named", (), True
+        )
     if launch.last_step is None:
         return Verdict("start", f"failed before its first step ({what})")
     return Verdict("code", f"failed after step {launch.last_step} ({what})")
@@ -199,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         for node in [] if stopping and blind else out:
             evidence = f"{'blind rotation: ' if blind else ''}{verdict.reason}"
             protocol.say(protocol.RETIRED, f" {node} at={time.time():.3f} ({evidence})")
-            retired.append(files.RetiredNode(node, evidence, blind, attempt))
+            retired.append(files.RetiredNode(node, evidence, blind, attempt, verdict.kind))
         if stopping:
             why = "no spare node left" if len(spares) < len(out) else "attempts used up"
             protocol.say(protocol.ATTEMPT, f"{head}; {why}: stopping")

@@ -147,12 +147,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Why failover retired a node (a RetiredNode's kind, the attempt's verdict).
+RETIRED_LOST = "node"  # it lost its ranks
+RETIRED_HUNG = "hang"  # a hang the watchdog ended
+RETIRED_STRAGGLER = "straggler"  # the trainers left it as a straggler
+
+
 @dataclass(frozen=True)
 class RetiredNode:
     node: str
     evidence: str
     blind: bool  # a guess (no node was named): not remembered as bad
     attempt: int | None = None  # the attempt it failed in (jobs before version 1 did not say)
+    # Why: RETIRED_*, the attempt's verdict; None in jobs of an mmm-orch before it said.
+    kind: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> RetiredNode:
@@ -161,6 +169,7 @@ class RetiredNode:
             _get(data, "evidence", "str"),
             _get(data, "blind", "bool"),
             _get(data, "attempt", "int?", None),
+            _get(data, "kind", "str?", None),
         )
 
 
@@ -307,6 +316,12 @@ class ScreenedNode:
     of_peak: float | None = None  # over the profile's peak per device (where it has one)
     left_out: bool = False
     why: str = ""  # in words, with the figures, where it was left out
+    # The ring's links (GB/s): from the node before it, and to the node after it (None where
+    # not measured: one node, no answer in time, a screen before the ring); and the slower of
+    # the two over the median of the other links.
+    link_in: float | None = None
+    link_out: float | None = None
+    link_of_median: float | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> ScreenedNode:
@@ -320,6 +335,9 @@ class ScreenedNode:
             _get(data, "of_peak", "number?", None),
             _get(data, "left_out", "bool", False),
             _get(data, "why", "str", ""),
+            _get(data, "link_in", "number?", None),
+            _get(data, "link_out", "number?", None),
+            _get(data, "link_of_median", "number?", None),
         )
 
 

@@ -150,6 +150,7 @@ OPTIONS = MappingProxyType(
         "device": "--device",
         "devices": "--devices",
         "per_node": "--per-node",
+        "link_seconds": "--link-seconds",
         # the chain's
         "chain": "--chain",
         "link": "--link",

@@ -277,6 +277,9 @@ class Screen:
     device: str  # torch's device type (cpu: a matrix product in Python)
     devices: int  # per node (0: the CPU alone)
     per_node: str  # the launcher's words that run a command once on each of the job's nodes
+    # A node's high-speed-network address from its name, for the ring's links (plans recorded
+    # before the ring: the node's name).
+    host_addr: str = "{node}"
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ def _screen(
         device=device,
         devices=node.gpus if device != "cpu" else 0,
         per_node=machine.launcher.per_node.format(**{**fields, "nodes": allocated}),
+        host_addr=machine.rendezvous.host_addr,
     )
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import Host, host_for
-from mmm_orch.injob import files, protocol
+from mmm_orch.injob import ends, files, protocol
 from mmm_orch.injob.diagnose import setup_failure
+from mmm_orch.progress.endings import Signatures, end_of
 from mmm_orch.progress.logs import head_and_tail, tail
 from mmm_orch.progress.startup import parse_markers
 from mmm_orch.records.db import JobDB
@@ -58,6 +59,8 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
             groups.setdefault((record.machine, record.host, record.scheduler), []).append(record)
     updates: dict[int, JobStatus] = {}
     retired: list[tuple[JobRecord, dict]] = []  # nodes failover retired, to remember as bad
+    ended: dict[int, ends.End] = {}
+    signatures = Signatures()
     now = time.time()
     for (machine, host_name, _), group in groups.items():
         newest = max(group, key=lambda r: r.id)
@@ -78,6 +81,13 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
                         status, left_out = _screened(db, status, record, host)
                         retired += [(record, entry) for entry in left_out]
                         status = _stragglers(status, record, host)
+                    if status.state.terminal and status.state is not JobState.NOT_STARTED:
+                        end = end_of(
+                            record, status.state, status.reason, host, signatures.of(machine)
+                        )
+                        ended[record.id] = end
+                        if end.end_class.avoid_node and end.node:
+                            retired.append((record, {"node": end.node, "evidence": end.evidence}))
                     updates[record.id] = status
         except MmmError as exc:
             outcome.warnings.append(
@@ -85,6 +95,8 @@ def refresh(db: JobDB, records: list[JobRecord]) -> Refresh:
             )
             outcome.stale.update({r.id: now - r.checked_at for r in group})
     db.apply(updates, now)
+    for job_id, end in ended.items():
+        db.ended(job_id, end)
     for record, entry in retired:  # at once, so that the next submission there avoids them
         db.bad_nodes.blame(record.machine, entry["node"], entry["evidence"], record.id)
     changed = [r.id for r in records if not r.terminal and r.id not in outcome.removed]

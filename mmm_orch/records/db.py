@@ -280,6 +280,14 @@ class JobDB:
                 (json.dumps(screen), job_id),
             )
 
+    def ended(self, job_id: int, end: Any) -> None:
+        """How the job ended (injob/ends.End), as a refresh or a diagnosis classed it."""
+        with self.write():
+            self.conn.execute(
+                "UPDATE jobs SET end_class = ?, end_node = ?, end_evidence = ? WHERE id = ?",
+                (end.name, end.node, end.evidence[:400], job_id),
+            )
+
     def note(self, job_id: int, reason: str) -> None:
         """Say why a record is as it is (e.g. a submission whose outcome is not known yet)."""
         with self.write():

@@ -23,8 +23,9 @@ from mmm_orch.planning.cost import ended_charge
 from mmm_orch.planning.store import section
 from mmm_orch.schedulers.states import TERMINAL
 
-SCHEMA_VERSION = 8  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
-# 5: account and the charge; 6: group_plans; 7: the backlog (waited_since, leases); 8: screen
+SCHEMA_VERSION = 9  # 2: jobs.remote; 3: tag, submitter, run_dir, groups; 4: spares, bad_nodes;
+# 5: account and the charge; 6: group_plans; 7: the backlog (waited_since, leases); 8: screen;
+# 9: the end class
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Set in the SQLite header ("mmmo") when mmm-orch creates a database, so that a file is known to
 # be one of ours before anything is written to it. Earlier versions' (0) go by their tables.
@@ -115,6 +116,10 @@ _ADDED_COLUMNS = {
     "charge": "REAL",  # in the machine's unit (node-hours)
     "waited_since": "REAL",  # when it entered the backlog (NULL: submitted at once)
     "screen": "TEXT",  # JSON: the screen before the launch, as the job wrote it (NULL: none read)
+    # How it ended (injob/ends.py), once it ended: the class, the node it points at, the evidence.
+    "end_class": "TEXT NOT NULL DEFAULT ''",
+    "end_node": "TEXT NOT NULL DEFAULT ''",
+    "end_evidence": "TEXT NOT NULL DEFAULT ''",
 }
 # What a database of mmm-orch 0.1.0 (before APPLICATION_ID) holds at least, and at most.
 _FIRST_JOB_COLUMNS = {

@@ -61,6 +61,11 @@ class JobRecord:
     # The screen before its launch, as the job wrote it (injob/files.ScreenResult): each node's
     # figures, what it cost and what it did; None before it is read, or without one.
     screen: dict[str, Any] | None = None
+    # How it ended (injob/ends.py): its end class, the node that points at and the evidence; ''
+    # before it ended (and for jobs that ended before mmm-orch told them apart).
+    end_class: str = ""
+    end_node: str = ""
+    end_evidence: str = ""
     # Only get() fills these; listings leave them out to stay fast with thousands of jobs.
     script: str = ""
     plan: dict[str, Any] = field(default_factory=dict)

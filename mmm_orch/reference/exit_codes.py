@@ -8,7 +8,7 @@ import inspect
 import re
 
 from mmm_orch import errors
-from mmm_orch.injob import protocol
+from mmm_orch.injob import ends, protocol
 from mmm_orch.reference import cell, header
 
 INTRO = """
@@ -52,4 +52,26 @@ def markdown() -> str:
     for name, code, said in re.findall(r"^(EXIT_\w+) = (\d+)\s+#\s*(.*)$", source, re.M):
         assert getattr(protocol, name) == int(code), name  # the line read is the value used
         parts.append(f"| {code} | `{name}` | {cell(said)} |")
+    parts += [
+        "",
+        "## How a job ended: the end classes",
+        "",
+        "Once a job ended, `mmm-orch status` names its end class (and the node it points at) "
+        "in its note, `status --json` and the record hold it (`end_class`, `end_node`, "
+        "`end_evidence`), and `mmm-orch diagnose` says it with what a rerun would do. "
+        "`mmm-orch rerun JOB`, without `--resume` or `--fresh`, does what the class calls for: "
+        f"**{ends.RESUME}** from the run's latest checkpoint (from the start where none was "
+        f"saved, or the workload cannot resume), **{ends.FRESH}** from the start, or "
+        f"**{ends.REFUSE}** (one line saying what to change). A failure signature "
+        "(`failures:` of a profile, machines/common/failures.yaml) may point at one with "
+        f"`end:` ({', '.join(f'`{n}`' for n in ends.LOG_CLASSES)}).",
+        "",
+        "| class | what happened | what mmm-orch reads | what it does and records | rerun |",
+        "|---|---|---|---|---|",
+    ]
+    for end in ends.CLASSES:
+        rerun = end.rerun + (", without the node" if end.avoid_node else "")
+        parts.append(
+            f"| `{end.name}` | {cell(end.what)} | {cell(end.read)} | {cell(end.does)} | {rerun} |"
+        )
     return "\n".join(parts).rstrip() + "\n"

@@ -14,7 +14,9 @@ from mmm_orch.config.failures import common_failures, machine_failures
 from mmm_orch.errors import MmmError
 from mmm_orch.hosts import host_for
 from mmm_orch.injob import diagnose as signatures
+from mmm_orch.injob import ends
 from mmm_orch.progress import logs, startup
+from mmm_orch.progress.endings import end_of
 from mmm_orch.progress.refresh import refresh
 from mmm_orch.records.db import JobDB
 from mmm_orch.records.record import JobRecord
@@ -64,6 +66,7 @@ class Diagnosis:
     record: JobRecord
     result: Any  # injob.diagnose.Diagnosis: the first failure, what came later, the fallout
     blamed: str  # the node remembered as bad because of it ("" = none)
+    end: ends.End | None  # its end class, once it ended (None while it runs)
 
 
 def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
@@ -78,13 +81,19 @@ def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
         raise MmmError(f"job {record.id} has no log yet ({record.state.value}): {record.log_path}")
     # The scheduler's own word (a PBS comment, a Slurm reason) can be the whole story.
     text = log + (f"\nscheduler: {record.reason}\n" if record.reason else "")
-    result = signatures.diagnose(text, machine_failures(record.machine))
+    failures = machine_failures(record.machine)
+    result = signatures.diagnose(text, failures)
     first = result.first
     blamed = ""
     if first is not None and first.signature.node_fault and first.host:
         blamed = first.host
         db.bad_nodes.blame(record.machine, blamed, first.line, record.id)
-    return Diagnosis(record, result, blamed)
+    end = None
+    if record.terminal:  # the whole log read: what the refresh classed from its ends, again
+        host = host_for(record.remote)
+        end = end_of(record, record.state, record.reason, host, failures, text)
+        db.ended(record.id, end)
+    return Diagnosis(record, result, blamed, end)
 
 
 def _has_run(record: JobRecord) -> None:

@@ -27,6 +27,22 @@ def bad_nodes(db: str | None, machine: str) -> tuple[str, ...]:
     return tuple(opened.bad_nodes.of(machine)) if opened is not None else ()
 
 
+def avoiding(planned: Plan, avoid: tuple[str, ...]) -> Plan:
+    """A recorded plan kept away from `avoid` (the nodes remembered as bad now), as a new plan of
+    the machine would be: its exclusion directive and its failover's nodes to take last."""
+    from mmm_orch.config.registry import load_machine
+    from mmm_orch.planning.launch_layout import placement
+
+    request = Request(
+        planned.machine,
+        planned.workload,
+        spare_nodes=planned.placement.spare_nodes,
+        avoid_nodes=avoid,
+    )
+    again = placement(load_machine(planned.machine), request, planned.layout.nodes)
+    return dataclasses.replace(planned, placement=again)
+
+
 def plan(request: Request, db: str | None = None, remote: str | None = None) -> Plan:
     """The plan for `request`, avoiding the nodes remembered as bad in the database `db`. Where
     the queue it takes has job limits, the user's jobs there are counted (submission/queue_load.py:

@@ -321,14 +321,17 @@ def submit_sweep(
     return sweep_id, records, notes
 
 
-def resuming(planned: Plan) -> Plan:
-    """`planned` going on from its run's latest checkpoint (`rerun --resume`)."""
+def resuming(planned: Plan, allow_fresh: bool = False) -> Plan:
+    """`planned` going on from its run's latest checkpoint (`rerun --resume`); `allow_fresh`:
+    from the start where the run saved none."""
     if not planned.launch.can_resume:
         raise MmmError(
             f"rerun --resume: workload {planned.workload} cannot resume "
             f"({planned.launch.why_it_cannot_resume})"
         )
-    return planned.with_launch(args={**planned.launch.args, "resume": True, "allow_fresh": False})
+    return planned.with_launch(
+        args={**planned.launch.args, "resume": True, "allow_fresh": allow_fresh}
+    )
 
 
 def cancel(db: JobDB, records: list[JobRecord], sweep: int | None = None) -> Iterator[str]:
