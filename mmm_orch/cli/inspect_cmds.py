@@ -150,7 +150,6 @@ def cmd_startup(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from mmm_orch.cli import view
-    from mmm_orch.injob import ends
     from mmm_orch.usecases import following, inspection
 
     if (args.job is None) == (args.log is None):
@@ -171,7 +170,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         )
         if found.end is not None:
             header += f"\nended: {one_line(found.end.said)}: {found.end.end_class.what}"
-            header += f"\nrerun: {ends.rerun_words(found.end)}"
+            header += f"\nrerun: {found.rerun_said}"
     if args.json:
         end = found.end.to_dict() if args.log is None and found.end else None
         print(json.dumps({"log": where, "end": end, **result.to_dict()}, indent=2))

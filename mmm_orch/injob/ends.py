@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mmm_orch.injob import files
+from mmm_orch.injob import files, protocol
 
 # What `rerun JOB` does (without --resume or --fresh) after each class.
 RESUME = "resume"  # from the run's latest checkpoint, or fresh where none was saved
@@ -102,7 +102,7 @@ SCREENED_OUT = EndClass(
     "screened-out",
     "the screen at the job's start left out a slow node: a spare took its place, or the job "
     "stopped before its trainer",
-    "the screen's file (screen.json) and exit 78",
+    f"the screen's file ({protocol.SCREEN_FILE}) and exit {protocol.EXIT_SCREENED_OUT}",
     "the node and its figures go into the bad-node memory and the record (`status --json`)",
     RESUME,
     avoid_node=True,
@@ -110,7 +110,7 @@ SCREENED_OUT = EndClass(
 STRAGGLER_LEFT = EndClass(
     "straggler-left",
     "the run saved and went on without a node whose ranks straggled (`--stragglers leave`)",
-    "failover's retired node of kind straggler (failover.json), from the trainers' "
+    f"failover's retired node of kind straggler ({protocol.FAILOVER_FILE}), from the trainers' "
     "`straggler: ... leaving NODE` line",
     "the node goes into the bad-node memory; the run goes on from its checkpoint on a spare",
     RESUME,

@@ -68,6 +68,11 @@ class Diagnosis:
     blamed: str  # the node remembered as bad because of it ("" = none)
     end: ends.End | None  # its end class, once it ended (None while it runs)
 
+    @property
+    def rerun_said(self) -> str:
+        """What `rerun` would do after its end, in words ('' while it runs)."""
+        return ends.rerun_words(self.end) if self.end is not None else ""
+
 
 def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
     """The first known failure in the job's log (and the scheduler's own reason); a node that
