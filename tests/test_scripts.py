@@ -174,7 +174,7 @@ def test_local_fsdp_runs_here_shape(cli, tmp_path):
     script = render(cli, tmp_path, "local", "fsdp", "--nodes", "1")
     assert not directives(script, "#PBS") and not directives(script, "#SBATCH")
     launch = launch_line(script)
-    assert "-m mmm_orch.injob.torchrun --standalone --nnodes=1 --nproc-per-node=2 -m mmm_orch.trainers.fsdp" in launch
+    assert "-m mmm_orch.injob.ranks --standalone --nnodes=1 --nproc-per-node=2 -m mmm_orch.trainers.fsdp" in launch
     assert 'export MMM_BACKEND="gloo"' in script
 
 

@@ -109,18 +109,19 @@ def test_a_save_on_the_scheduler_s_own_early_signal_is_said(stop_after_the_save)
     assert "[mmm-orch] checkpointed before the walltime: step=3;" in proc.stdout, proc.stdout
 
 
-@pytest.mark.slow  # torchrun and two ranks: three interpreters, torch imported in one
-def test_a_rank_s_refusal_under_torchrun_ends_in_its_code_and_one_line(tmp_path):
-    """The local profile's torchrun (mmm_orch.injob.torchrun): a rank's one-line refusal stays
-    the launch's last word, with its exit code, not torchrun's traceback and failure table."""
+@pytest.mark.slow  # the launcher and two ranks: three interpreters
+def test_a_rank_s_refusal_under_the_local_launcher_ends_in_its_code_and_one_line(tmp_path):
+    """The local profile's launcher (mmm_orch.injob.ranks): a rank's one-line refusal stays the
+    launch's last word, with its exit code, and the other rank is ended; not torchrun's
+    traceback and failure table."""
     rank = tmp_path / "rank.py"
     rank.write_text("import os, sys, time\n"
                     "if os.environ['RANK'] == '1':\n"
                     "    sys.exit(print('[trainer] error: --data: no such file', file=sys.stderr) or 2)\n"
                     "time.sleep(30)\n")
-    proc = run(f"{sys.executable} -m mmm_orch.injob.torchrun --standalone --nproc-per-node=2 "
+    proc = run(f"{sys.executable} -m mmm_orch.injob.ranks --standalone --nproc-per-node=2 "
                f"--no-python {sys.executable} {rank}", first=60)
     assert proc.returncode == 2, proc.stdout
     assert "[trainer] error: --data: no such file\n" in proc.stdout
     assert "Traceback" not in proc.stdout and "Root Cause" not in proc.stdout, proc.stdout
-    assert proc.stdout.rstrip().endswith("torchrun: rank 1 exited with code 2 first: exit 2")
+    assert proc.stdout.rstrip().endswith("ranks: rank 1 exited with code 2 first: exit 2")
