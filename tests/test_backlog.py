@@ -138,7 +138,7 @@ BACKLOG_QUEUE = pytest.mark.xdist_group("backlog-queue")
 # scheduler took the job: the record is left `submitting`, for the next mover to settle.
 WRAPPER = r"""#!/bin/bash
 count=$(( $(cat "$STATE/calls" 2>/dev/null || echo 0) + 1 )); echo $count > "$STATE/calls"
-if [[ $count -ge 3 && ! -e $STATE/killed ]] && ps -o args= -p $PPID | grep -q -- ' backlog'; then
+if [[ $count -ge 3 && ! -e $STATE/killed ]] && ps -o args= -p $PPID | grep -q -- 'mmm_orch backlog --every'; then
     out=$("$REAL" "$@"); rc=$?; echo "$rc" >> "$STATE/exits"; echo "$out"
     touch "$STATE/killed"; kill -9 $PPID; exit $rc
 fi
