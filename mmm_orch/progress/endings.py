@@ -47,9 +47,11 @@ def end_of(
     host: Host,
     signatures: list,
     log: str | None = None,
+    diagnosis: Any = None,
 ) -> ends.End:
     """The end class of a job that has ended (injob/ends.py), from its files: its outcome, its
-    screen, its failover and its log (`log`, else its start and end read here)."""
+    screen, its failover and its log (`log`, else its start and end read here). `diagnosis`:
+    the log's (injob.diagnose.Diagnosis) where the caller has already made it from `log`."""
     text = (
         log
         if log is not None
@@ -68,7 +70,7 @@ def end_of(
             why=outcome.why if outcome else "",
             first_step=stepped,
             setup_failed=m.group(0) if (m := protocol.SETUP_FAILURE.search(text)) else "",
-            finding=diagnose(text, signatures).first,
+            finding=(diagnosis or diagnose(text, signatures)).first,
             screened_out=screen.left_out if screen else (),
             retired=failover.retired if failover else (),
         )

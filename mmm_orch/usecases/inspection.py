@@ -79,9 +79,8 @@ def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
     lost the job's ranks is remembered as bad, so that later jobs on the machine avoid it."""
     record = fresh(db, record)
     _has_run(record)
-    log = logs.head_and_tail(
-        host_for(record.remote), record.log_path, head=256 << 20, last=16 << 20
-    )
+    host = host_for(record.remote)
+    log = logs.head_and_tail(host, record.log_path, head=256 << 20, last=16 << 20)
     if log is None:
         raise MmmError(f"job {record.id} has no log yet ({record.state.value}): {record.log_path}")
     # The scheduler's own word (a PBS comment, a Slurm reason) can be the whole story.
@@ -95,8 +94,7 @@ def diagnose(db: JobDB, record: JobRecord) -> Diagnosis:
         db.bad_nodes.blame(record.machine, blamed, first.line, record.id)
     end = None
     if record.terminal:  # the whole log read: what the refresh classed from its ends, again
-        host = host_for(record.remote)
-        end = end_of(record, record.state, record.reason, host, failures, text)
+        end = end_of(record, record.state, record.reason, host, failures, text, result)
         db.ended(record.id, end)
     return Diagnosis(record, result, blamed, end)
 
